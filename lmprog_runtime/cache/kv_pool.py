@@ -1,0 +1,58 @@
+"""The paged KV memory: the per-request slot table and the per-token K/V tensors.
+
+Slot 0 of the token pool is reserved (padding writes land there); row 0 of the
+request table likewise. Both pools only hand out indices; the allocator in
+`allocator.py` owns which token slots are free.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+
+class ReqToTokenPool:
+    """`table[row, pos]` = KV slot of position `pos` of the request that holds `row`."""
+
+    def __init__(self, max_reqs: int, max_context: int, device="cpu"):
+        self.size = max_reqs
+        self.max_context = max_context
+        self.table = torch.zeros((max_reqs + 1, max_context), dtype=torch.int64, device=device)
+        self._free_rows: List[int] = list(range(1, max_reqs + 1))
+
+    def alloc(self) -> int:
+        if not self._free_rows:
+            raise RuntimeError("ReqToTokenPool is out of rows")
+        return self._free_rows.pop()
+
+    def free(self, row: int) -> None:
+        assert 0 < row <= self.size and row not in self._free_rows, row
+        self._free_rows.append(row)
+
+    def available_size(self) -> int:
+        return len(self._free_rows)
+
+    def clear(self) -> None:
+        self._free_rows = list(range(1, self.size + 1))
+
+
+class TokenToKVPool:
+    """K and V for every layer: `k[layer]` is [num_slots + page_size, kv_heads, head_dim]."""
+
+    def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device="cpu", page_size: int = 1):
+        self.size = num_slots
+        self.num_layers = num_layers
+        shape = (num_layers, num_slots + page_size, num_kv_heads, head_dim)  # page 0 = padding
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        # loc [T]; k, v [T, kv_heads, head_dim]
+        self.k[layer].index_copy_(0, loc, k.to(self.k.dtype))
+        self.v[layer].index_copy_(0, loc, v.to(self.v.dtype))
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()

