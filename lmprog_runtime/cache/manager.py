@@ -1,0 +1,184 @@
+"""KVManager: who owns which KV slot, between requests, the allocator and the radix tree.
+
+Invariant (checked by `check_integrity` whenever the scheduler is idle and in tests):
+    free pages + pages held by the tree + pages held by requests == all pages
+where a request holds the pages of positions [cache_protected_len, kv_len) and the
+tree holds (and, while the request runs, lock-protects) [0, cache_protected_len).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+
+from lmprog_runtime.cache.allocator import TokenSlotAllocator
+from lmprog_runtime.cache.kv_pool import ReqToTokenPool
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVManager:
+    def __init__(self, req_pool: ReqToTokenPool, allocator: TokenSlotAllocator, tree):
+        self.req_pool = req_pool
+        self.allocator = allocator
+        self.tree = tree  # RadixCache; tree.disable means no sharing
+        self.page_size = allocator.page_size
+
+    @property
+    def cache_enabled(self) -> bool:
+        return not self.tree.disable
+
+    # -- admission ------------------------------------------------------------------------
+    def match_len(self, req) -> int:
+        """How many leading tokens of `req` the tree could serve now (no side effects but LRU touch)."""
+        if not self.cache_enabled:
+            return 0
+        return len(self.tree.match_prefix(self._matchable(req), req.namespace).indices)
+
+    def _matchable(self, req):
+        # Keep at least one token to compute (its logits start the output), and compute
+        # every prompt position whose input logprob was asked for.
+        limit = req.seq_len - 1
+        if req.wants_input_logprobs:
+            limit = min(limit, max(req.logprob_start_len - 1, 0))
+        return req.fill_ids[:max(limit, 0)]
+
+    def assign(self, req) -> bool:
+        """Give `req` a row and its cached prefix (locked). False when no row is free."""
+        assert req.row is None
+        if self.req_pool.available_size() == 0:
+            return False
+        req.row = self.req_pool.alloc()
+        if self.cache_enabled:
+            match = self.tree.match_prefix(self._matchable(req), req.namespace)
+            n = len(match.indices)
+            self.tree.inc_lock_ref(match.last_node)
+            req.last_node = match.last_node
+            if n:
+                self.req_pool.table[req.row, :n] = match.indices
+        else:
+            n = 0
+        req.kv_len = req.cache_protected_len = n
+        return True
+
+    # -- allocation -----------------------------------------------------------------------
+    def available(self) -> int:
+        return self.allocator.available_size() + (self.tree.evictable_size() if self.cache_enabled else 0)
+
+    def pages_needed(self, kv_len: int, extend: int) -> int:
+        return _ceil_div(kv_len + extend, self.page_size) - _ceil_div(kv_len, self.page_size)
+
+    def alloc_extend(self, req, n: int) -> Optional[torch.Tensor]:
+        """Slots for positions [kv_len, kv_len + n) of `req`, written into its row; None if full."""
+        p = self.page_size
+        new_pages = self.pages_needed(req.kv_len, n)
+        fresh = self._alloc(new_pages * p)
+        if fresh is None:
+            return None
+        row = self.req_pool.table[req.row]
+        if p == 1:
+            loc = fresh
+        else:
+            start = req.kv_len
+            pos = torch.arange(start, start + n, dtype=torch.int64)
+            partial = start % p != 0
+            first_page = torch.div(row[start - 1], p, rounding_mode="floor").view(1) if partial else None
+            fresh_pages = fresh.view(-1, p)[:, 0] // p
+            pages = fresh_pages if first_page is None else torch.cat([first_page, fresh_pages])
+            page_idx = pos // p - start // p
+            loc = pages[page_idx] * p + pos % p
+        row[req.kv_len:req.kv_len + n] = loc
+        return loc
+
+    def _alloc(self, num_tokens: int) -> Optional[torch.Tensor]:
+        if num_tokens == 0:
+            return torch.empty(0, dtype=torch.int64)
+        slots = self.allocator.alloc(num_tokens)
+        if slots is None and self.cache_enabled:
+            self.tree.evict(num_tokens - self.allocator.available_size())
+            slots = self.allocator.alloc(num_tokens)
+        return slots
+
+    def commit(self, req, n: int) -> None:
+        req.kv_len += n
+
+    # -- release --------------------------------------------------------------------------
+    def _free_positions(self, req, start: int, end: int) -> None:
+        """Free the request-owned pages covering positions [start, end); start is page-aligned."""
+        if end <= start:
+            return
+        assert start % self.page_size == 0, (start, self.page_size)
+        self.allocator.free(self.req_pool.table[req.row, start:end].clone())
+
+    def release(self, req, cache: bool = True) -> None:
+        """The request is done with its KV: hand it to the tree (or free it) and drop the row."""
+        if req.row is None:
+            return
+        if self.cache_enabled and cache:
+            aligned = req.kv_len // self.page_size * self.page_size
+            key = req.fill_ids[:aligned]
+            indices = self.req_pool.table[req.row, :aligned].clone()
+            present = self.tree.insert(key, indices, req.namespace)
+            # [protected, present): our duplicates of what the tree already had.
+            self._free_positions(req, req.cache_protected_len, present)
+            self._free_positions(req, aligned, req.kv_len)
+        else:
+            self._free_positions(req, req.cache_protected_len, req.kv_len)
+        if self.cache_enabled:
+            self.tree.dec_lock_ref(req.last_node)
+        self.req_pool.free(req.row)
+        req.row = None
+        req.last_node = None
+
+    def cache_unfinished(self, req) -> None:
+        """Insert the computed part of a running request (e.g. after a prefill chunk)."""
+        if not self.cache_enabled or req.row is None:
+            return
+        aligned = req.kv_len // self.page_size * self.page_size
+        if aligned <= req.cache_protected_len:
+            return
+        key = req.fill_ids[:aligned]
+        row = self.req_pool.table[req.row]
+        present = self.tree.insert(key, row[:aligned].clone(), req.namespace)
+        self._free_positions(req, req.cache_protected_len, present)
+        match = self.tree.match_prefix(key, req.namespace)
+        assert len(match.indices) == aligned, (len(match.indices), aligned)
+        row[:aligned] = match.indices
+        self.tree.inc_lock_ref(match.last_node)
+        self.tree.dec_lock_ref(req.last_node)
+        req.last_node = match.last_node
+        req.cache_protected_len = aligned
+
+    def truncate(self, req, new_kv_len: int) -> None:
+        """Drop KV beyond `new_kv_len` (jump-forward rewrote those tokens)."""
+        new_kv_len = max(new_kv_len, req.cache_protected_len)
+        if new_kv_len >= req.kv_len:
+            return
+        first_free = _ceil_div(new_kv_len, self.page_size) * self.page_size
+        self._free_positions(req, first_free, req.kv_len)
+        req.kv_len = new_kv_len
+
+    # -- audit ----------------------------------------------------------------------------
+    def held_by(self, reqs: Iterable) -> int:
+        p = self.page_size
+        return sum((_ceil_div(r.kv_len, p) - r.cache_protected_len // p) * p for r in reqs if r.row is not None)
+
+    def check_integrity(self, live_reqs: Iterable) -> None:
+        tree_tokens = 0
+        if self.cache_enabled:
+            self.tree.check_integrity()
+            tree_tokens = self.tree.total_size()
+        free = self.allocator.available_size()
+        held = self.held_by(live_reqs)
+        total = self.allocator.size
+        assert free + tree_tokens + held == total, (
+            f"KV accounting broken: free {free} + tree {tree_tokens} + requests {held} != total {total}")
+
+    def flush(self) -> None:
+        if self.cache_enabled:
+            self.tree.reset()
+        self.allocator.clear()
+        self.req_pool.clear()

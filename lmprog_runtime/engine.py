@@ -1,0 +1,232 @@
+"""Engine: the whole runtime in-process — the same scheduler and tokenizer manager the
+server runs, linked by local queues instead of sockets.
+
+    from lmprog_runtime import Engine
+    with Engine() as engine:                       # the embedded SmolLM2-135M-Instruct
+        print(engine.generate("The capital of France is", {"max_new_tokens": 8})["text"])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Union
+
+from lmprog_runtime.config import ServerArgs
+from lmprog_runtime.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger(__name__)
+
+_GENERATE_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob",
+                  "return_text_in_logprobs", "rid", "cache_salt", "extra_key", "return_prompt_token_ids")
+
+
+def build_scheduler(args: ServerArgs):
+    """Load the model and build the scheduler around it (used by Engine and the server's child)."""
+    from lmprog_runtime.model.runner import ModelRunner
+    from lmprog_runtime.scheduler.scheduler import Scheduler
+
+    runner = ModelRunner(args)
+    grammar_factory = None
+    if args.grammar_backend != "none":
+        def grammar_factory():  # built on the first constrained request: vocab indexing costs seconds
+            from lmprog_runtime.constrained import create_grammar_backend
+            cfg = runner.model_config
+            return create_grammar_backend(
+                args.grammar_backend, runner.tokenizer, cfg.vocab_size, cfg.eos_token_ids,
+                whitespace_pattern=args.constrained_json_whitespace_pattern)
+    return Scheduler(args, runner, grammar_factory=grammar_factory)
+
+
+def model_info(args: ServerArgs, runner) -> Dict[str, Any]:
+    cfg = runner.model_config
+    tok = runner.tokenizer
+    return {
+        "model_path": args.model_path,
+        "served_model_name": args.served_model_name or _model_name(args.model_path),
+        "tokenizer_path": args.tokenizer_path or args.model_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "model_type": cfg.architecture,
+        "architectures": [_HF_ARCHITECTURES.get(cfg.architecture, cfg.architecture)],
+        "context_length": args.context_length or cfg.context_length,
+        "vocab_size": cfg.vocab_size,
+        "chat_template": args.chat_template or getattr(tok, "chat_template", None),
+        "eos_token_ids": list(cfg.eos_token_ids),
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+    }
+
+
+_HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+def _model_name(model_path: str) -> str:
+    import os
+    if model_path == "default":
+        return "SmolLM2-135M-Instruct"
+    return os.path.basename(os.path.normpath(model_path)).removesuffix(".gguf")
+
+
+class Engine:
+    def __init__(self, **kwargs):
+        self.server_args = ServerArgs.from_kwargs(**kwargs)
+        self.scheduler = build_scheduler(self.server_args)
+        runner = self.scheduler.runner
+        self.tokenizer = runner.tokenizer
+        self._model_info = model_info(self.server_args, runner)
+        self._inbox: "queue.Queue" = queue.Queue()
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self.loop.run_forever, name="lmprog-engine-loop",
+                                             daemon=True)
+        self._loop_thread.start()
+        self.tm = TokenizerManager(self.tokenizer, runner.model_config.vocab_size,
+                                   self.scheduler.context_len, send=self._inbox.put)
+        self._sched_thread = threading.Thread(target=self._run_scheduler, name="lmprog-scheduler",
+                                              daemon=True)
+        self._sched_thread.start()
+        self._closed = False
+
+    # -- scheduler thread ---------------------------------------------------------------------
+    def _recv(self, block: bool) -> List[Any]:
+        msgs = []
+        try:
+            msgs.append(self._inbox.get(block=block, timeout=0.5 if block else None))
+        except queue.Empty:
+            return msgs
+        while True:
+            try:
+                msgs.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return msgs
+
+    def _deliver(self, obj) -> None:
+        self.loop.call_soon_threadsafe(self.tm.handle_output, obj)
+
+    def _run_scheduler(self) -> None:
+        try:
+            self.scheduler.run_forever(self._recv, self._deliver)
+        except Exception as e:  # fail every open request instead of hanging
+            logger.exception("scheduler crashed")
+            self.loop.call_soon_threadsafe(self.tm.fail_all, f"{type(e).__name__}: {e}")
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    # -- public API -----------------------------------------------------------------------
+    def generate(self, prompt: Union[str, List[str], None] = None, sampling_params: Optional[Union[dict, list]] = None,
+                 input_ids: Optional[list] = None, stream: bool = False, **kwargs):
+        """SGLang-shaped result dict (list for a batch), or an iterator of cumulative chunks."""
+        obj = self._request(prompt, sampling_params, input_ids, stream, kwargs)
+        if not stream:
+            return self._call(self.tm.generate(obj))
+        return self._iterate(self.tm.generate_stream(obj))
+
+    async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, stream: bool = False,
+                             **kwargs):
+        obj = self._request(prompt, sampling_params, input_ids, stream, kwargs)
+        if not stream:
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.tm.generate(obj), self.loop))
+        return self._aiterate(self.tm.generate_stream(obj))
+
+    @staticmethod
+    def _request(prompt, sampling_params, input_ids, stream, kwargs) -> dict:
+        unknown = sorted(set(kwargs) - set(_GENERATE_KEYS))
+        if unknown:
+            raise TypeError(f"generate() got unexpected keyword argument(s): {', '.join(unknown)}")
+        obj = {"sampling_params": sampling_params, "stream": stream}
+        if input_ids is not None:
+            obj["input_ids"] = input_ids
+        else:
+            obj["text"] = prompt
+        obj.update({k: v for k, v in kwargs.items() if v is not None})
+        return obj
+
+    def _iterate(self, agen) -> Iterator[dict]:
+        try:
+            while True:
+                try:
+                    yield self._call(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._call(agen.aclose())
+
+    async def _aiterate(self, agen) -> AsyncIterator[dict]:
+        try:
+            while True:
+                fut = asyncio.run_coroutine_threadsafe(agen.__anext__(), self.loop)
+                try:
+                    yield await asyncio.wrap_future(fut)
+                except StopAsyncIteration:
+                    return
+        finally:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(agen.aclose(), self.loop))
+
+    def abort(self, rid: str = "", abort_all: bool = False) -> None:
+        self.loop.call_soon_threadsafe(self.tm.abort, rid, abort_all)
+
+    def flush_cache(self) -> dict:
+        reply = self._call(self.tm.control("flush_cache"))
+        return {"success": reply.success, "message": reply.message}
+
+    def get_internal_state(self) -> dict:
+        return self._call(self.tm.control("internal_state")).data
+
+    def get_model_info(self) -> dict:
+        return dict(self._model_info)
+
+    def get_server_info(self) -> dict:
+        info = self.server_args.to_dict()
+        info["internal_states"] = [self.get_internal_state()]
+        info["version"] = _version()
+        return info
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Block until the scheduler has no work (tests use this before auditing the pool)."""
+        import time
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.get_internal_state()
+            if state["num_running_reqs"] == 0 and state["num_queue_reqs"] == 0:
+                return
+            time.sleep(0.01)
+        raise TimeoutError("the scheduler did not go idle")
+
+    def check_integrity(self) -> None:
+        """Audit the KV accounting (only meaningful when idle)."""
+        self.wait_idle()
+        state = self.get_internal_state()
+        assert state["integrity"] == "ok", state["integrity"]
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(None)
+        self._sched_thread.join(timeout=30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(timeout=10)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def __del__(self):
+        try:
+            self.shutdown()
+        except Exception:
+            pass
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("lmprog")
+    except Exception:
+        return "0.1.0"

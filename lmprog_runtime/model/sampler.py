@@ -1,0 +1,117 @@
+"""Sampler: SGLang's logit pipeline for a batch of requests, one row each.
+
+Order per step: additive penalties (frequency, presence; counts over generated
+tokens) → min_new_tokens (stop tokens banned) → repetition penalty → grammar mask
+→ logit_bias → temperature → top-k / top-p / min-p → sample (argmax when greedy).
+Returned logprobs are log_softmax(logits / temperature) after penalties, mask and
+bias, before truncation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+
+from lmprog_runtime.sampling_params import TOP_K_ALL
+
+
+@dataclass
+class SampleResult:
+    token_ids: List[int]
+    logprobs: torch.Tensor  # [B, V] float32 log-probabilities (only valid rows that asked), or empty
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int], seed: int = 0):
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, reqs: list, grammar_mask: Optional[torch.Tensor] = None,
+                 need_logprobs: bool = False) -> SampleResult:
+        """logits [B, V] float32 (modified in place); grammar_mask [B, V] bool (True = allowed)."""
+        logits = logits[:, : self.vocab_size]
+        self._apply_penalties(logits, reqs)
+        if grammar_mask is not None:
+            logits.masked_fill_(~grammar_mask, float("-inf"))
+        self._apply_logit_bias(logits, reqs)
+
+        temps = torch.tensor([1.0 if r.sampling.is_greedy else r.sampling.temperature for r in reqs],
+                             dtype=logits.dtype)
+        scaled = logits / temps[:, None]
+        logprobs = torch.log_softmax(scaled, dim=-1) if need_logprobs else torch.empty(0)
+
+        token_ids = [0] * len(reqs)
+        greedy_rows = [i for i, r in enumerate(reqs) if r.sampling.is_greedy]
+        sample_rows = [i for i, r in enumerate(reqs) if not r.sampling.is_greedy]
+        if greedy_rows:
+            picked = torch.argmax(scaled[greedy_rows], dim=-1).tolist()
+            for i, t in zip(greedy_rows, picked):
+                token_ids[i] = t
+        if sample_rows:
+            probs = self._truncated_probs(scaled[sample_rows], [reqs[i] for i in sample_rows])
+            unseeded = [k for k, i in enumerate(sample_rows) if reqs[i].generator is None]
+            if unseeded:
+                drawn = torch.multinomial(probs[unseeded], 1, generator=self.generator).view(-1).tolist()
+                for k, t in zip(unseeded, drawn):
+                    token_ids[sample_rows[k]] = t
+            for k, i in enumerate(sample_rows):
+                if reqs[i].generator is not None:
+                    token_ids[i] = int(torch.multinomial(probs[k], 1, generator=reqs[i].generator))
+        return SampleResult(token_ids, logprobs)
+
+    # -- pipeline stages ------------------------------------------------------------------
+    def _apply_penalties(self, logits: torch.Tensor, reqs: list) -> None:
+        for i, r in enumerate(reqs):
+            sp = r.sampling
+            if len(r.output_ids) < sp.min_new_tokens:
+                banned = list(sp.stop_token_ids or [])
+                if not sp.ignore_eos:
+                    banned += self.eos_token_ids
+                if banned:
+                    logits[i, banned] = float("-inf")
+            if not r.output_ids or (sp.frequency_penalty == 0 and sp.presence_penalty == 0
+                                    and sp.repetition_penalty == 1.0):
+                continue
+            counts = torch.bincount(torch.tensor(r.output_ids), minlength=self.vocab_size)[: self.vocab_size]
+            counts = counts.to(logits.dtype)
+            row = logits[i]
+            if sp.frequency_penalty:
+                row -= sp.frequency_penalty * counts
+            if sp.presence_penalty:
+                row -= sp.presence_penalty * (counts > 0).to(logits.dtype)
+            if sp.repetition_penalty != 1.0:
+                seen = counts > 0
+                pen = torch.where(row > 0, row / sp.repetition_penalty, row * sp.repetition_penalty)
+                row.copy_(torch.where(seen, pen, row))
+
+    @staticmethod
+    def _apply_logit_bias(logits: torch.Tensor, reqs: list) -> None:
+        for i, r in enumerate(reqs):
+            if r.sampling.logit_bias:
+                for token, bias in r.sampling.logit_bias.items():
+                    logits[i, int(token)] += float(bias)
+
+    @staticmethod
+    def _truncated_probs(scaled: torch.Tensor, reqs: list) -> torch.Tensor:
+        """Softmax with per-row top-k, top-p and min-p applied; [b, V]."""
+        probs = torch.softmax(scaled, dim=-1)
+        top_ks = [r.sampling.top_k for r in reqs]
+        top_ps = [r.sampling.top_p for r in reqs]
+        min_ps = [r.sampling.min_p for r in reqs]
+        if all(k >= TOP_K_ALL for k in top_ks) and all(p >= 1.0 for p in top_ps) and not any(min_ps):
+            return probs
+        sorted_probs, sorted_idx = torch.sort(probs, dim=-1, descending=True)
+        vocab = probs.shape[-1]
+        ranks = torch.arange(vocab)[None, :]
+        k = torch.tensor([min(k, vocab) for k in top_ks])[:, None]
+        drop = ranks >= k
+        cum = torch.cumsum(sorted_probs, dim=-1)
+        drop |= (cum - sorted_probs) > torch.tensor(top_ps, dtype=probs.dtype)[:, None]
+        drop |= sorted_probs < sorted_probs[:, :1] * torch.tensor(min_ps, dtype=probs.dtype)[:, None]
+        drop[:, 0] = False  # the most likely token always survives
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        out = torch.zeros_like(probs).scatter_(-1, sorted_idx, sorted_probs)
+        return out / out.sum(dim=-1, keepdim=True)

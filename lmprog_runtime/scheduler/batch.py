@@ -1,0 +1,79 @@
+"""StepPlan (which requests compute how many tokens this step) → ForwardBatch.
+
+Also decides which rows of the flat token axis need logits: the last token of every
+request that reaches the end of its sequence (to sample), plus the prompt positions
+whose input logprobs were asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+import torch
+
+from lmprog_runtime.model.forward_batch import ForwardBatch
+
+
+@dataclass
+class PlannedReq:
+    req: object
+    num_tokens: int
+    start: int  # kv_len before this step
+    loc: torch.Tensor
+    sample_row: int = -1  # row of the logits tensor to sample from, -1 = none this step
+    input_rows: List[int] = field(default_factory=list)  # logits rows scoring prompt tokens
+    input_positions: List[int] = field(default_factory=list)  # prompt index j scored by each row
+
+
+@dataclass
+class StepPlan:
+    items: List[PlannedReq] = field(default_factory=list)
+    prefill_budget: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.items
+
+    def add(self, req, n: int, loc: torch.Tensor) -> None:
+        self.items.append(PlannedReq(req, n, req.kv_len, loc))
+
+
+def build_forward_batch(plan: StepPlan, runner) -> ForwardBatch:
+    device = runner.device
+    ids, positions, locs, logit_rows = [], [], [], []
+    seq_lens, extend_lens, rows = [], [], []
+    offset = 0
+    for item in plan.items:
+        r, n, start = item.req, item.num_tokens, item.start
+        fill = r.fill_ids
+        ids.extend(fill[start:start + n])
+        positions.append(torch.arange(start, start + n, dtype=torch.int64))
+        locs.append(item.loc)
+        end = start + n
+        if r.wants_input_logprobs:
+            # Logits at position p score prompt token p + 1.
+            first = max(r.logprob_start_len - 1, start)
+            for p in range(first, min(end, r.prompt_len - 1)):
+                item.input_rows.append(len(logit_rows))
+                item.input_positions.append(p + 1)
+                logit_rows.append(offset + p - start)
+        if end == r.seq_len and len(r.output_ids) < r.max_new_tokens and not r.finished:
+            item.sample_row = len(logit_rows)
+            logit_rows.append(offset + n - 1)
+        seq_lens.append(end)
+        extend_lens.append(n)
+        rows.append(r.row)
+        offset += n
+    return ForwardBatch(
+        input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+        positions=torch.cat(positions).to(device),
+        out_cache_loc=torch.cat(locs).to(device),
+        req_pool_indices=torch.tensor(rows, dtype=torch.int64, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+        extend_lens=torch.tensor(extend_lens, dtype=torch.int64, device=device),
+        req_to_token=runner.req_to_token_pool.table,
+        logits_indices=torch.tensor(logit_rows, dtype=torch.int64, device=device),
+        seq_lens_cpu=seq_lens,
+        extend_lens_cpu=extend_lens,
+    )
