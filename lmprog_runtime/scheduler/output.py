@@ -25,7 +25,13 @@ class OutputProcessor:
         self._steps = 0
 
     # -- the step's results -------------------------------------------------------------
-    def process(self, plan, logits: torch.Tensor) -> None:
+    def grammar_masks(self, plan) -> Optional[torch.Tensor]:
+        """Allowed-token masks of this step's sampled rows; needs only the grammar states
+        after the previous step, so the overlap scheduler builds it during the forward."""
+        reqs = [it.req for it in plan.items if it.sample_row >= 0]
+        return self._grammar_mask(reqs, self.s.runner.model_config.vocab_size)
+
+    def process(self, plan, logits: torch.Tensor, mask: Optional[torch.Tensor] = None) -> None:
         s = self.s
         for item in plan.items:
             s.kv.commit(item.req, item.num_tokens)
@@ -41,7 +47,9 @@ class OutputProcessor:
             return
         reqs = [it.req for it in sampled]
         rows = logits[[it.sample_row for it in sampled]]
-        mask = self._grammar_mask(reqs, rows.shape[-1])
+        if mask is not None and mask.shape[-1] < rows.shape[-1]:  # padded vocab rows stay banned
+            pad = torch.zeros((mask.shape[0], rows.shape[-1] - mask.shape[-1]), dtype=torch.bool)
+            mask = torch.cat([mask, pad], dim=-1)
         need_lp = any(r.return_logprob for r in reqs)
         result = s.sampler(rows, reqs, mask, need_logprobs=need_lp)
         s.stats["num_generated_tokens"] += len(reqs)

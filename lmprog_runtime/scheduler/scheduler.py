@@ -83,6 +83,10 @@ class Scheduler:
         self.stats = {"num_prompt_tokens": 0, "num_cached_tokens": 0, "num_generated_tokens": 0,
                       "num_retractions": 0, "num_steps": 0, "forward_s": 0.0, "step_s": 0.0}
         self.last_gen_throughput = 0.0
+        self._overlap = None
+        if not server_args.disable_overlap_schedule:
+            from concurrent.futures import ThreadPoolExecutor
+            self._overlap = ThreadPoolExecutor(1, thread_name_prefix="lmprog-forward")
 
     # -- inputs ---------------------------------------------------------------------------
     def handle(self, msg) -> Optional[ControlReply]:
@@ -178,9 +182,20 @@ class Scheduler:
             return False
         fb = build_forward_batch(plan, self.runner)
         t1 = time.perf_counter()
-        logits = self.runner.forward(fb)
+        if self._overlap is not None:
+            # The forward runs on a worker thread (torch releases the GIL); meanwhile this
+            # thread sends the previous step's outputs, takes in new requests and builds
+            # this step's grammar masks.
+            future = self._overlap.submit(self.runner.forward, fb)
+            self.output.flush()
+            self._take_messages(block=False)
+            mask = self.output.grammar_masks(plan)
+            logits = future.result()
+        else:
+            logits = self.runner.forward(fb)
+            mask = self.output.grammar_masks(plan)
         self.stats["forward_s"] += time.perf_counter() - t1
-        self.output.process(plan, logits)
+        self.output.process(plan, logits, mask)
         self.release_finished()
         self.stats["num_steps"] += 1
         self.stats["step_s"] += time.perf_counter() - t0
@@ -340,17 +355,25 @@ class Scheduler:
         return "ok"
 
     # -- the loop -------------------------------------------------------------------------
+    def _take_messages(self, block: bool) -> None:
+        for msg in self._recv(block):
+            if msg is None:  # shutdown
+                self._stop = True
+                return
+            reply = self.handle(msg)
+            if reply is not None:
+                self._send(reply)
+
     def run_forever(self, recv: Callable[[bool], list], send: Callable) -> None:
         """`recv(block)` returns pending messages (blocking when idle); `send(obj)` delivers
         outputs and control replies."""
         self.output.send = send
-        while True:
-            for msg in recv(self.is_idle()):
-                if msg is None:  # shutdown
-                    return
-                reply = self.handle(msg)
-                if reply is not None:
-                    send(reply)
+        self._recv, self._send = recv, send
+        self._stop = False
+        while not self._stop:
+            self._take_messages(block=self.is_idle())
+            if self._stop:
+                return
             busy = self.step()
             self.output.flush()
             if not busy and self.is_idle():
