@@ -35,3 +35,9 @@ def make_engine(model_path, **kwargs):
 
     kwargs.setdefault("dtype", "float32")
     return Engine(model_path=model_path, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def engine_backend(tiny_engine):
+    """The in-process runtime for lmprog's live program tests (wrapped by the test)."""
+    return tiny_engine
