@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Union
 
@@ -23,6 +24,7 @@ class SamplingParams:
     min_new_tokens: int = 0
     stop: Optional[Union[str, List[str]]] = None
     stop_token_ids: Optional[List[int]] = None
+    stop_regex: Optional[Union[str, List[str]]] = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = TOP_K_ALL
@@ -46,9 +48,10 @@ class SamplingParams:
     # derived by normalize()
     stop_strs: List[str] = field(default_factory=list)
     stop_str_max_len: int = 0
+    stop_regex_strs: List[str] = field(default_factory=list)
 
     _PUBLIC = (
-        "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature", "top_p",
+        "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p",
         "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "n",
         "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
         "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias",
@@ -87,6 +90,10 @@ class SamplingParams:
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
         if isinstance(self.stop, list) and not all(isinstance(s, str) for s in self.stop):
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
+        if self.stop_regex is not None and not (
+                isinstance(self.stop_regex, str)
+                or (isinstance(self.stop_regex, list) and all(isinstance(x, str) for x in self.stop_regex))):
+            raise ValueError(f"stop_regex must be a string or a list of strings, got {self.stop_regex!r}.")
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
             if not isinstance(ids, (list, tuple, set)) or not all(
@@ -176,9 +183,21 @@ class SamplingParams:
         self.stop_strs = stops
         self.stop_str_max_len = max(
             (len(tokenizer.encode(s, add_special_tokens=False)) for s in stops), default=0)
+        patterns = [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex or [])
+        if len(patterns) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop_regex patterns are allowed, got {len(patterns)}")
+        for pattern in patterns:
+            if len(pattern.encode()) > 256:
+                raise ValueError(f"each stop_regex pattern must be at most 256 bytes, got {len(pattern.encode())}")
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"invalid stop_regex {pattern!r}: {e}") from None
+        self.stop_regex_strs = patterns
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self._PUBLIC}
 
     def clone(self) -> "SamplingParams":
-        return dataclasses.replace(self, stop_strs=list(self.stop_strs))
+        return dataclasses.replace(self, stop_strs=list(self.stop_strs),
+                                   stop_regex_strs=list(self.stop_regex_strs))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -367,7 +368,11 @@ class TokenizerManager:
                                      spaces_between_special_tokens=sp.spaces_between_special_tokens)
         matched = reason.get("matched")
         if isinstance(matched, str) and not sp.no_stop_trim:
-            cut = text.find(matched)
+            if matched in sp.stop_regex_strs:
+                found = re.search(matched, text)
+                cut = found.start() if found else -1
+            else:
+                cut = text.find(matched)
             if cut >= 0:
                 text = text[:cut]
         if partial:

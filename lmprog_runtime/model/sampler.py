@@ -35,11 +35,11 @@ class Sampler:
         logits = logits[:, : self.vocab_size]
         self._apply_penalties(logits, reqs)
         if grammar_mask is not None:
-            logits.masked_fill_(~grammar_mask, float("-inf"))
+            self._apply_grammar_mask(logits, grammar_mask)
         self._apply_logit_bias(logits, reqs)
 
         temps = torch.tensor([1.0 if r.sampling.is_greedy else r.sampling.temperature for r in reqs],
-                             dtype=logits.dtype)
+                             dtype=logits.dtype, device=logits.device)
         scaled = logits / temps[:, None]
         logprobs = torch.log_softmax(scaled, dim=-1) if need_logprobs else torch.empty(0)
 
@@ -52,6 +52,7 @@ class Sampler:
                 token_ids[i] = t
         if sample_rows:
             probs = self._truncated_probs(scaled[sample_rows], [reqs[i] for i in sample_rows])
+            probs = probs.cpu()  # the generators are CPU ones: same seed, same draws on any device
             unseeded = [k for k, i in enumerate(sample_rows) if reqs[i].generator is None]
             if unseeded:
                 drawn = torch.multinomial(probs[unseeded], 1, generator=self.generator).view(-1).tolist()
@@ -75,7 +76,8 @@ class Sampler:
             if not r.output_ids or (sp.frequency_penalty == 0 and sp.presence_penalty == 0
                                     and sp.repetition_penalty == 1.0):
                 continue
-            counts = torch.bincount(torch.tensor(r.output_ids), minlength=self.vocab_size)[: self.vocab_size]
+            counts = torch.bincount(torch.tensor(r.output_ids, device=logits.device),
+                                    minlength=self.vocab_size)[: self.vocab_size]
             counts = counts.to(logits.dtype)
             row = logits[i]
             if sp.frequency_penalty:
@@ -86,6 +88,18 @@ class Sampler:
                 seen = counts > 0
                 pen = torch.where(row > 0, row / sp.repetition_penalty, row * sp.repetition_penalty)
                 row.copy_(torch.where(seen, pen, row))
+
+    @staticmethod
+    def _apply_grammar_mask(logits: torch.Tensor, mask: torch.Tensor) -> None:
+        """mask [B, V] bool, True = allowed. On CUDA it is packed to a 32x smaller bitmask
+        before the copy and applied by a Triton kernel (`grammar_mask_kernel.py`)."""
+        if logits.is_cuda:
+            from lmprog_runtime.model.grammar_mask_kernel import apply_token_bitmask_, pack_token_bitmask
+
+            bitmask = pack_token_bitmask(mask.cpu()).to(logits.device, non_blocking=True)
+            apply_token_bitmask_(logits, bitmask)
+        else:
+            logits.masked_fill_(~mask, float("-inf"))
 
     @staticmethod
     def _apply_logit_bias(logits: torch.Tensor, reqs: list) -> None:
@@ -105,12 +119,13 @@ class Sampler:
             return probs
         sorted_probs, sorted_idx = torch.sort(probs, dim=-1, descending=True)
         vocab = probs.shape[-1]
-        ranks = torch.arange(vocab)[None, :]
-        k = torch.tensor([min(k, vocab) for k in top_ks])[:, None]
+        dev = probs.device
+        ranks = torch.arange(vocab, device=dev)[None, :]
+        k = torch.tensor([min(k, vocab) for k in top_ks], device=dev)[:, None]
         drop = ranks >= k
         cum = torch.cumsum(sorted_probs, dim=-1)
-        drop |= (cum - sorted_probs) > torch.tensor(top_ps, dtype=probs.dtype)[:, None]
-        drop |= sorted_probs < sorted_probs[:, :1] * torch.tensor(min_ps, dtype=probs.dtype)[:, None]
+        drop |= (cum - sorted_probs) > torch.tensor(top_ps, dtype=probs.dtype, device=dev)[:, None]
+        drop |= sorted_probs < sorted_probs[:, :1] * torch.tensor(min_ps, dtype=probs.dtype, device=dev)[:, None]
         drop[:, 0] = False  # the most likely token always survives
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         out = torch.zeros_like(probs).scatter_(-1, sorted_idx, sorted_probs)

@@ -4,6 +4,7 @@ stops, and hand deltas to the tokenizer manager."""
 from __future__ import annotations
 
 import logging
+import re
 from typing import List, Optional
 
 import torch
@@ -170,6 +171,11 @@ class OutputProcessor:
                 for stop in sp.stop_strs:
                     if stop in tail:
                         return r.finish({"type": "stop", "matched": stop})
+            if sp.stop_regex_strs:
+                text = self.tokenizer.decode(r.output_ids, skip_special_tokens=sp.skip_special_tokens)
+                for pattern in sp.stop_regex_strs:
+                    if re.search(pattern, text):
+                        return r.finish({"type": "stop", "matched": pattern})
             if sp.stop_token_ids and token in sp.stop_token_ids:
                 return r.finish({"type": "stop", "matched": token})
             if token in self.eos and not sp.ignore_eos:

@@ -243,3 +243,14 @@ def test_max_running_requests_and_queueing(tiny_model_path, tiny_engine):
     with make_engine(tiny_model_path, max_running_requests=2, max_total_tokens=4096) as eng:
         assert _run_all(eng, PROMPTS, GREEDY) == expected
         eng.check_integrity()
+
+
+def test_stop_regex(tiny_engine):
+    base = greedy(tiny_engine, PROMPTS[1], max_new_tokens=20)["text"]
+    import re
+    pattern = re.escape(base.split()[2][:2])
+    out = greedy(tiny_engine, PROMPTS[1], max_new_tokens=20, stop_regex=[pattern])
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
+    assert out["text"] == base[:re.search(pattern, base).start()]
+    with pytest.raises(RequestError, match="invalid stop_regex"):
+        tiny_engine.generate("hi", {"stop_regex": "("})
