@@ -134,3 +134,6 @@ def env_flag(name: str) -> bool:
 
 HEALTH_CHECK_TIMEOUT_S = env_int("LMPROG_HEALTH_CHECK_TIMEOUT", 20)
 GRAMMAR_COMPILE_TIMEOUT_S = env_int("LMPROG_GRAMMAR_COMPILE_TIMEOUT", 60)
+# Derived artifacts (e.g. the config and tokenizer converted from a GGUF file).
+CACHE_DIR = os.environ.get("LMPROG_CACHE_DIR") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lmprog")

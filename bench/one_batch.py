@@ -1,0 +1,196 @@
+"""One-batch benchmark (after SGLang's bench_one_batch): the model runner alone, no scheduler.
+
+Measures the machine first (matmul peak in fp32/bf16, memory-copy bandwidth), then
+prefill tokens/s for one prompt and decode tokens/s at several batch sizes through
+`ModelRunner.forward`, and relates them to the machine:
+- prefill as % of matmul peak (FLOPs ~ 2 x params x tokens + attention),
+- batch-1 decode step vs the floor "weight bytes / bandwidth",
+- the batch-32 / batch-1 decode throughput ratio.
+
+    python bench/one_batch.py --dtype float32 --batch-sizes 1 8 32 64 --input-len 512 --output-len 16
+Writes bench/results/one_batch.json and bench/results/one_batch.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+from lmprog_runtime.config import ServerArgs  # noqa: E402
+from lmprog_runtime.model.forward_batch import ForwardBatch  # noqa: E402
+from lmprog_runtime.model.runner import ModelRunner  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+DEVICE = torch.device("cpu")  # set from the runner in main(); GPU work is timed after a synchronize
+
+
+def best_time(fn, reps: int = 3) -> float:
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+    fn()  # warm-up
+    sync()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def matmul_gflops(dtype: torch.dtype, n: int = 2048) -> float:
+    a, b = torch.randn(n, n, dtype=dtype, device=DEVICE), torch.randn(n, n, dtype=dtype, device=DEVICE)
+    return 2 * n ** 3 / best_time(lambda: a @ b) / 1e9
+
+
+def copy_gbps(mbytes: int = 256) -> float:
+    src = torch.empty(mbytes << 20, dtype=torch.uint8, device=DEVICE).random_()
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / best_time(lambda: dst.copy_(src)) / 1e9  # read + write
+
+
+class Batches:
+    """Hand-built ForwardBatches: request i owns table row i+1 and a contiguous run of slots."""
+
+    def __init__(self, runner: ModelRunner, max_len: int):
+        self.runner, self.max_len = runner, max_len
+
+    def make(self, batch: int, cached: int, new: int) -> ForwardBatch:
+        table = self.runner.req_to_token_pool.table
+        i64 = dict(dtype=torch.int64, device=self.runner.device)
+        rows = torch.arange(1, batch + 1, **i64)
+        base = 1 + (rows - 1) * self.max_len  # [B] first slot of each request
+        table[1:batch + 1, :self.max_len] = base[:, None] + torch.arange(self.max_len, **i64)[None, :]
+        pos = torch.arange(cached, cached + new, **i64)
+        return ForwardBatch(
+            input_ids=torch.randint(100, 40000, (batch * new,), **i64),
+            positions=pos.repeat(batch), out_cache_loc=(base[:, None] + pos[None, :]).reshape(-1),
+            req_pool_indices=rows, seq_lens=torch.full((batch,), cached + new, **i64),
+            extend_lens=torch.full((batch,), new, **i64), req_to_token=table,
+            seq_lens_cpu=[cached + new] * batch, extend_lens_cpu=[new] * batch,
+        )
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model-path", default="default")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--input-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=16)
+    ap.add_argument("--num-threads", type=int, default=None)
+    ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of one decode step")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--attention-backend", default=None, choices=["torch_native", "triton", "flashinfer"],
+                    help="default: the runner's per-device default")
+    ap.add_argument("--results-dir", default=RESULTS)
+    args = ap.parse_args()
+
+    max_bs, max_len = max(args.batch_sizes), args.input_len + args.output_len + 1
+    global DEVICE
+    runner = ModelRunner(ServerArgs(model_path=args.model_path, dtype=args.dtype, num_threads=args.num_threads,
+                                    device=args.device, attention_backend=args.attention_backend,
+                                    max_total_tokens=max_bs * max_len + 16, max_running_requests=max_bs,
+                                    context_length=max(max_len, 1024)))
+    DEVICE = runner.device
+    c = runner.model_config
+    params = sum(p.numel() for p in runner.model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    steps = len(args.batch_sizes) + 3
+    bar = tqdm(total=steps, desc="bench")
+
+    peak = {"float32": matmul_gflops(torch.float32)}
+    bar.update()
+    peak["bfloat16"] = matmul_gflops(torch.bfloat16)
+    bar.update()
+    bandwidth = copy_gbps()
+    bar.update()
+
+    batches = Batches(runner, max_len)
+    n = args.input_len
+    t_prefill = best_time(lambda: runner.forward(batches.make(1, 0, n)), reps=2)
+    attn_flops = 4 * c.num_layers * c.num_heads * c.head_dim * n * n / 2  # causal QK^T + PV
+    prefill_flops = 2 * params * n + attn_flops
+    dtype_name = str(runner.dtype).replace("torch.", "")
+    result = {
+        "model": args.model_path, "dtype": dtype_name, "threads": torch.get_num_threads(), "params": params,
+        "device": str(runner.device), "attention_backend": runner.attention_backend_name,
+        "matmul_peak_gflops": peak, "copy_bandwidth_gbps": bandwidth,
+        "prefill": {"input_len": n, "seconds": t_prefill, "tokens_per_s": n / t_prefill,
+                    "pct_of_matmul_peak": 100 * prefill_flops / t_prefill / 1e9 / peak.get(dtype_name, peak["float32"])},
+        "decode": {},
+    }
+    for bs in args.batch_sizes:
+        # each step attends over n cached tokens (their values do not change the timing)
+        t = best_time(lambda: runner.forward(batches.make(bs, n, 1)), reps=max(3, args.output_len // 4))
+        result["decode"][str(bs)] = {"step_ms": 1e3 * t, "tokens_per_s": bs / t}
+        bar.update()
+    bar.close()
+
+    d1 = result["decode"].get("1")
+    if d1:
+        floor_ms = 1e3 * weight_bytes / (bandwidth / 2 * 1e9)  # weights read once per step
+        result["decode_b1_vs_bandwidth_floor"] = {"floor_ms": floor_ms, "ratio": d1["step_ms"] / floor_ms}
+    if d1 and "32" in result["decode"]:
+        result["decode_b32_over_b1_throughput"] = result["decode"]["32"]["tokens_per_s"] / d1["tokens_per_s"]
+    report(result)
+    save(result, args.results_dir)
+    if args.profile:
+        from torch.profiler import profile
+
+        fb = batches.make(args.batch_sizes[0], n, 1)
+        with profile() as prof:
+            runner.forward(fb)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+def report(r: dict) -> None:
+    print(f"\nmodel {r['model']} ({r['params'] / 1e6:.0f}M params), {r['dtype']}, {r['threads']} threads")
+    print(f"matmul peak: fp32 {r['matmul_peak_gflops']['float32']:.0f} GFLOP/s, "
+          f"bf16 {r['matmul_peak_gflops']['bfloat16']:.0f} GFLOP/s; copy bandwidth {r['copy_bandwidth_gbps']:.1f} GB/s")
+    p = r["prefill"]
+    print(f"prefill {p['input_len']} tokens: {p['tokens_per_s']:.0f} tok/s ({p['pct_of_matmul_peak']:.0f}% of peak)")
+    print(f"{'batch':>6} {'step ms':>9} {'tok/s':>9}")
+    for bs, d in r["decode"].items():
+        print(f"{bs:>6} {d['step_ms']:>9.2f} {d['tokens_per_s']:>9.1f}")
+    if "decode_b1_vs_bandwidth_floor" in r:
+        f = r["decode_b1_vs_bandwidth_floor"]
+        print(f"batch-1 step vs weight-bytes/bandwidth floor {f['floor_ms']:.2f} ms: {f['ratio']:.1f}x")
+    if "decode_b32_over_b1_throughput" in r:
+        print(f"decode throughput batch 32 / batch 1: {r['decode_b32_over_b1_throughput']:.1f}x")
+
+
+def save(r: dict, results_dir: str = RESULTS) -> None:
+    os.makedirs(results_dir, exist_ok=True)
+    with open(os.path.join(results_dir, "one_batch.json"), "w") as f:
+        json.dump(r, f, indent=2)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [int(b) for b in r["decode"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(sizes, [r["decode"][str(b)]["tokens_per_s"] for b in sizes], marker="o")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("decode batch size")
+    ax.set_ylabel("tokens / s")
+    ax.set_title(f"{r['model']} {r['dtype']}: decode throughput "
+                 f"(prefill {r['prefill']['tokens_per_s']:.0f} tok/s)")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(results_dir, "one_batch.png"), dpi=100)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Attention with plain PyTorch: the CPU path and the correctness oracle for other backends.
+
+- Decode batches (every request adds one token): K/V of all requests are gathered
+  into one tensor padded to the batch's longest sequence and attended with a single
+  masked `scaled_dot_product_attention` per layer. Query heads are grouped per KV
+  head ([B, kv_heads, group, D]) so GQA needs no repeated K/V.
+- Extend batches (prefill over a cached prefix, possibly mixed with decodes): one
+  SDPA per request, causal with the prefix offset.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from lmprog_runtime.attention.base import AttentionBackend
+from lmprog_runtime.model.forward_batch import ForwardBatch
+
+
+class TorchNativeAttnBackend(AttentionBackend):
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        seq_lens = fb.seq_lens_cpu or fb.seq_lens.tolist()
+        extend_lens = fb.extend_lens_cpu or fb.extend_lens.tolist()
+        self.decode = all(e == 1 for e in extend_lens)
+        rows = fb.req_to_token[fb.req_pool_indices]  # [B, max_context]
+        if self.decode:
+            max_len = max(seq_lens)
+            self.kv_index = rows[:, :max_len]  # [B, S] slots (padding entries are masked out)
+            arange = torch.arange(max_len, device=fb.seq_lens.device)
+            self.mask = (arange[None, :] < fb.seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, S]
+            return
+        # extend: per request, its slots and (when it has a cached prefix) a causal mask with offset
+        self.kv_indices: List[torch.Tensor] = []
+        self.masks: List[Optional[torch.Tensor]] = []
+        self.starts = []
+        start = 0
+        for i, (s, e) in enumerate(zip(seq_lens, extend_lens)):
+            self.kv_indices.append(rows[i, :s])
+            self.starts.append(start)
+            start += e
+            if s == e:
+                self.masks.append(None)  # plain causal
+            else:
+                q_pos = torch.arange(s - e, s, device=rows.device)[:, None]  # [e, 1]
+                self.masks.append(torch.arange(s, device=rows.device)[None, :] <= q_pos)  # [e, s]
+        self.extend_lens = extend_lens
+
+    def forward(self, q, k, v, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        # q [T, H, D]; k, v [T, KV, D]
+        self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
+        k_cache, v_cache = self.kv_pool.k[layer_id], self.kv_pool.v[layer_id]  # [slots, KV, D]
+        if self.decode:
+            return self._decode(q, k_cache, v_cache)
+        return self._extend(q, k_cache, v_cache)
+
+    def _decode(self, q, k_cache, v_cache) -> torch.Tensor:
+        B, H, D = q.shape
+        KV = self.num_kv_heads
+        keys = k_cache[self.kv_index].transpose(1, 2)  # [B, KV, S, D]
+        values = v_cache[self.kv_index].transpose(1, 2)  # [B, KV, S, D]
+        q = q.view(B, KV, H // KV, D).to(keys.dtype)  # [B, KV, group, D]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask, scale=self.scaling)
+        return out.reshape(B, H * D).to(q.dtype)  # [B, H*D]
+
+    def _extend(self, q, k_cache, v_cache) -> torch.Tensor:
+        T, H, D = q.shape
+        out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
+        for index, mask, start, e in zip(self.kv_indices, self.masks, self.starts, self.extend_lens):
+            qi = q[start:start + e].transpose(0, 1)  # [H, e, D]
+            keys = k_cache[index].transpose(0, 1)  # [KV, s, D]
+            values = v_cache[index].transpose(0, 1)  # [KV, s, D]
+            oi = F.scaled_dot_product_attention(
+                qi, keys, values, attn_mask=mask, is_causal=mask is None,
+                scale=self.scaling, enable_gqa=H != self.num_kv_heads,
+            )  # [H, e, D]
+            out[start:start + e] = oi.transpose(0, 1)
+        return out.view(T, H * D)

@@ -1,0 +1,174 @@
+"""ModelRunner: the model, its KV memory and its attention backend on one device.
+
+Built once by the scheduler from `ServerArgs`:
+device -> threads -> config/tokenizer -> dtype -> weights -> KV pools -> attention backend.
+`forward(forward_batch)` returns float32 logits [L, vocab] for the rows the batch asks for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Optional
+
+import torch
+
+from lmprog_runtime.attention import create_attention_backend
+from lmprog_runtime.cache.kv_pool import ReqToTokenPool, TokenToKVPool
+from lmprog_runtime.config import ServerArgs
+from lmprog_runtime.model.forward_batch import ForwardBatch
+from lmprog_runtime.model.loader import (
+    ModelConfig, iter_weights, load_model_config, load_tokenizer, resolve_model_path,
+)
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_MAX_RUNNING_REQUESTS = 256
+GPU_MAX_RUNNING_REQUESTS = 1024
+CPU_KV_CAP_BYTES = 4 << 30  # the KV pool on a CPU never takes more than 4 GiB by default
+CPU_MEM_FRACTION = 0.3  # of available host memory, when mem_fraction_static is unset
+GPU_MEM_FRACTION = 0.85  # of total device memory for weights + KV, when unset
+
+
+def _architecture_class(arch: str):
+    from lmprog_runtime.models.llama import LlamaForCausalLM
+
+    return {"llama": LlamaForCausalLM, "qwen2": LlamaForCausalLM}[arch]
+
+
+def select_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but no CUDA device is available (use --device cpu or auto)")
+    return torch.device(name)
+
+
+def default_attention_backend(device: torch.device) -> str:
+    """torch_native on the CPU; triton on CUDA (in-repo kernels, tested against torch_native,
+    no JIT build at start-up). flashinfer is opt-in: `--attention-backend flashinfer`."""
+    return "triton" if device.type == "cuda" else "torch_native"
+
+
+def measure_cpu_decode_dtype(config: ModelConfig, batches=(1, 32), reps: int = 5) -> torch.dtype:
+    """Time decode-step matmuls (this model's shapes, at a latency and a throughput batch size)
+    in float32 and bfloat16; pick the dtype with the smaller total.
+
+    Each dtype is warmed up first (oneDNN JITs its bf16/AMX kernels on first use) and the
+    two are timed interleaved, best of `reps`, so a busy machine biases neither.
+    Measured on the dev box (2-core Xeon with AMX-BF16, shared and loaded, SmolLM2-135M
+    shapes, 8 layers): batch 1 fp32 ~3.6 ms vs bf16 ~12.7 ms; batch 8 about equal (12 vs 13);
+    batch 32 fp32 ~35 ms vs bf16 ~14 ms; batch 64 fp32 ~50 ms vs bf16 ~15-24 ms.
+    So on AMX machines bf16 wins the (1, 32) total for SmolLM2; without AMX fp32 wins;
+    the tiny test model (hidden 64) gets fp32. Tests that compare logits pass dtype=float32.
+    """
+    c = config
+    shapes = [(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim),
+              (c.num_heads * c.head_dim, c.hidden_size),
+              (c.hidden_size, 2 * c.intermediate_size), (c.intermediate_size, c.hidden_size)]
+    layers = min(c.num_layers, 8)  # enough to time, cheap to allocate
+    dtypes = (torch.float32, torch.bfloat16)
+    weights = {d: [torch.randn(k, n, dtype=d) * 0.02 for k, n in shapes] for d in dtypes}
+    inputs = {d: [{k: torch.randn(b, k, dtype=d) for k, _ in shapes} for b in batches] for d in dtypes}
+
+    def step(dtype) -> float:
+        t0 = time.perf_counter()
+        for x in inputs[dtype]:
+            for _ in range(layers):
+                for w in weights[dtype]:
+                    x[w.shape[0]] @ w
+        return time.perf_counter() - t0
+
+    for d in dtypes:
+        step(d)  # warm-up
+    timings = {d: float("inf") for d in dtypes}
+    for _ in range(reps):
+        for d in dtypes:
+            timings[d] = min(timings[d], step(d))
+    choice = min(timings, key=timings.get)
+    logger.info("dtype auto: decode matmuls fp32 %.2f ms, bf16 %.2f ms -> %s",
+                timings[torch.float32] * 1e3, timings[torch.bfloat16] * 1e3, choice)
+    return choice
+
+
+def select_dtype(name: str, device: torch.device, config: ModelConfig) -> torch.dtype:
+    if name != "auto":
+        if device.type == "cpu" and name == "float16":
+            logger.warning("float16 on CPU is slow and poorly supported; prefer float32 or bfloat16")
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return measure_cpu_decode_dtype(config)
+
+
+def _available_host_bytes() -> int:
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+class ModelRunner:
+    def __init__(self, server_args: ServerArgs):
+        self.server_args = server_args
+        self.device = select_device(server_args.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
+        torch.manual_seed(server_args.random_seed)
+
+        self.model_path = resolve_model_path(server_args.model_path)
+        self.model_config = load_model_config(self.model_path, server_args.context_length)
+        self.context_length = self.model_config.context_length
+        self.tokenizer = load_tokenizer(resolve_model_path(server_args.tokenizer_path or server_args.model_path))
+        self.dtype = select_dtype(server_args.dtype, self.device, self.model_config)
+        self.model = self._load_model()
+
+        self.page_size = server_args.page_size
+        self.max_running_requests = server_args.max_running_requests or (
+            CPU_MAX_RUNNING_REQUESTS if self.device.type == "cpu" else GPU_MAX_RUNNING_REQUESTS)
+        self.max_total_num_tokens = self._kv_pool_size()
+        self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, self.context_length, self.device)
+        c = self.model_config
+        self.token_to_kv_pool = TokenToKVPool(self.max_total_num_tokens, c.num_layers, c.num_kv_heads, c.head_dim,
+                                              self.dtype, self.device, self.page_size)
+        self.attention_backend_name = server_args.attention_backend or default_attention_backend(self.device)
+        self.attn_backend = create_attention_backend(
+            self.attention_backend_name, token_to_kv_pool=self.token_to_kv_pool,
+            num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim)
+        self.model.attn_backend = self.attn_backend
+
+    def _load_model(self) -> torch.nn.Module:
+        cls = _architecture_class(self.model_config.architecture)
+        with torch.device("meta"):
+            model = cls(self.model_config, max_positions=self.context_length)
+        model = model.to_empty(device="cpu")
+        model.load_weights(iter_weights(self.model_path, self.model_config))
+        return model.to(device=self.device, dtype=self.dtype).eval()
+
+    def _kv_pool_size(self) -> int:
+        """KV slots: `max_total_tokens` if given, else what the memory budget allows, in whole pages."""
+        c, args = self.model_config, self.server_args
+        per_token = TokenToKVPool.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype)
+        if args.max_total_tokens is not None:
+            tokens = args.max_total_tokens
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = free - total * (1 - (args.mem_fraction_static or GPU_MEM_FRACTION))
+            tokens = int(budget // per_token)
+        else:
+            budget = min(_available_host_bytes() * (args.mem_fraction_static or CPU_MEM_FRACTION), CPU_KV_CAP_BYTES)
+            needed = self.max_running_requests * self.context_length
+            tokens = min(int(budget // per_token), needed)
+        tokens -= tokens % self.page_size
+        if tokens < max(16, self.page_size):
+            raise ValueError(f"not enough memory for the KV cache: room for {tokens} tokens "
+                             f"({per_token} bytes each); lower the model size or raise mem_fraction_static")
+        return tokens
+
+    @torch.inference_mode()
+    def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
+        """Logits [L, vocab] float32 for `forward_batch.logits_indices` (default: each request's last token)."""
+        self.attn_backend.init_forward_metadata(forward_batch)
+        return self.model(forward_batch)
+

@@ -1,0 +1,201 @@
+"""The Llama family (Llama 2/3, SmolLM2, Qwen2 with q/k/v bias), one ragged batch per forward.
+
+Read top to bottom: rotary table -> RMSNorm -> attention -> MLP -> decoder layer -> model.
+Every forward sees all new tokens of all requests flat on one axis `T`; attention over
+each request's cached prefix is the attention backend's job (`forward_batch` tells it
+where). Projections are fused (q|k|v in one matmul, gate|up in one) so a decode step
+is a handful of matmuls per layer.
+
+Numerics follow transformers' `LlamaForCausalLM` exactly: RMSNorm in float32, rotary
+cos/sin computed in float32 then cast to the activation dtype, rotate-half layout.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmprog_runtime.model.forward_batch import ForwardBatch
+from lmprog_runtime.model.loader import ModelConfig
+
+
+# -- rotary position embedding -------------------------------------------------------------------
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies [head_dim/2] float32, with llama3 / linear scaling as in transformers."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_ctx = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3)")
+
+
+def rope_cos_sin_table(config: ModelConfig, max_positions: int) -> torch.Tensor:
+    """[max_positions, 2, head_dim] float32: cos and sin of every position, halves repeated."""
+    inv_freq = rope_inv_freq(config)  # [D/2]
+    freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32, device="cpu"), inv_freq)  # [P, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
+    return torch.stack([emb.cos(), emb.sin()], dim=1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [T, heads, D]; cos, sin [T, 1, D]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+# -- layers ----------------------------------------------------------------------------------------------
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalize in float32 like transformers, scale in the activation dtype
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return self.weight * normed
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, forward_batch: ForwardBatch, attn_backend) -> torch.Tensor:
+        # x [T, hidden]
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rope(q.view(T, self.num_heads, self.head_dim), cos, sin)  # [T, H, D]
+        k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)  # [T, KV, D]
+        v = v.view(T, self.num_kv_heads, self.head_dim)  # [T, KV, D]
+        out = attn_backend.forward(q, k, v, self.layer_id, forward_batch)  # [T, H * D]
+        return self.o_proj(out)  # [T, hidden]
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)  # [T, hidden]
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_id)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, forward_batch, attn_backend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, forward_batch, attn_backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+# -- the model -------------------------------------------------------------------------------------------
+class LlamaForCausalLM(nn.Module):
+    """`forward(forward_batch) -> logits [L, vocab] float32` for rows `forward_batch.logits_indices`.
+
+    The runner sets `attn_backend` (an `AttentionBackend`) before the first forward.
+    """
+
+    def __init__(self, config: ModelConfig, max_positions: Optional[int] = None):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # [P, 2, D] float32 on the CPU: a plain attribute, not a buffer, so `.to(dtype)` never
+        # rounds it; it follows the activations' device on first use.
+        self.rope_table = rope_cos_sin_table(config, max_positions or config.context_length)
+        self.attn_backend = None
+
+    def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
+        x = self.embed_tokens(forward_batch.input_ids)  # [T, hidden]
+        if self.rope_table.device != x.device:
+            self.rope_table = self.rope_table.to(x.device)
+        cos_sin = self.rope_table[forward_batch.positions].to(x.dtype)  # [T, 2, D]
+        cos, sin = cos_sin[:, 0:1], cos_sin[:, 1:2]  # [T, 1, D]
+        for layer in self.layers:
+            x = layer(x, cos, sin, forward_batch, self.attn_backend)
+        rows = forward_batch.logits_indices
+        if rows is None:
+            rows = forward_batch.last_token_indices()
+        x = self.norm(x[rows])  # [L, hidden]
+        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, head).float()  # [L, vocab]
+
+    # -- weights: HF names in, fused parameters out --
+    _FUSED = {  # HF suffix -> (our parameter suffix, shard index)
+        "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+        "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+        "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+        "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+        "mlp.up_proj": ("mlp.gate_up_proj", 1),
+    }
+
+    def _shard_rows(self, fused: str, shard: int) -> Tuple[int, int]:
+        c = self.config
+        if ".qkv_proj." in fused:
+            q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+            return [(0, q), (q, kv), (q + kv, kv)][shard]
+        return shard * c.intermediate_size, c.intermediate_size
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into our (partly fused) parameters; every parameter must be set."""
+        params = dict(self.named_parameters())
+        missing = {n for n in params if not n.endswith(("qkv_proj.weight", "qkv_proj.bias", "gate_up_proj.weight"))}
+        missing |= {f"{n}#{i}" for n in params if n.endswith(("qkv_proj.weight", "qkv_proj.bias")) for i in range(3)}
+        missing |= {f"{n}#{i}" for n in params if n.endswith("gate_up_proj.weight") for i in range(2)}
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if (name == "lm_head.weight" and self.lm_head is None) or "rotary_emb" in name:
+                continue  # tied head = the embedding; rotary tables are recomputed
+            target, shard = name, None
+            for hf_part, (ours, index) in self._FUSED.items():
+                if f".{hf_part}." in f".{name}":
+                    target, shard = name.replace(hf_part, ours), index
+                    break
+            if target not in params:
+                raise ValueError(f"unexpected weight {hf_name!r} for {self.config.architecture}")
+            param = params[target]
+            dest = param.data if shard is None else param.data.narrow(0, *self._shard_rows(target, shard))
+            if dest.shape != tensor.shape:
+                raise ValueError(f"weight {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
+            dest.copy_(tensor)
+            missing.discard(target if shard is None else f"{target}#{shard}")
+        if missing:
+            raise ValueError(f"checkpoint lacks weights for: {', '.join(sorted(missing)[:8])}")
+
+
+EntryClass = LlamaForCausalLM
