@@ -75,7 +75,7 @@ class OutputProcessor:
                 continue
             r = item.req
             lp = torch.log_softmax(logits[item.input_rows].float(), dim=-1)
-            tokens = torch.tensor([r.origin_input_ids[j] for j in item.input_positions])
+            tokens = torch.tensor([r.origin_input_ids[j] for j in item.input_positions], device=lp.device)
             if r.logprob_start_len == 0 and not r.input_token_logprobs:
                 r.input_token_logprobs.append(None)
                 r.input_top_logprobs.append(None)
