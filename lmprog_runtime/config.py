@@ -107,7 +107,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         default = f.default
         if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", default=default)
+            action = argparse.BooleanOptionalAction if default else "store_true"
+            parser.add_argument(flag, action=action, default=default)
             continue
         kind = {"int": int, "float": float}.get(str(f.type).replace("Optional[", "").rstrip("]"), str)
         choices = {

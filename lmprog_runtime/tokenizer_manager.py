@@ -291,6 +291,8 @@ class TokenizerManager:
         self.send(AbortReq(rid=rid, abort_all=abort_all))
 
     async def control(self, kind: str, timeout: float = 30.0) -> ControlReply:
+        if self.dead:
+            raise RequestError(f"The scheduler is not running: {self.dead}", status=503)
         msg = {"flush_cache": FlushCacheReq, "internal_state": GetInternalStateReq}[kind]()
         fut = asyncio.get_running_loop().create_future()
         self.control_waiters.setdefault(kind, []).append(fut)
@@ -401,7 +403,7 @@ class TokenizerManager:
         def triple(entry):
             if entry is None:
                 return None
-            lp, tok = entry
+            lp, tok = entry  # lp is None for the first prompt token
             return [lp, tok, self.tokenizer.decode([tok]) if with_text else None]
 
         def triples(entries):

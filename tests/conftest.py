@@ -7,6 +7,8 @@ sys.path.insert(0, _TESTS)  # `import tiny_model` from any test
 if os.path.dirname(_TESTS) not in sys.path:  # the repo root, when the package is not installed
     sys.path.insert(0, os.path.dirname(_TESTS))
 
+import signal  # noqa: E402
+
 import pytest  # noqa: E402
 
 
@@ -29,15 +31,37 @@ def tiny_engine(tiny_model_path):
     engine.shutdown()
 
 
-def make_engine(model_path, **kwargs):
-    """An Engine with test defaults; the caller shuts it down."""
-    from lmprog_runtime import Engine
-
-    kwargs.setdefault("dtype", "float32")
-    return Engine(model_path=model_path, **kwargs)
-
-
 @pytest.fixture(scope="session")
 def engine_backend(tiny_engine):
     """The in-process runtime for lmprog's live program tests (wrapped by the test)."""
     return tiny_engine
+
+
+@pytest.fixture(scope="session")
+def live_server_handle(tiny_model_path, tmp_path_factory):
+    """One real two-process server on the tiny model for the whole session.
+
+    Teardown checks the shutdown contract: SIGTERM → exit code 0, the scheduler child
+    gone, the port free again."""
+    from server_harness import LiveServer, pid_alive, port_is_free
+
+    server = LiveServer(tiny_model_path, tmp_path_factory.mktemp("live_server")).start()
+    import requests
+    scheduler_pid = requests.get(server.url + "/get_server_info", timeout=30).json()["scheduler_pid"]
+    yield server
+    code = server.stop(signal.SIGTERM)
+    assert code == 0, f"server exit code {code}:\n{server.log_tail()}"
+    assert not pid_alive(scheduler_pid), "the scheduler process outlived the server"
+    assert port_is_free(server.port)
+
+
+@pytest.fixture(scope="session")
+def live_server(live_server_handle):
+    """Base URL (http://127.0.0.1:PORT) of the session's live server."""
+    return live_server_handle.url
+
+
+@pytest.fixture(scope="session")
+def server_url(live_server):
+    """The live server's base URL, for lmprog's live program tests."""
+    return live_server

@@ -69,21 +69,21 @@ class OutputProcessor:
 
     def _input_logprobs(self, plan, logits: torch.Tensor) -> None:
         for item in plan.items:
-            if not item.input_rows:
-                if item.req.wants_input_logprobs and item.req.kv_len >= item.req.prompt_len:
-                    item.req.input_logprobs_done = True
-                continue
             r = item.req
-            lp = torch.log_softmax(logits[item.input_rows].float(), dim=-1)
-            tokens = torch.tensor([r.origin_input_ids[j] for j in item.input_positions], device=lp.device)
+            if not r.wants_input_logprobs:
+                continue
             if r.logprob_start_len == 0 and not r.input_token_logprobs:
-                r.input_token_logprobs.append(None)
+                # The first prompt token has no predecessor to score it.
+                r.input_token_logprobs.append((None, r.origin_input_ids[0]))
                 r.input_top_logprobs.append(None)
                 r.input_token_ids_logprobs.append(None)
-            vals = lp.gather(1, tokens[:, None]).view(-1).tolist()
-            r.input_token_logprobs.extend(zip(vals, tokens.tolist()))
-            r.input_top_logprobs.extend(self._top(lp, r.top_logprobs_num))
-            r.input_token_ids_logprobs.extend(self._by_ids(lp, r.token_ids_logprob))
+            if item.input_rows:
+                lp = torch.log_softmax(logits[item.input_rows].float(), dim=-1)
+                tokens = torch.tensor([r.origin_input_ids[j] for j in item.input_positions], device=lp.device)
+                vals = lp.gather(1, tokens[:, None]).view(-1).tolist()
+                r.input_token_logprobs.extend(zip(vals, tokens.tolist()))
+                r.input_top_logprobs.extend(self._top(lp, r.top_logprobs_num))
+                r.input_token_ids_logprobs.extend(self._by_ids(lp, r.token_ids_logprob))
             if r.kv_len >= r.prompt_len:
                 r.input_logprobs_done = True
 
@@ -155,7 +155,7 @@ class OutputProcessor:
                 r.output_token_ids_logprobs.extend([] for _ in new_ids)
             r.logprobs_sent = min(r.logprobs_sent, keep)
         if r.grammar.is_terminated():
-            r.finish({"type": "stop", "matched": r.output_ids[-1]})
+            r.finish({"type": "stop", "matched": None})
         elif len(r.output_ids) >= r.max_new_tokens:
             r.finish({"type": "length", "length": r.max_new_tokens})
 
@@ -183,7 +183,8 @@ class OutputProcessor:
         if len(r.output_ids) >= sp.max_new_tokens:
             return r.finish({"type": "length", "length": sp.max_new_tokens})
         if r.grammar is not None and r.grammar.is_terminated():
-            return r.finish({"type": "stop", "matched": token})
+            # The grammar is complete without an EOS: the last token is content, not a stop token.
+            return r.finish({"type": "stop", "matched": None})
 
     # -- sending --------------------------------------------------------------------------
     def _maybe_stream(self, r) -> None:

@@ -86,7 +86,7 @@ def test_engine_greedy_matches_cpu(tiny_model_path, backend, dtype):
     fp32 must match the CPU token for token; bf16 on the first tokens (later ones may flip on
     near-ties of a random tiny model)."""
     needs(backend)
-    from conftest import make_engine
+    from engine_helpers import make_engine
 
     greedy = {"temperature": 0, "max_new_tokens": 16}
     cpu = make_engine(tiny_model_path, device="cpu", max_total_tokens=4096)
@@ -111,7 +111,7 @@ def test_engine_constrained_decoding_on_gpu(tiny_model_path):
     needs("triton")
     import re
 
-    from conftest import make_engine
+    from engine_helpers import make_engine
 
     engine = make_engine(tiny_model_path, device="cuda", dtype="bfloat16", max_total_tokens=4096)
     try:

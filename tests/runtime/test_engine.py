@@ -3,7 +3,7 @@ logprobs, bad parameters, retraction, chunked prefill and aborts."""
 
 import pytest
 
-from conftest import make_engine
+from engine_helpers import make_engine
 from lmprog_runtime.tokenizer_manager import RequestError
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12}
@@ -112,7 +112,9 @@ def test_logprob_shapes(tiny_engine):
                                logprob_start_len=0, top_logprobs_num=3, token_ids_logprob=[1, 2],
                                return_text_in_logprobs=True)
     meta = out["meta_info"]
-    assert len(meta["input_token_logprobs"]) == L and meta["input_token_logprobs"][0] is None
+    assert len(meta["input_token_logprobs"]) == L
+    assert meta["input_token_logprobs"][0][0] is None and meta["input_token_logprobs"][0][1] == \
+        tiny_engine.tokenizer.encode(prompt)[0]
     lp, tok, text = meta["input_token_logprobs"][1]
     assert tok == tiny_engine.tokenizer.encode(prompt)[1] and lp <= 0 and isinstance(text, str)
     assert len(meta["output_token_logprobs"]) == meta["output_token_logprobs_length"] == 5
@@ -125,6 +127,10 @@ def test_logprob_shapes(tiny_engine):
     # output-only by default
     out = tiny_engine.generate(prompt, {**GREEDY, "max_new_tokens": 3}, return_logprob=True)
     assert out["meta_info"]["input_token_logprobs"] == []
+    # a one-token prompt still reports its (unscored) first token
+    one = tiny_engine.generate(input_ids=[42], sampling_params={"max_new_tokens": 1}, return_logprob=True,
+                               logprob_start_len=0)
+    assert [e[:2] for e in one["meta_info"]["input_token_logprobs"]] == [[None, 42]]
     # a later start
     out = tiny_engine.generate(prompt, {**GREEDY, "max_new_tokens": 3}, return_logprob=True, logprob_start_len=2)
     assert len(out["meta_info"]["input_token_logprobs"]) == L - 2
@@ -135,6 +141,7 @@ def test_input_logprobs_independent_of_cache(tiny_engine):
     first = tiny_engine.generate(prompt, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0)
     second = tiny_engine.generate(prompt, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0)
     a = [e[0] for e in first["meta_info"]["input_token_logprobs"][1:]]
+    assert first["meta_info"]["input_token_logprobs"][0][0] is None
     b = [e[0] for e in second["meta_info"]["input_token_logprobs"][1:]]
     assert a == pytest.approx(b, abs=1e-4)
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from conftest import make_engine
+from engine_helpers import make_engine
 
 SYSTEM = "You are a careful assistant. Answer briefly and cite the handbook section. " * 4
 GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}

@@ -1,0 +1,98 @@
+"""Prometheus metrics for `/metrics`, with SGLang's series names (`sglang:*`).
+
+Counters and histograms are fed from finished requests (`TokenizerManager.on_finish`);
+gauges are read from the scheduler's latest internal state at scrape time. Each server
+has its own registry, so several servers (or tests) in one process never collide.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+HEALTH_CHECK_PREFIX = "HEALTH_CHECK"
+
+# seconds
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
+_ITL_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
+                0.3, 0.4, 0.5, 0.75, 1.0, 2.0)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
+
+# gauge name -> (key in the scheduler's internal state, help)
+_GAUGES = {
+    "num_running_reqs": ("num_running_reqs", "Requests in the running batch."),
+    "num_queue_reqs": ("num_queue_reqs", "Requests waiting to be scheduled."),
+    "num_grammar_queue_reqs": ("num_grammar_queue_reqs", "Requests waiting for a grammar to compile."),
+    "num_used_tokens": ("num_used_tokens", "KV slots held by requests (cached prefixes excluded)."),
+    "max_total_num_tokens": ("max_total_num_tokens", "KV slots in the pool."),
+    "token_usage": ("token_usage", "Fraction of the KV pool in use."),
+    "cache_hit_rate": ("cache_hit_rate", "Prefix-cache hit rate over all prompt tokens so far."),
+    "gen_throughput": ("last_gen_throughput", "Recent generation throughput (tokens/s)."),
+}
+
+
+class _SchedulerGauges:
+    """A collector that reports the gauges of the last scheduler state it was given."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.state: Dict[str, Any] = {}
+
+    def collect(self):
+        for name, (key, doc) in _GAUGES.items():
+            family = GaugeMetricFamily(f"sglang:{name}", doc, labels=["model_name"])
+            value = self.state.get(key)
+            if isinstance(value, (int, float)):
+                family.add_metric([self.model_name], float(value))
+            yield family
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name"]
+        reg = self.registry
+        self.prompt_tokens = Counter("sglang:prompt_tokens", "Prompt tokens processed.", labels, registry=reg)
+        self.generation_tokens = Counter("sglang:generation_tokens", "Tokens generated.", labels, registry=reg)
+        self.cached_tokens = Counter("sglang:cached_tokens", "Prompt tokens served from the prefix cache.",
+                                     labels, registry=reg)
+        self.num_requests = Counter("sglang:num_requests", "Finished requests.", labels, registry=reg)
+        self.num_aborted = Counter("sglang:num_aborted_requests", "Requests that ended in an abort.", labels,
+                                   registry=reg)
+        self.ttft = Histogram("sglang:time_to_first_token_seconds", "Time to first token.", labels,
+                              buckets=_TTFT_BUCKETS, registry=reg)
+        self.itl = Histogram("sglang:inter_token_latency_seconds",
+                             "Mean time between output tokens, one sample per request.", labels,
+                             buckets=_ITL_BUCKETS, registry=reg)
+        self.e2e = Histogram("sglang:e2e_request_latency_seconds", "Request latency, arrival to finish.",
+                             labels, buckets=_E2E_BUCKETS, registry=reg)
+        self.gauges = _SchedulerGauges(model_name)
+        reg.register(self.gauges)
+
+    def on_finish(self, state) -> None:
+        """TokenizerManager's `on_finish` hook: one finished request (health probes excluded)."""
+        if state.msg.rid.startswith(HEALTH_CHECK_PREFIX):
+            return
+        m, name = state.meta, self.model_name
+        completion = int(m.get("completion_tokens", len(state.output_ids)))
+        self.prompt_tokens.labels(name).inc(int(m.get("prompt_tokens", len(state.msg.input_ids))))
+        self.cached_tokens.labels(name).inc(int(m.get("cached_tokens", 0)))
+        self.generation_tokens.labels(name).inc(completion)
+        self.num_requests.labels(name).inc()
+        if (state.finished_reason or {}).get("type") == "abort":
+            self.num_aborted.labels(name).inc()
+        if "e2e_latency" in m:
+            self.e2e.labels(name).observe(m["e2e_latency"])
+        if state.first_token_time is not None:
+            self.ttft.labels(name).observe(state.first_token_time - state.created)
+            if completion > 1 and state.last_token_time is not None:
+                self.itl.labels(name).observe((state.last_token_time - state.first_token_time) / (completion - 1))
+
+    def render(self, scheduler_state: Dict[str, Any]) -> bytes:
+        self.gauges.state = scheduler_state
+        return generate_latest(self.registry)
