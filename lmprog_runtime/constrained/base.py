@@ -1,0 +1,159 @@
+"""Contract between the scheduler and a grammar backend.
+
+The scheduler only uses these names:
+
+    backend = create_grammar_backend(name, tokenizer, vocab_size, eos_token_ids)
+    fut = backend.get_future(kind, spec)        # kind: json | regex | ebnf | structural_tag
+    grammar = fut.result()                      # or GrammarError
+    grammar.fill_mask(mask_row)                 # bool [vocab_size], preset False
+    grammar.accept_token(token_id)              # GrammarError if illegal
+    grammar.is_terminated()
+    grammar.jump_forward_str() / grammar.jump_and_retokenize(old_ids, new_ids, keep)
+
+A backend compiles on a thread pool and keeps an LRU cache per (kind, spec); a cache
+hit returns an already-completed future holding `grammar.copy()`.
+"""
+from __future__ import annotations
+
+import abc
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+GRAMMAR_KINDS = ("json", "regex", "ebnf", "structural_tag")
+
+
+class GrammarError(ValueError):
+    """A constraint could not be compiled, or a token violated it."""
+
+
+@dataclass(frozen=True)
+class GrammarBackendConfig:
+    """Frozen knobs of a backend (see docs/constrained.md)."""
+
+    cache_size: int = 256                  # compiled grammars kept (LRU)
+    compile_workers: int = 2               # background compile threads
+    compile_timeout_s: float = 60.0        # a compile still running after this fails
+    whitespace_pattern: Optional[str] = None  # None: [ \t\n\r]{0,16}
+    max_recursion_depth: int = 3           # $ref recursion bound
+    any_depth: int = 3                     # nesting bound of unconstrained values
+    extra_properties: bool = False         # missing additionalProperties means false
+
+
+class Grammar(abc.ABC):
+    """One request's matcher over a shared compiled grammar."""
+
+    @abc.abstractmethod
+    def copy(self) -> "Grammar":
+        """A fresh matcher in the initial state sharing the compiled grammar."""
+
+    @abc.abstractmethod
+    def fill_mask(self, mask_row: torch.Tensor) -> None:
+        """Set True in `mask_row` (bool [vocab_size], preset False) for allowed tokens."""
+
+    @abc.abstractmethod
+    def accept_token(self, token_id: int) -> None:
+        """Advance by one token; GrammarError when the token is not allowed."""
+
+    @abc.abstractmethod
+    def is_terminated(self) -> bool:
+        """EOS was accepted, or the output is complete (no further transitions)."""
+
+    @abc.abstractmethod
+    def rollback(self, k: int) -> None:
+        """Undo the last `k` accepted tokens."""
+
+    def jump_forward_str(self) -> Optional[str]:
+        """The string the grammar forces from here, or None (default: never)."""
+        return None
+
+    def jump_and_retokenize(self, old_ids: list[int], new_ids: list[int], keep: int) -> None:
+        """Reset to the state after `old_ids[:keep] + new_ids` (old_ids = tokens accepted so far)."""
+        self.rollback(len(old_ids) - keep)
+        for tok in new_ids:
+            self.accept_token(tok)
+
+
+class GrammarBackend(abc.ABC):
+    """Compiles (kind, spec) pairs off the caller's thread and caches the results."""
+
+    def __init__(self, config: GrammarBackendConfig):
+        self.config = config
+        self._executor = ThreadPoolExecutor(config.compile_workers, thread_name_prefix="grammar")
+        self._cache: OrderedDict[tuple[str, str], Grammar] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @abc.abstractmethod
+    def compile(self, kind: str, spec: str) -> Grammar:
+        """Compile synchronously; raise GrammarError naming the problem."""
+
+    def get_future(self, kind: str, spec: str) -> "Future[Grammar]":
+        key = (kind, spec)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return _done(hit.copy())
+        outer: Future = Future()
+        if kind not in GRAMMAR_KINDS:
+            outer.set_exception(GrammarError(f"Unknown grammar kind {kind!r}; expected one of {GRAMMAR_KINDS}"))
+            return outer
+        if "\x00" in spec:
+            outer.set_exception(GrammarError(f"Failed to compile {kind} grammar: spec contains a NUL byte"))
+            return outer
+        inner = self._executor.submit(self._compile_checked, kind, spec)
+        timer = threading.Timer(self.config.compile_timeout_s, _expire, (outer, kind, self.config))
+        timer.daemon = True
+        timer.start()
+        inner.add_done_callback(lambda f: self._finish(f, outer, key, timer))
+        return outer
+
+    def _compile_checked(self, kind: str, spec: str) -> Grammar:
+        try:
+            return self.compile(kind, spec)
+        except GrammarError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every compile failure becomes a GrammarError
+            raise GrammarError(f"Failed to compile {kind} grammar: {exc}") from exc
+
+    def _finish(self, inner: Future, outer: Future, key, timer: threading.Timer) -> None:
+        timer.cancel()
+        exc = inner.exception()
+        if exc is None:
+            grammar = inner.result()
+            with self._lock:
+                self._cache[key] = grammar
+                self._cache.move_to_end(key)
+                while len(self._cache) > self.config.cache_size:
+                    self._cache.popitem(last=False)
+            _settle(outer, result=grammar.copy())
+        else:
+            _settle(outer, exc=exc)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _done(value) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+def _settle(fut: Future, result=None, exc=None) -> None:
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+    except Exception:  # noqa: BLE001 - already settled by the timeout
+        pass
+
+
+def _expire(fut: Future, kind: str, config: GrammarBackendConfig) -> None:
+    _settle(fut, exc=GrammarError(
+        f"Failed to compile {kind} grammar: compile timed out after {config.compile_timeout_s:g} s"))

@@ -1,0 +1,159 @@
+"""Grammar backend on outlines-core: our JSON Schema translation + a byte-exact token index."""
+from __future__ import annotations
+
+import threading
+from typing import Optional, Sequence
+
+import torch
+
+from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
+from lmprog_runtime.constrained.index import CompiledIndex, build_vocabulary, token_bytes
+from lmprog_runtime.constrained.json_schema import build_regex_from_schema
+from lmprog_runtime.constrained.regex_fragments import ascii_shorthands
+from lmprog_runtime.constrained.jump_forward import CharAutomaton
+
+ANY_JSON = "$$ANY$$"  # SGLang's spelling of "any JSON value"
+
+
+class _Shared:
+    """What every matcher of one compiled grammar shares: the index, bytes, char DFA."""
+
+    def __init__(self, index: CompiledIndex, table: list[Optional[bytes]]):
+        self.index = index
+        self.table = table
+        self._automaton: Optional[CharAutomaton] | bool = None
+        self._lock = threading.Lock()
+
+    def automaton(self) -> Optional[CharAutomaton]:
+        with self._lock:
+            if self._automaton is None:
+                try:
+                    self._automaton = CharAutomaton(self.index.regex)
+                except Exception:  # noqa: BLE001 - interegular cannot parse it: no jump-forward
+                    self._automaton = False
+            return self._automaton or None
+
+
+class OutlinesGrammar(Grammar):
+    """Matcher: a stack of index states, one per accepted token (rollback = pop)."""
+
+    def __init__(self, shared: _Shared):
+        self._shared = shared
+        self._states: list[int] = [shared.index.initial_state]
+        self._ids: list[int] = []
+        self.finished = False  # EOS accepted
+        self._char_cache: tuple[int, object] = (0, None)  # (bytes consumed, char state)
+
+    @property
+    def state(self) -> int:
+        return self._states[-1]
+
+    def copy(self) -> "OutlinesGrammar":
+        return OutlinesGrammar(self._shared)
+
+    def fill_mask(self, mask_row: torch.Tensor) -> None:
+        index = self._shared.index
+        if self.finished:
+            for e in index.eos_token_ids:
+                if e < mask_row.shape[0]:
+                    mask_row[e] = True
+            return
+        index.fill(self.state, mask_row)
+
+    def accept_token(self, token_id: int) -> None:
+        index = self._shared.index
+        if self.finished:
+            raise GrammarError(f"token {token_id} after the grammar accepted EOS")
+        if token_id in index.eos_token_ids:
+            if not index.is_final(self.state):
+                raise GrammarError(f"EOS token {token_id} before the output is complete")
+            self.finished = True
+            nxt = self.state
+        else:
+            nxt = index.next_state(self.state, token_id) if token_id != index.eos_vocab_id else None
+            if nxt is None:
+                raise GrammarError(f"token {token_id} ({self._bytes(token_id)!r}) is not allowed here")
+        self._states.append(nxt)
+        self._ids.append(token_id)
+
+    def is_terminated(self) -> bool:
+        return self.finished or self._shared.index.is_complete(self.state)
+
+    def rollback(self, k: int) -> None:
+        assert 0 <= k <= len(self._ids), f"rollback({k}) with {len(self._ids)} accepted tokens"
+        if k == 0:
+            return
+        del self._states[-k:]
+        del self._ids[-k:]
+        self.finished = False
+        self._char_cache = (0, None)
+
+    # ---------------------------------------------------------------- jump-forward
+    def _bytes(self, token_id: int) -> bytes:
+        table = self._shared.table
+        return (table[token_id] or b"") if token_id < len(table) else b""
+
+    def _text_bytes(self) -> bytes:
+        eos = self._shared.index.eos_token_ids
+        return b"".join(self._bytes(t) for t in self._ids if t not in eos)
+
+    def jump_forward_str(self) -> Optional[str]:
+        automaton = self._shared.automaton()
+        if automaton is None or self.is_terminated():
+            return None
+        data = self._text_bytes()
+        consumed, state = self._char_cache
+        if state is None or consumed > len(data):
+            consumed, state = 0, automaton.initial
+        try:
+            new_text = data[consumed:].decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # inside a multi-byte character: the next token must finish it
+        state = automaton.walk(state, new_text)
+        if state is None:
+            return None  # the two automata disagree: never jump on a guess
+        self._char_cache = (len(data), state)
+        return automaton.forced_string(state) or None
+
+    def jump_and_retokenize(self, old_ids: Sequence[int], new_ids: Sequence[int], keep: int) -> None:
+        assert list(old_ids) == self._ids[: len(old_ids)], "old_ids must be the accepted tokens"
+        self.rollback(len(self._ids) - keep)
+        for tok in new_ids:
+            self.accept_token(tok)
+
+
+class OutlinesBackend(GrammarBackend):
+    """Regex / JSON Schema grammars; EBNF and structural tags are refused."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: Sequence[int],
+                 config: GrammarBackendConfig = GrammarBackendConfig()):
+        super().__init__(config)
+        if not eos_token_ids:
+            raise ValueError("eos_token_ids must name at least one token")
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self.table = token_bytes(tokenizer)
+        self.vocabulary = build_vocabulary(self.table, self.eos_token_ids[0])
+
+    def to_regex(self, kind: str, spec: str) -> str:
+        if kind == "regex":
+            return spec
+        if kind == "json":
+            cfg = self.config
+            schema = True if spec.strip() == ANY_JSON else spec
+            try:
+                return build_regex_from_schema(schema, cfg.whitespace_pattern,
+                                               max_recursion_depth=cfg.max_recursion_depth,
+                                               any_depth=cfg.any_depth, extra_properties=cfg.extra_properties)
+            except ValueError as exc:
+                raise GrammarError(f"Failed to compile json grammar: {exc}") from exc
+        raise GrammarError(f"Failed to compile {kind} grammar: {kind} grammars are not supported by the "
+                           "outlines backend (use the llguidance or xgrammar backend)")
+
+    def compile(self, kind: str, spec: str) -> OutlinesGrammar:
+        regex = ascii_shorthands(self.to_regex(kind, spec))
+        try:
+            index = CompiledIndex(regex, self.vocabulary, self.eos_token_ids, self.vocab_size)
+        except Exception as exc:  # noqa: BLE001 - outlines-core raises plain ValueError/RuntimeError
+            raise GrammarError(f"Failed to compile {kind} grammar: {exc}") from exc
+        return OutlinesGrammar(_Shared(index, self.table))

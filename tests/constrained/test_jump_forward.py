@@ -1,0 +1,80 @@
+"""Jump-forward: forced strings from the character DFA and canonical re-tokenization."""
+import json
+
+import pytest
+
+from lmprog_runtime.constrained import create_grammar_backend, jump_forward_retokenize
+from lmprog_runtime.constrained.jump_forward import CharAutomaton
+
+SCHEMA = json.dumps({"type": "object", "properties": {
+    "name": {"type": "string"}, "kind": {"enum": ["alpha", "beta"]}, "ok": {"type": "boolean"}},
+    "required": ["name", "kind", "ok"], "additionalProperties": False})
+
+
+@pytest.fixture(scope="module")
+def compact_backend(tokenizer):
+    be = create_grammar_backend("outlines", tokenizer, 49152, [tokenizer.eos_token_id], whitespace_pattern="")
+    yield be
+    be.shutdown()
+
+
+def test_char_automaton_forced_strings():
+    a = CharAutomaton(r'\{"name":"[a-z]+","kind":(?:"alpha"|"beta")\}')
+    assert a.forced_string(a.initial) == '{"name":"'
+    s = a.walk(a.initial, '{"name":"x')
+    assert a.forced_string(s) == ""
+    s = a.walk(a.initial, '{"name":"x"')
+    assert a.forced_string(s) == ',"kind":"'
+    s = a.walk(a.initial, '{"name":"x","kind":"b')
+    assert a.forced_string(s) == 'eta"}'
+    assert a.walk(a.initial, "nope") is None
+
+
+def run_jumps(backend, tokenizer, g, steps):
+    """Alternate: generate `text` token by token, then jump forward + retokenize."""
+    out: list[int] = []
+    for text in steps:
+        for t in tokenizer.encode(text, add_special_tokens=False):
+            g.accept_token(t)
+            out.append(t)
+        jump = g.jump_forward_str()
+        if jump:
+            keep, new = jump_forward_retokenize(tokenizer, out, jump)
+            assert tokenizer.decode(out[:keep] + new) == tokenizer.decode(out) + jump
+            g.jump_and_retokenize(out, new, keep)  # raises if the token path were illegal
+            out = out[:keep] + new
+    return out
+
+
+def test_jump_and_retokenize_is_legal_and_canonical(compact_backend, tokenizer):
+    g = compact_backend.get_future("json", SCHEMA).result(timeout=120)
+    assert g.jump_forward_str() == '{"name":"'
+    out = run_jumps(compact_backend, tokenizer, g, ["", 'Bob"', "a", "true"])
+    text = tokenizer.decode(out)
+    assert text == '{"name":"Bob","kind":"alpha","ok":true}'
+    assert g.is_terminated()
+    assert out == tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_jump_forward_with_flexible_whitespace(backend, tokenizer):
+    g = backend.get_future("json", SCHEMA).result(timeout=120)
+    assert g.jump_forward_str() == "{"  # whitespace may follow: the jump stops there
+    out = run_jumps(backend, tokenizer, g, ["", ' "', ': "x"', ', "kind": "b'])
+    assert tokenizer.decode(out) == '{ "name": "x", "kind": "beta"'
+    assert tokenizer.decode(out) == tokenizer.decode(tokenizer.encode(tokenizer.decode(out)))
+
+
+def test_retokenize_keeps_common_prefix(tokenizer):
+    ids = tokenizer.encode('{"name": "Al', add_special_tokens=False)
+    keep, new = jump_forward_retokenize(tokenizer, ids, 'ice"', prompt_tail_ids=tokenizer.encode("Answer: "))
+    assert tokenizer.decode(ids[:keep] + new) == '{"name": "Alice"'
+    assert keep < len(ids) or new
+
+
+def test_no_jump_inside_multibyte_character(compact_backend, tokenizer):
+    g = compact_backend.get_future("regex", "\u00e9abc").result(timeout=120)
+    first = compact_backend.table.index("\u00e9".encode()[:1]) if "\u00e9".encode()[:1] in compact_backend.table else None
+    if first is None:
+        pytest.skip("no single-byte token for the lead byte")
+    g.accept_token(first)
+    assert g.jump_forward_str() is None
