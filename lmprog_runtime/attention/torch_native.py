@@ -58,19 +58,32 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _decode(self, q, k_cache, v_cache) -> torch.Tensor:
         B, H, D = q.shape
         KV = self.num_kv_heads
-        keys = k_cache[self.kv_index].transpose(1, 2)  # [B, KV, S, D]
-        values = v_cache[self.kv_index].transpose(1, 2)  # [B, KV, S, D]
+        S = self.kv_index.shape[1]
+        # index_select copies whole rows (advanced indexing is ~10x slower on the CPU), into
+        # buffers reused across layers and steps: a fresh tens-of-MB tensor per layer costs
+        # more in page faults than the copy itself.
+        flat = self.kv_index.reshape(-1)
+        kbuf, vbuf = self._gather_buffers(flat.numel(), k_cache)
+        keys = torch.index_select(k_cache, 0, flat, out=kbuf).view(B, S, KV, D).transpose(1, 2)  # [B, KV, S, D]
+        values = torch.index_select(v_cache, 0, flat, out=vbuf).view(B, S, KV, D).transpose(1, 2)
         q = q.view(B, KV, H // KV, D).to(keys.dtype)  # [B, KV, group, D]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask, scale=self.scaling)
         return out.reshape(B, H * D).to(q.dtype)  # [B, H*D]
+
+    def _gather_buffers(self, rows: int, like: torch.Tensor):
+        buf = getattr(self, "_buf", None)
+        if buf is None or buf.shape[1] < rows or buf.dtype != like.dtype or buf.device != like.device:
+            buf = torch.empty((2, max(rows, 1024)) + tuple(like.shape[1:]), dtype=like.dtype, device=like.device)
+            self._buf = buf
+        return buf[0, :rows], buf[1, :rows]
 
     def _extend(self, q, k_cache, v_cache) -> torch.Tensor:
         T, H, D = q.shape
         out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
         for index, mask, start, e in zip(self.kv_indices, self.masks, self.starts, self.extend_lens):
             qi = q[start:start + e].transpose(0, 1)  # [H, e, D]
-            keys = k_cache[index].transpose(0, 1)  # [KV, s, D]
-            values = v_cache[index].transpose(0, 1)  # [KV, s, D]
+            keys = k_cache.index_select(0, index).transpose(0, 1)  # [KV, s, D]
+            values = v_cache.index_select(0, index).transpose(0, 1)  # [KV, s, D]
             oi = F.scaled_dot_product_attention(
                 qi, keys, values, attn_mask=mask, is_causal=mask is None,
                 scale=self.scaling, enable_gqa=H != self.num_kv_heads,

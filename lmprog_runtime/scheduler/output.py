@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from typing import List, Optional
 
 import torch
@@ -30,7 +31,13 @@ class OutputProcessor:
         """Allowed-token masks of this step's sampled rows; needs only the grammar states
         after the previous step, so the overlap scheduler builds it during the forward."""
         reqs = [it.req for it in plan.items if it.sample_row >= 0]
-        return self._grammar_mask(reqs, self.s.runner.model_config.vocab_size)
+        t0 = time.perf_counter()
+        mask = self._grammar_mask(reqs, self.s.runner.model_config.vocab_size)
+        if mask is not None:
+            stats = self.s.stats
+            stats["mask_s"] += time.perf_counter() - t0
+            stats["mask_rows"] += sum(r.grammar is not None for r in reqs)
+        return mask
 
     def process(self, plan, logits: torch.Tensor, mask: Optional[torch.Tensor] = None) -> None:
         s = self.s
@@ -141,6 +148,7 @@ class OutputProcessor:
         old = r.output_ids
         r.grammar.jump_and_retokenize(old, new_ids, keep)
         r.output_ids = old[:keep] + new_ids
+        self.s.stats["num_jump_forward_tokens"] += len(new_ids)
         r.first_changed = min(r.first_changed, keep)
         # KV computed for rewritten tokens is stale: drop it; the next step extends again.
         self.s.kv.truncate(r, r.prompt_len + keep)

@@ -81,7 +81,8 @@ class Scheduler:
         self.new_token_ratio = self.init_ratio
         # counters for /metrics and server info
         self.stats = {"num_prompt_tokens": 0, "num_cached_tokens": 0, "num_generated_tokens": 0,
-                      "num_retractions": 0, "num_steps": 0, "forward_s": 0.0, "step_s": 0.0}
+                      "num_retractions": 0, "num_steps": 0, "forward_s": 0.0, "step_s": 0.0,
+                      "mask_s": 0.0, "mask_rows": 0, "num_jump_forward_tokens": 0}
         self.last_gen_throughput = 0.0
         self._overlap = None
         if not server_args.disable_overlap_schedule:
