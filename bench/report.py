@@ -229,9 +229,11 @@ def write_report(manifest: dict, results_dir: str, doc_path: str) -> None:
               "means AMX/repacked weight buffers are off (they crash on AMX CPUs, see `bench/README.md`).", ""]
     for name, reason in manifest.get("skipped", {}).items():
         lines.append(f"- **{name} skipped**: {reason}")
+    from bench.report_components import component_sections
+
     lines += ["", *aim_section(results, one_batch), *serving_section(manifest, results["serving"]),
               *programs_section(manifest, results["programs"]), *one_batch_section(one_batch, manifest),
-              "## Plots", ""]
+              *component_sections(results_dir), "## Plots", ""]
     for name, title in (("throughput.png", "Throughput per system per workload"),
                         ("latency_cdf.png", "End-to-end latency CDFs"),
                         ("cache_hit_rate.png", "Cache hit rate over time")):

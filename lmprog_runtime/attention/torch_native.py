@@ -19,6 +19,12 @@ from lmprog_runtime.attention.base import AttentionBackend
 from lmprog_runtime.model.forward_batch import ForwardBatch
 
 
+# Decode batches of at least this many requests that share at least this many KV slots
+# take the cascade path (the shared prefix is gathered once, not once per request).
+CASCADE_MIN_BATCH = 4
+CASCADE_MIN_SHARED = 256
+
+
 class TorchNativeAttnBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         seq_lens = fb.seq_lens_cpu or fb.seq_lens.tolist()
@@ -27,9 +33,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         rows = fb.req_to_token[fb.req_pool_indices]  # [B, max_context]
         if self.decode:
             max_len = max(seq_lens)
-            self.kv_index = rows[:, :max_len]  # [B, S] slots (padding entries are masked out)
-            arange = torch.arange(max_len, device=fb.seq_lens.device)
-            self.mask = (arange[None, :] < fb.seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, S]
+            self.shared = self._shared_prefix_len(rows, seq_lens)
+            P = self.shared
+            self.prefix_index = rows[0, :P]  # [P] slots every request of the batch shares
+            self.kv_index = rows[:, P:max_len]  # [B, S] own slots (padding entries are masked out)
+            arange = torch.arange(max_len - P, device=fb.seq_lens.device)
+            self.mask = (arange[None, :] < (fb.seq_lens - P)[:, None])[:, None, None, :]  # [B, 1, 1, S]
             return
         # extend: per request, its slots and (when it has a cached prefix) a causal mask with offset
         self.kv_indices: List[torch.Tensor] = []
@@ -47,11 +56,25 @@ class TorchNativeAttnBackend(AttentionBackend):
                 self.masks.append(torch.arange(s, device=rows.device)[None, :] <= q_pos)  # [e, s]
         self.extend_lens = extend_lens
 
+    @staticmethod
+    def _shared_prefix_len(rows: torch.Tensor, seq_lens: List[int]) -> int:
+        """Length of the KV prefix that every request of a decode batch reads from the same
+        slots (the radix cache makes this common: a shared system prompt or document).
+        Only long shared prefixes in big batches are worth the cascade path."""
+        if len(seq_lens) < CASCADE_MIN_BATCH or min(seq_lens) <= CASCADE_MIN_SHARED:
+            return 0
+        head = rows[:, : min(seq_lens) - 1]  # each request's newest token is its own
+        same = (head == head[:1]).all(dim=0)  # [min_len - 1]
+        shared = int(same.to(torch.int32).cumprod(0).sum())
+        return shared if shared >= CASCADE_MIN_SHARED else 0
+
     def forward(self, q, k, v, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         # q [T, H, D]; k, v [T, KV, D]
         self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
         k_cache, v_cache = self.kv_pool.k[layer_id], self.kv_pool.v[layer_id]  # [slots, KV, D]
         if self.decode:
+            if self.shared:
+                return self._decode_cascade(q, k_cache, v_cache)
             return self._decode(q, k_cache, v_cache)
         return self._extend(q, k_cache, v_cache)
 
@@ -68,6 +91,27 @@ class TorchNativeAttnBackend(AttentionBackend):
         values = torch.index_select(v_cache, 0, flat, out=vbuf).view(B, S, KV, D).transpose(1, 2)
         q = q.view(B, KV, H // KV, D).to(keys.dtype)  # [B, KV, group, D]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask, scale=self.scaling)
+        return out.reshape(B, H * D).to(q.dtype)  # [B, H*D]
+
+    def _decode_cascade(self, q, k_cache, v_cache) -> torch.Tensor:
+        """Decode attention split in two: the batch's shared prefix is read once for all
+        queries, each request's own tail separately; the two softmax parts are merged
+        exactly (common max, summed denominators)."""
+        B, H, D = q.shape
+        KV = self.num_kv_heads
+        S = self.kv_index.shape[1]
+        qf = q.view(B, KV, H // KV, D).float() * self.scaling  # [B, KV, G, D]
+        kp = k_cache.index_select(0, self.prefix_index).float()  # [P, KV, D]
+        vp = v_cache.index_select(0, self.prefix_index).float()  # [P, KV, D]
+        flat = self.kv_index.reshape(-1)
+        ks = k_cache.index_select(0, flat).view(B, S, KV, D).float()  # [B, S, KV, D]
+        vs = v_cache.index_select(0, flat).view(B, S, KV, D).float()
+        sp = torch.einsum("bkgd,pkd->bkgp", qf, kp)  # [B, KV, G, P]
+        ss = torch.einsum("bkgd,bskd->bkgs", qf, ks).masked_fill_(~self.mask, float("-inf"))  # [B, KV, G, S]
+        m = torch.maximum(sp.amax(-1), ss.amax(-1))[..., None]  # [B, KV, G, 1]
+        ep, es = torch.exp(sp - m), torch.exp(ss - m)
+        out = torch.einsum("bkgp,pkd->bkgd", ep, vp) + torch.einsum("bkgs,bskd->bkgd", es, vs)
+        out = out / (ep.sum(-1, keepdim=True) + es.sum(-1, keepdim=True))
         return out.reshape(B, H * D).to(q.dtype)  # [B, H*D]
 
     def _gather_buffers(self, rows: int, like: torch.Tensor):

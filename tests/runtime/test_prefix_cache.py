@@ -126,3 +126,16 @@ def test_chunked_prompt_chunks_are_reusable(tiny_model_path):
         stream.close()
         assert other["meta_info"]["cached_tokens"] >= len(eng.tokenizer.encode(long_prompt)) - 32
         eng.check_integrity()
+
+
+def test_long_shared_prefix_decode_matches_cache_off(tiny_model_path, reference):
+    """A batch sharing a >256-token cached prefix decodes through the cascade path."""
+    doc = " ".join(f"clause{i}" for i in range(200))
+    prompts = [doc + f" Question {i}: what about clause{i * 7}?" for i in range(6)]
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    with make_engine(tiny_model_path, disable_radix_cache=True, max_total_tokens=16384) as eng:
+        expected = run(eng, prompts, params, batch=False)
+    with make_engine(tiny_model_path, max_total_tokens=16384) as eng:
+        eng.generate(doc, {"max_new_tokens": 0})  # cache the document
+        assert run(eng, prompts, params) == expected
+        eng.check_integrity()

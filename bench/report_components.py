@@ -1,0 +1,135 @@
+"""Sections of `docs/benchmarks.md` for the component benchmarks (one per issue), each read
+from its JSON under `bench/results/`; a missing file leaves its section out."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import List, Optional
+
+from bench.report import _f
+
+
+def _load(results_dir: str, name: str) -> Optional[dict]:
+    path = os.path.join(results_dir, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def one_batch_dtypes(results_dir: str) -> List[str]:
+    rows = []
+    for name in ("one_batch_fp32.json", "one_batch.json"):
+        d = _load(results_dir, name)
+        if not d:
+            continue
+        peak = d["matmul_peak_gflops"]
+        dec = d["decode"]
+        rows.append(
+            f"| {d['dtype']} | {_f(peak.get('fp32'), 0)} / {_f(peak.get('bf16'), 0)} | {_f(d['copy_bandwidth_gbps'], 1)} | "
+            f"{_f(d['prefill']['tokens_per_s'], 0)} ({_f(d['prefill']['pct_of_matmul_peak'], 0)}% of its peak) | "
+            + " | ".join(f"{_f(dec[b]['step_ms'], 1)} ms / {_f(dec[b]['tokens_per_s'], 0)}" if b in dec else "–"
+                         for b in ("1", "8", "32", "64"))
+            + f" | {_f(d['decode_b1_vs_bandwidth_floor']['ratio'], 2)}x | {_f(d['decode_b32_over_b1_throughput'], 1)}x |")
+    if not rows:
+        return []
+    return ["## Runtime core: one batch per dtype (`bench/one_batch.py`)", "",
+            "The model runner alone (no scheduler), SmolLM2-135M, 512-token prompt, decode steps at the batch "
+            "sizes shown, 2 threads. Aims: prefill ≥ 50% of the matmul peak of its dtype; batch-1 decode step "
+            "≤ 1.5x the weight-bytes/bandwidth floor; batch-32 decode ≥ 8x batch-1 tokens/s. `--dtype auto` "
+            "picks bfloat16 on this machine (AMX-BF16: big bf16 matmuls are ~5x fp32).", "",
+            "| dtype | matmul peak fp32 / bf16 (GFLOP/s) | copy GB/s | prefill tok/s | decode b1 | b8 | b32 | b64 "
+            "| b1 step / floor | b32/b1 |",
+            "|---|---|---:|---|---|---|---|---|---:|---:|", *rows, "",
+            "```\npython bench/one_batch.py --dtype float32 --batch-sizes 1 8 32 64 --input-len 512 --output-len 16\n"
+            "python bench/one_batch.py --dtype auto --batch-sizes 1 8 32 64 --input-len 512 --output-len 16\n```", ""]
+
+
+def prefix_cache(results_dir: str) -> List[str]:
+    d = _load(results_dir, "prefix_cache.json")
+    if not d:
+        return []
+    cfg, da, ns = d["config"], d["document_assistant"], d.get("no_sharing") or {}
+    out = ["## RadixAttention: document assistant, cache on vs off (`bench/bench_prefix_cache.py`)", "",
+           f"{cfg['num_requests']} requests share one ~{cfg['doc_tokens']}-token handbook, each with its own "
+           f"question, {cfg['output_len']} output tokens, all submitted at once to the in-process Engine "
+           f"(policy `{cfg['policy']}`).", "",
+           "| workload | cache | requests/s | output tok/s | mean TTFT (s) | hit rate | scheduler share of step |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    for wname, w in (("document assistant", da), ("no sharing", ns)):
+        for key in ("cache_on", "cache_off"):
+            if key in w:
+                r = w[key]
+                out.append(f"| {wname} | {key.split('_')[1]} | {_f(r['request_throughput'], 2)} | "
+                           f"{_f(r['output_throughput'], 1)} | {_f(r['mean_ttft_s'], 2)} | {_f(100 * r['hit_rate'], 1)}% | "
+                           f"{_f(100 * r.get('scheduler_share', 0), 1)}% |")
+    out += ["", f"Document assistant: **{_f(da['throughput_ratio'], 2)}x** throughput and "
+                f"**{_f(da['ttft_ratio'], 2)}x** lower mean TTFT with the cache."]
+    if "overhead" in ns:
+        out.append(f"No sharing: the cache costs **{_f(100 * ns['overhead'], 2)}%** of throughput "
+                   "(negative = faster with the cache; run-to-run noise on this machine is a few %).")
+    out += ["", "```\npython bench/bench_prefix_cache.py\n```", "![prefix cache](../bench/results/prefix_cache.png)", ""]
+    return out
+
+
+def jump_forward(results_dir: str) -> List[str]:
+    d = _load(results_dir, "jump_forward.json")
+    if not d:
+        return []
+    cfg = d["config"]
+    ws = repr(cfg["whitespace"])
+    out = ["## Constrained decoding: JSON extraction, jump-forward on vs off (`bench/bench_jump_forward.py`)", "",
+           f"{cfg['num_requests']} chat-templated extraction requests, a 6-field JSON Schema, greedy, all at once "
+           f"(whitespace pattern {ws}); mask cost from the scheduler's counters.", "",
+           "| jump-forward | decode steps | requests/s | mean latency (s) | sampled / forced tokens | valid | "
+           "mask µs per constrained token, batch "
+           f"{cfg['num_requests']} / batch 1 |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for key in ("jump_forward_on", "jump_forward_off"):
+        b, s = d[key]["batch"], d[key]["batch1"]
+        out.append(f"| {key.split('_')[-1]} | {b['decode_steps']} | {_f(b['requests_per_s'], 2)} | "
+                   f"{_f(b['mean_latency_s'], 2)} | {b['sampled_tokens']} / {b['jump_forward_tokens']} | "
+                   f"{b['valid']}/{b['requests']} | {_f(b['mask_us_per_constrained_token'], 1)} / "
+                   f"{_f(s['mask_us_per_constrained_token'], 1)} |")
+    out += ["", f"Jump-forward: **{_f(d['steps_ratio'], 2)}x** fewer decode steps, **{_f(d['throughput_ratio'], 2)}x** "
+                "throughput.", "", "```\npython bench/bench_jump_forward.py\n```",
+            "![jump-forward](../bench/results/jump_forward.png)", ""]
+    return out
+
+
+def grammar_coverage(results_dir: str) -> List[str]:
+    d = _load(results_dir, "grammar.json")
+    if not d:
+        return []
+    out = ["## Constrained decoding: JSON Schema coverage (`bench/bench_grammar.py`)", "",
+           f"Corpus `{d['corpus']}`, first {d['schemas']} schemas. Compiled %, valid instances accepted %, "
+           "invalid instances rejected % (token level for the backends; `ours, regex level` checks our "
+           "JSON Schema→regex translation with `re.fullmatch`). Index builds that exceeded the timeout count "
+           "as not compiled.", "",
+           "| backend | compiled % | valid accepted % | invalid rejected % | compile p50 / p95 ms | mask µs/token |",
+           "|---|---:|---:|---:|---:|---:|"]
+    for name, r in d.items():
+        if not isinstance(r, dict) or "compile_pct" not in r:
+            continue
+        out.append(f"| {name.replace('_', ' ')} | {_f(r['compile_pct'], 1)} | {_f(r['valid_accepted_pct'], 1)} | "
+                   f"{_f(r['invalid_rejected_pct'], 1)} | {_f(r['compile_ms_p50'], 1)} / {_f(r['compile_ms_p95'], 1)} | "
+                   f"{_f(r['mask_us_per_token'], 1)} |")
+    out += ["", "```\npython bench/bench_grammar.py --limit 80 --index-timeout 15\n```", ""]
+    return out
+
+
+def frontend_overhead(results_dir: str) -> List[str]:
+    d = _load(results_dir, "frontend_overhead.json")
+    if not d:
+        return []
+    return ["## Frontend overhead (`bench/bench_frontend_overhead.py`)", "",
+            f"A one-`gen(max_tokens=1)` program vs the same raw `POST /generate` (keep-alive), medians of {d['runs']} "
+            "interleaved runs against a live server.", "",
+            "| raw HTTP median (ms) | lmprog median (ms) | overhead (ms) | target |", "|---:|---:|---:|---:|",
+            f"| {_f(d['raw_http_median_ms'], 2)} | {_f(d['lmprog_median_ms'], 2)} | {_f(d['overhead_ms'], 2)} | "
+            f"< {d['target_ms']} ms |", "", "```\npython bench/bench_frontend_overhead.py --url http://127.0.0.1:PORT\n```", ""]
+
+
+def component_sections(results_dir: str) -> List[str]:
+    return [*one_batch_dtypes(results_dir), *prefix_cache(results_dir), *jump_forward(results_dir),
+            *grammar_coverage(results_dir), *frontend_overhead(results_dir)]
