@@ -267,11 +267,12 @@ class TokenizerManager:
                         continue
                     st.event.clear()
                     progressed = True
+                    done = st.finished  # read before yielding: the state may finish meanwhile
                     chunk = self._chunk(st, job)
                     if job.is_batch:
                         chunk["index"] = i
                     yield chunk
-                    if st.finished:
+                    if done:
                         pending.discard(i)
                 if not progressed:
                     await _first_event([states[i].event for i in pending])

@@ -29,32 +29,36 @@ class TorchNativeAttnBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         seq_lens = fb.seq_lens_cpu or fb.seq_lens.tolist()
         extend_lens = fb.extend_lens_cpu or fb.extend_lens.tolist()
-        self.decode = all(e == 1 for e in extend_lens)
         rows = fb.req_to_token[fb.req_pool_indices]  # [B, max_context]
-        if self.decode:
-            max_len = max(seq_lens)
-            self.shared = self._shared_prefix_len(rows, seq_lens)
-            P = self.shared
-            self.prefix_index = rows[0, :P]  # [P] slots every request of the batch shares
-            self.kv_index = rows[:, P:max_len]  # [B, S] own slots (padding entries are masked out)
-            arange = torch.arange(max_len - P, device=fb.seq_lens.device)
-            self.mask = (arange[None, :] < (fb.seq_lens - P)[:, None])[:, None, None, :]  # [B, 1, 1, S]
-            return
+        starts = [0]
+        for e in extend_lens[:-1]:
+            starts.append(starts[-1] + e)
+        # Requests adding one token (decodes, also inside a mixed batch) are attended together;
+        # longer extends (prefill chunks) one by one.
+        dec = [i for i, e in enumerate(extend_lens) if e == 1]
+        self.all_decode = len(dec) == len(extend_lens)
+        self.decode_tokens = torch.tensor([starts[i] for i in dec], dtype=torch.int64, device=rows.device)
+        if dec:
+            self._init_decode(rows[dec] if not self.all_decode else rows, [seq_lens[i] for i in dec])
         # extend: per request, its slots and (when it has a cached prefix) a causal mask with offset
-        self.kv_indices: List[torch.Tensor] = []
-        self.masks: List[Optional[torch.Tensor]] = []
-        self.starts = []
-        start = 0
+        self.extends = []  # (slots [s], mask [e, s] or None for plain causal, start, e)
         for i, (s, e) in enumerate(zip(seq_lens, extend_lens)):
-            self.kv_indices.append(rows[i, :s])
-            self.starts.append(start)
-            start += e
-            if s == e:
-                self.masks.append(None)  # plain causal
-            else:
+            if e == 1:
+                continue
+            mask = None
+            if s != e:
                 q_pos = torch.arange(s - e, s, device=rows.device)[:, None]  # [e, 1]
-                self.masks.append(torch.arange(s, device=rows.device)[None, :] <= q_pos)  # [e, s]
-        self.extend_lens = extend_lens
+                mask = torch.arange(s, device=rows.device)[None, :] <= q_pos  # [e, s]
+            self.extends.append((rows[i, :s], mask, starts[i], e))
+
+    def _init_decode(self, rows: torch.Tensor, seq_lens: List[int]) -> None:
+        max_len = max(seq_lens)
+        self.shared = P = self._shared_prefix_len(rows, seq_lens)
+        self.prefix_index = rows[0, :P]  # [P] slots every decoding request shares
+        self.kv_index = rows[:, P:max_len]  # [B, S] own slots (padding entries are masked out)
+        own = torch.tensor(seq_lens, device=rows.device) - P
+        arange = torch.arange(max_len - P, device=rows.device)
+        self.mask = (arange[None, :] < own[:, None])[:, None, None, :]  # [B, 1, 1, S]
 
     @staticmethod
     def _shared_prefix_len(rows: torch.Tensor, seq_lens: List[int]) -> int:
@@ -72,11 +76,18 @@ class TorchNativeAttnBackend(AttentionBackend):
         # q [T, H, D]; k, v [T, KV, D]
         self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
         k_cache, v_cache = self.kv_pool.k[layer_id], self.kv_pool.v[layer_id]  # [slots, KV, D]
-        if self.decode:
-            if self.shared:
-                return self._decode_cascade(q, k_cache, v_cache)
-            return self._decode(q, k_cache, v_cache)
-        return self._extend(q, k_cache, v_cache)
+        if self.all_decode:
+            return self._decode_any(q, k_cache, v_cache)
+        T, H, D = q.shape
+        out = self._extend(q, k_cache, v_cache)  # [T, H, D]; decode rows filled below
+        if self.decode_tokens.numel():
+            out[self.decode_tokens] = self._decode_any(q[self.decode_tokens], k_cache, v_cache).view(-1, H, D)
+        return out.view(T, H * D)
+
+    def _decode_any(self, q, k_cache, v_cache) -> torch.Tensor:
+        if self.shared:
+            return self._decode_cascade(q, k_cache, v_cache)
+        return self._decode(q, k_cache, v_cache)
 
     def _decode(self, q, k_cache, v_cache) -> torch.Tensor:
         B, H, D = q.shape
@@ -124,7 +135,7 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _extend(self, q, k_cache, v_cache) -> torch.Tensor:
         T, H, D = q.shape
         out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
-        for index, mask, start, e in zip(self.kv_indices, self.masks, self.starts, self.extend_lens):
+        for index, mask, start, e in self.extends:
             qi = q[start:start + e].transpose(0, 1)  # [H, e, D]
             keys = k_cache.index_select(0, index).transpose(0, 1)  # [KV, s, D]
             values = v_cache.index_select(0, index).transpose(0, 1)  # [KV, s, D]
@@ -133,4 +144,4 @@ class TorchNativeAttnBackend(AttentionBackend):
                 scale=self.scaling, enable_gqa=H != self.num_kv_heads,
             )  # [H, e, D]
             out[start:start + e] = oi.transpose(0, 1)
-        return out.view(T, H * D)
+        return out
