@@ -1,11 +1,13 @@
 """Attention with plain PyTorch: the CPU path and the correctness oracle for other backends.
 
-- Decode batches (every request adds one token): K/V of all requests are gathered
-  into one tensor padded to the batch's longest sequence and attended with a single
-  masked `scaled_dot_product_attention` per layer. Query heads are grouped per KV
-  head ([B, kv_heads, group, D]) so GQA needs no repeated K/V.
-- Extend batches (prefill over a cached prefix, possibly mixed with decodes): one
-  SDPA per request, causal with the prefix offset.
+- Short requests (decodes, and the few tokens of a jump-forward), in any batch: K/V of
+  all of them are gathered into one tensor padded to the longest sequence and attended
+  with a single masked `scaled_dot_product_attention` per layer. Query heads are
+  grouped per KV head ([B, kv_heads, group * positions, D]) so GQA needs no repeated
+  K/V. When they all share a long cached prefix (same KV slots), the prefix is read
+  once for all of them (cascade) instead of once per request.
+- Long extends (prefill chunks over a cached prefix): one SDPA per request, causal
+  with the prefix offset.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from lmprog_runtime.model.forward_batch import ForwardBatch
 # take the cascade path (the shared prefix is gathered once, not once per request).
 CASCADE_MIN_BATCH = 4
 CASCADE_MIN_SHARED = 256
+# Requests adding at most this many tokens in a step are attended as one padded batch.
+SHORT_EXTEND = 16
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -33,17 +37,16 @@ class TorchNativeAttnBackend(AttentionBackend):
         starts = [0]
         for e in extend_lens[:-1]:
             starts.append(starts[-1] + e)
-        # Requests adding one token (decodes, also inside a mixed batch) are attended together;
-        # longer extends (prefill chunks) one by one.
-        dec = [i for i, e in enumerate(extend_lens) if e == 1]
-        self.all_decode = len(dec) == len(extend_lens)
-        self.decode_tokens = torch.tensor([starts[i] for i in dec], dtype=torch.int64, device=rows.device)
-        if dec:
-            self._init_decode(rows[dec] if not self.all_decode else rows, [seq_lens[i] for i in dec])
-        # extend: per request, its slots and (when it has a cached prefix) a causal mask with offset
+        # Requests adding a few tokens (decodes, jump-forward runs) are attended together,
+        # padded to the longest; longer extends (prefill chunks) one by one.
+        short = [i for i, e in enumerate(extend_lens) if e <= SHORT_EXTEND]
+        self.short_tokens = None
+        if short:
+            self._init_short(rows[short], [seq_lens[i] for i in short], [extend_lens[i] for i in short],
+                             [starts[i] for i in short])
         self.extends = []  # (slots [s], mask [e, s] or None for plain causal, start, e)
         for i, (s, e) in enumerate(zip(seq_lens, extend_lens)):
-            if e == 1:
+            if e <= SHORT_EXTEND:
                 continue
             mask = None
             if s != e:
@@ -51,24 +54,38 @@ class TorchNativeAttnBackend(AttentionBackend):
                 mask = torch.arange(s, device=rows.device)[None, :] <= q_pos  # [e, s]
             self.extends.append((rows[i, :s], mask, starts[i], e))
 
-    def _init_decode(self, rows: torch.Tensor, seq_lens: List[int]) -> None:
+    def _init_short(self, rows, seq_lens: List[int], extend_lens: List[int], starts: List[int]) -> None:
+        dev = rows.device
+        B, E, G = len(seq_lens), max(extend_lens), self.num_heads // self.num_kv_heads
+        s = torch.tensor(seq_lens, device=dev)[:, None]
+        e = torch.tensor(extend_lens, device=dev)[:, None]
+        j = torch.arange(E, device=dev)[None, :]
+        valid = j < e  # [B, E]; padded query rows repeat the request's last token
+        jj = torch.minimum(j, e - 1)
+        self.q_index = (torch.tensor(starts, device=dev)[:, None] + jj).reshape(-1)  # [B*E] flat token rows
+        self.short_valid = valid.reshape(-1)
+        self.short_tokens = self.q_index[self.short_valid]  # flat token rows written back, in order
+        self.short_E = E
+        q_pos = s - e + jj  # [B, E] absolute positions
+        self.shared = P = self._shared_prefix_len(rows, [a - b for a, b in zip(seq_lens, extend_lens)])
         max_len = max(seq_lens)
-        self.shared = P = self._shared_prefix_len(rows, seq_lens)
-        self.prefix_index = rows[0, :P]  # [P] slots every decoding request shares
+        self.prefix_index = rows[0, :P]  # [P] slots every one of these requests shares
         self.kv_index = rows[:, P:max_len]  # [B, S] own slots (padding entries are masked out)
-        own = torch.tensor(seq_lens, device=rows.device) - P
-        arange = torch.arange(max_len - P, device=rows.device)
-        self.mask = (arange[None, :] < own[:, None])[:, None, None, :]  # [B, 1, 1, S]
+        key_pos = P + torch.arange(max_len - P, device=dev)  # [S]
+        mask = key_pos[None, None, :] <= q_pos[:, :, None]  # [B, E, S] causal, and within seq_len
+        # rows of the attention are (kv head, group member, position): [B, 1, G*E, S]
+        self.mask = mask[:, None, None].expand(B, 1, G, E, mask.shape[-1]).reshape(B, 1, G * E, -1)
 
     @staticmethod
-    def _shared_prefix_len(rows: torch.Tensor, seq_lens: List[int]) -> int:
-        """Length of the KV prefix that every request of a decode batch reads from the same
-        slots (the radix cache makes this common: a shared system prompt or document).
-        Only long shared prefixes in big batches are worth the cascade path."""
-        if len(seq_lens) < CASCADE_MIN_BATCH or min(seq_lens) <= CASCADE_MIN_SHARED:
+    def _shared_prefix_len(rows: torch.Tensor, prefix_lens: List[int]) -> int:
+        """Length of the KV prefix that every request of the batch reads from the same slots
+        (the radix cache makes this common: a shared system prompt or document) before its
+        first new token. Only long shared prefixes in big batches take the cascade path."""
+        limit = min(prefix_lens)
+        if len(prefix_lens) < CASCADE_MIN_BATCH or limit < CASCADE_MIN_SHARED:
             return 0
-        head = rows[:, : min(seq_lens) - 1]  # each request's newest token is its own
-        same = (head == head[:1]).all(dim=0)  # [min_len - 1]
+        head = rows[:, :limit]
+        same = (head == head[:1]).all(dim=0)  # [limit]
         shared = int(same.to(torch.int32).cumprod(0).sum())
         return shared if shared >= CASCADE_MIN_SHARED else 0
 
@@ -76,23 +93,33 @@ class TorchNativeAttnBackend(AttentionBackend):
         # q [T, H, D]; k, v [T, KV, D]
         self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
         k_cache, v_cache = self.kv_pool.k[layer_id], self.kv_pool.v[layer_id]  # [slots, KV, D]
-        if self.all_decode:
-            return self._decode_any(q, k_cache, v_cache)
         T, H, D = q.shape
-        out = self._extend(q, k_cache, v_cache)  # [T, H, D]; decode rows filled below
-        if self.decode_tokens.numel():
-            out[self.decode_tokens] = self._decode_any(q[self.decode_tokens], k_cache, v_cache).view(-1, H, D)
+        out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
+        self._extend(q, k_cache, v_cache, out)
+        if self.short_tokens is not None:
+            attend = self._short_cascade if self.shared else self._short
+            out[self.short_tokens] = attend(q, k_cache, v_cache)
         return out.view(T, H * D)
 
-    def _decode_any(self, q, k_cache, v_cache) -> torch.Tensor:
-        if self.shared:
-            return self._decode_cascade(q, k_cache, v_cache)
-        return self._decode(q, k_cache, v_cache)
+    def _queries(self, q: torch.Tensor) -> torch.Tensor:
+        """[T, H, D] → [B, KV, G*E, D] for the short requests (padded)."""
+        B = self.kv_index.shape[0]
+        KV, E = self.num_kv_heads, self.short_E
+        G = self.num_heads // KV
+        qs = q.index_select(0, self.q_index).view(B, E, KV, G, -1)
+        return qs.permute(0, 2, 3, 1, 4).reshape(B, KV, G * E, -1)
 
-    def _decode(self, q, k_cache, v_cache) -> torch.Tensor:
-        B, H, D = q.shape
-        KV = self.num_kv_heads
-        S = self.kv_index.shape[1]
+    def _unpad(self, out: torch.Tensor) -> torch.Tensor:
+        """[B, KV, G*E, D] → [valid tokens, H, D] in `short_tokens` order."""
+        B, KV, _, D = out.shape
+        E = self.short_E
+        G = self.num_heads // KV
+        out = out.view(B, KV, G, E, D).permute(0, 3, 1, 2, 4).reshape(B * E, KV * G, D)
+        return out[self.short_valid]
+
+    def _short(self, q, k_cache, v_cache) -> torch.Tensor:
+        B, S = self.kv_index.shape
+        KV, D = self.num_kv_heads, self.head_dim
         # index_select copies whole rows (advanced indexing is ~10x slower on the CPU), into
         # buffers reused across layers and steps: a fresh tens-of-MB tensor per layer costs
         # more in page faults than the copy itself.
@@ -100,30 +127,29 @@ class TorchNativeAttnBackend(AttentionBackend):
         kbuf, vbuf = self._gather_buffers(flat.numel(), k_cache)
         keys = torch.index_select(k_cache, 0, flat, out=kbuf).view(B, S, KV, D).transpose(1, 2)  # [B, KV, S, D]
         values = torch.index_select(v_cache, 0, flat, out=vbuf).view(B, S, KV, D).transpose(1, 2)
-        q = q.view(B, KV, H // KV, D).to(keys.dtype)  # [B, KV, group, D]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask, scale=self.scaling)
-        return out.reshape(B, H * D).to(q.dtype)  # [B, H*D]
+        qs = self._queries(q).to(keys.dtype)  # [B, KV, G*E, D]
+        out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=self.mask, scale=self.scaling)
+        return self._unpad(out).to(q.dtype)
 
-    def _decode_cascade(self, q, k_cache, v_cache) -> torch.Tensor:
-        """Decode attention split in two: the batch's shared prefix is read once for all
-        queries, each request's own tail separately; the two softmax parts are merged
-        exactly (common max, summed denominators)."""
-        B, H, D = q.shape
-        KV = self.num_kv_heads
-        S = self.kv_index.shape[1]
-        qf = q.view(B, KV, H // KV, D).float() * self.scaling  # [B, KV, G, D]
+    def _short_cascade(self, q, k_cache, v_cache) -> torch.Tensor:
+        """Attention split in two: the batch's shared prefix is read once for all queries,
+        each request's own tail separately; the two softmax parts are merged exactly
+        (common max, summed denominators)."""
+        B, S = self.kv_index.shape
+        KV, D = self.num_kv_heads, self.head_dim
+        qf = self._queries(q).float() * self.scaling  # [B, KV, G*E, D]
         kp = k_cache.index_select(0, self.prefix_index).float()  # [P, KV, D]
         vp = v_cache.index_select(0, self.prefix_index).float()  # [P, KV, D]
         flat = self.kv_index.reshape(-1)
         ks = k_cache.index_select(0, flat).view(B, S, KV, D).float()  # [B, S, KV, D]
         vs = v_cache.index_select(0, flat).view(B, S, KV, D).float()
-        sp = torch.einsum("bkgd,pkd->bkgp", qf, kp)  # [B, KV, G, P]
-        ss = torch.einsum("bkgd,bskd->bkgs", qf, ks).masked_fill_(~self.mask, float("-inf"))  # [B, KV, G, S]
-        m = torch.maximum(sp.amax(-1), ss.amax(-1))[..., None]  # [B, KV, G, 1]
+        sp = torch.einsum("bkgd,pkd->bkgp", qf, kp)  # [B, KV, G*E, P]
+        ss = torch.einsum("bkgd,bskd->bkgs", qf, ks).masked_fill_(~self.mask, float("-inf"))  # [B, KV, G*E, S]
+        m = torch.maximum(sp.amax(-1), ss.amax(-1))[..., None]  # [B, KV, G*E, 1]
         ep, es = torch.exp(sp - m), torch.exp(ss - m)
         out = torch.einsum("bkgp,pkd->bkgd", ep, vp) + torch.einsum("bkgs,bskd->bkgd", es, vs)
         out = out / (ep.sum(-1, keepdim=True) + es.sum(-1, keepdim=True))
-        return out.reshape(B, H * D).to(q.dtype)  # [B, H*D]
+        return self._unpad(out).to(q.dtype)
 
     def _gather_buffers(self, rows: int, like: torch.Tensor):
         buf = getattr(self, "_buf", None)
@@ -132,9 +158,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             self._buf = buf
         return buf[0, :rows], buf[1, :rows]
 
-    def _extend(self, q, k_cache, v_cache) -> torch.Tensor:
-        T, H, D = q.shape
-        out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
+    def _extend(self, q, k_cache, v_cache, out) -> None:
+        H = q.shape[1]
         for index, mask, start, e in self.extends:
             qi = q[start:start + e].transpose(0, 1)  # [H, e, D]
             keys = k_cache.index_select(0, index).transpose(0, 1)  # [KV, s, D]
@@ -144,4 +169,3 @@ class TorchNativeAttnBackend(AttentionBackend):
                 scale=self.scaling, enable_gqa=H != self.num_kv_heads,
             )  # [H, e, D]
             out[start:start + e] = oi.transpose(0, 1)
-        return out

@@ -54,3 +54,23 @@ def test_short_or_unshared_prefix_takes_the_plain_path():
     backend = tn.TorchNativeAttnBackend(pool, 6, 3, 16)
     backend.init_forward_metadata(fb)
     assert backend.shared == 0
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_short_extends_batched_equal_per_request(monkeypatch, page_size):
+    """Jump-forward-sized extends (a few tokens) attended as one padded batch equal the
+    per-request causal path."""
+    from paged_attention_cases import make_batch
+
+    prefix_lens, extend_lens = [40, 7, 0, 90, 33], [3, 1, 5, 16, 40]
+    outs = []
+    for short in (16, 0):
+        monkeypatch.setattr(tn, "SHORT_EXTEND", short)
+        pool, _, fb, g = make_batch(prefix_lens, extend_lens, 2, 16, torch.float32, page_size, seed=1)
+        backend = tn.TorchNativeAttnBackend(pool, 4, 2, 16)
+        backend.init_forward_metadata(fb)
+        q = torch.randn(fb.num_tokens, 4, 16, generator=g)
+        k = torch.randn(fb.num_tokens, 2, 16, generator=g)
+        v = torch.randn(fb.num_tokens, 2, 16, generator=g)
+        outs.append(backend.forward(q, k, v, 0, fb))
+    assert (outs[0] - outs[1]).abs().max().item() < 1e-5
