@@ -44,6 +44,7 @@ def test_gen_int_stops_and_json_schema_travel(backend):
         s += "n=" + sgl.gen_int("n", stop="END") + sgl.gen("j", json_schema='{"type": "object"}')
 
     state = prog.run(backend=backend)
+    state["j"]  # wait for both calls: run() returns while the worker still runs
     first, second = backend.request_log
     assert first["sampling_params"]["stop"] == ["END", "<|im_end|>", " ", "\n"]
     assert second["sampling_params"]["json_schema"] == '{"type": "object"}'
