@@ -77,7 +77,8 @@ def measure(model_path, cache_on: bool, prompts, args) -> dict:
 
     with Engine(model_path=model_path, dtype=args.dtype, disable_radix_cache=not cache_on,
                 schedule_policy=args.policy, max_total_tokens=args.max_total_tokens,
-                disable_overlap_schedule=args.disable_overlap) as engine:
+                disable_overlap_schedule=args.disable_overlap,
+                force_overlap_schedule=getattr(args, "force_overlap", False)) as engine:
         engine.generate("warm up the kernels", {"max_new_tokens": 4})  # not timed
         engine.flush_cache()
         result = run_workload(engine, prompts, args.output_len)

@@ -131,5 +131,18 @@ def frontend_overhead(results_dir: str) -> List[str]:
 
 
 def component_sections(results_dir: str) -> List[str]:
-    return [*one_batch_dtypes(results_dir), *prefix_cache(results_dir), *jump_forward(results_dir),
+    return [*one_batch_dtypes(results_dir), *prefix_cache(results_dir), *overlap(results_dir), *jump_forward(results_dir),
             *grammar_coverage(results_dir), *frontend_overhead(results_dir)]
+
+
+def overlap(results_dir: str) -> List[str]:
+    d = _load(results_dir, "overlap.json")
+    if not d:
+        return []
+    rows = [f"| {k} | {_f(100 * d[k]['scheduler_share'], 1)}% | {_f(d[k]['request_throughput'], 2)} | "
+            f"{_f(d[k]['mean_ttft_s'], 2)} |" for k in ("on", "off")]
+    return ["## Overlap scheduling on vs off (`bench/bench_overlap.py`)", "",
+            f"{d['config']['num_requests']} distinct ~200-token prompts, {d['config']['output_len']} output tokens, "
+            "Engine with the radix cache on. Scheduler share = 1 - forward time / step time.", "",
+            "| overlap | scheduler share of step time | requests/s | mean TTFT (s) |", "|---|---:|---:|---:|", *rows,
+            "", "```\npython bench/bench_overlap.py\n```", ""]

@@ -85,7 +85,8 @@ class Scheduler:
                       "mask_s": 0.0, "mask_rows": 0, "num_jump_forward_tokens": 0}
         self.last_gen_throughput = 0.0
         self._overlap = None
-        if not server_args.disable_overlap_schedule:
+        on_gpu = getattr(runner.device, "type", "cpu") == "cuda"
+        if not server_args.disable_overlap_schedule and (on_gpu or server_args.force_overlap_schedule):
             from concurrent.futures import ThreadPoolExecutor
             self._overlap = ThreadPoolExecutor(1, thread_name_prefix="lmprog-forward")
 

@@ -53,7 +53,7 @@ def reference(tiny_model_path):
     dict(max_total_tokens=16384, schedule_policy="lpm"),
     dict(max_total_tokens=16384, schedule_policy="dfs-weight"),
     dict(max_total_tokens=900, chunked_prefill_size=32, schedule_policy="lpm"),
-    dict(max_total_tokens=16384, disable_overlap_schedule=True),
+    dict(max_total_tokens=16384, force_overlap_schedule=True),  # the overlap scheduler (GPU default)
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_cache_on_matches_cache_off(tiny_model_path, reference, config):
     prompts, expected = reference
