@@ -27,7 +27,7 @@ def one_batch_dtypes(results_dir: str) -> List[str]:
         peak = d["matmul_peak_gflops"]
         dec = d["decode"]
         rows.append(
-            f"| {d['dtype']} | {_f(peak.get('fp32'), 0)} / {_f(peak.get('bf16'), 0)} | {_f(d['copy_bandwidth_gbps'], 1)} | "
+            f"| {d['dtype']} | {_f(peak.get('float32'), 0)} / {_f(peak.get('bfloat16'), 0)} | {_f(d['copy_bandwidth_gbps'], 1)} | "
             f"{_f(d['prefill']['tokens_per_s'], 0)} ({_f(d['prefill']['pct_of_matmul_peak'], 0)}% of its peak) | "
             + " | ".join(f"{_f(dec[b]['step_ms'], 1)} ms / {_f(dec[b]['tokens_per_s'], 0)}" if b in dec else "–"
                          for b in ("1", "8", "32", "64"))
@@ -102,7 +102,8 @@ def grammar_coverage(results_dir: str) -> List[str]:
     if not d:
         return []
     out = ["## Constrained decoding: JSON Schema coverage (`bench/bench_grammar.py`)", "",
-           f"Corpus `{d['corpus']}`, first {d['schemas']} schemas. Compiled %, valid instances accepted %, "
+           f"Corpus `{d['corpus']}`, first {d['schemas']} schemas, measured while other jobs loaded the machine "
+           "(compile times are inflated). Compiled %, valid instances accepted %, "
            "invalid instances rejected % (token level for the backends; `ours, regex level` checks our "
            "JSON Schema→regex translation with `re.fullmatch`). Index builds that exceeded the timeout count "
            "as not compiled.", "",
@@ -143,6 +144,9 @@ def overlap(results_dir: str) -> List[str]:
             f"{_f(d[k]['mean_ttft_s'], 2)} |" for k in ("on", "off")]
     return ["## Overlap scheduling on vs off (`bench/bench_overlap.py`)", "",
             f"{d['config']['num_requests']} distinct ~200-token prompts, {d['config']['output_len']} output tokens, "
-            "Engine with the radix cache on. Scheduler share = 1 - forward time / step time.", "",
+            "Engine with the radix cache on. Scheduler share = 1 - forward time / step time (with overlap on, the CPU "
+            "work done during the forward is hidden). On this 2-core CPU the forward thread and the scheduler "
+            "compete for the cores and overlap is slower, so it is on by default only on GPUs "
+            "(`--force-overlap-schedule` turns it on anyway).", "",
             "| overlap | scheduler share of step time | requests/s | mean TTFT (s) |", "|---|---:|---:|---:|", *rows,
             "", "```\npython bench/bench_overlap.py\n```", ""]
