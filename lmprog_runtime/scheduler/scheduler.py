@@ -107,6 +107,9 @@ class Scheduler:
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         req = Req(msg)
         L = req.prompt_len
+        limit = self.args.max_queued_requests
+        if limit is not None and len(self.waiting) + len(self.grammar_queue) >= limit:
+            return self.output.reject(req, "The request queue is full.", status_code=503)
         if L == 0:
             return self.output.reject(req, "input_ids cannot be empty.")
         if L >= self.max_req_input_len:

@@ -261,3 +261,26 @@ def test_stop_regex(tiny_engine):
     assert out["text"] == base[:re.search(pattern, base).start()]
     with pytest.raises(RequestError, match="invalid stop_regex"):
         tiny_engine.generate("hi", {"stop_regex": "("})
+
+
+def test_queue_limit_rejects_with_503(tiny_model_path):
+    with make_engine(tiny_model_path, max_running_requests=1, max_queued_requests=1,
+                     max_total_tokens=4096) as eng:
+        outs = []
+        import threading
+
+        def call(i):
+            try:
+                outs.append(eng.generate(PROMPTS[i], {"max_new_tokens": 30, "ignore_eos": True}))
+            except RequestError as e:
+                outs.append(e)
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        errors = [o for o in outs if isinstance(o, RequestError)]
+        assert errors and all(e.status == 503 and "queue is full" in str(e) for e in errors)
+        assert any(isinstance(o, dict) for o in outs)
+        eng.check_integrity()
