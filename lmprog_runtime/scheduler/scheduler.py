@@ -84,6 +84,7 @@ class Scheduler:
                       "num_retractions": 0, "num_steps": 0, "forward_s": 0.0, "step_s": 0.0,
                       "mask_s": 0.0, "mask_rows": 0, "num_jump_forward_tokens": 0}
         self.last_gen_throughput = 0.0
+        self._tp_window = (0.0, 0)  # (busy seconds, generated tokens) at the window's start
         self._overlap = None
         on_gpu = getattr(runner.device, "type", "cpu") == "cuda"
         if not server_args.disable_overlap_schedule and (on_gpu or server_args.force_overlap_schedule):
@@ -204,7 +205,17 @@ class Scheduler:
         self.release_finished()
         self.stats["num_steps"] += 1
         self.stats["step_s"] += time.perf_counter() - t0
+        self._measure_throughput()
         return True
+
+    def _measure_throughput(self, window_s: float = 1.0) -> None:
+        """`last_gen_throughput`: generated tokens per second of busy (stepping) time,
+        over the last `window_s` of it; idle gaps do not dilute it."""
+        busy0, tokens0 = self._tp_window
+        busy = self.stats["step_s"] - busy0
+        if busy >= window_s:
+            self.last_gen_throughput = (self.stats["num_generated_tokens"] - tokens0) / busy
+            self._tp_window = (self.stats["step_s"], self.stats["num_generated_tokens"])
 
     def release_finished(self) -> None:
         keep = []

@@ -284,3 +284,12 @@ def test_queue_limit_rejects_with_503(tiny_model_path):
         assert errors and all(e.status == 503 and "queue is full" in str(e) for e in errors)
         assert any(isinstance(o, dict) for o in outs)
         eng.check_integrity()
+
+
+def test_generation_throughput_is_measured(tiny_model_path):
+    with make_engine(tiny_model_path, max_total_tokens=4096) as eng:
+        import time
+        deadline = time.monotonic() + 60
+        while eng.get_internal_state()["last_gen_throughput"] == 0 and time.monotonic() < deadline:
+            eng.generate(PROMPTS[:4], {"max_new_tokens": 64, "ignore_eos": True})
+        assert eng.get_internal_state()["last_gen_throughput"] > 0
