@@ -102,7 +102,6 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results", "prefix_cache.json"))
     args = ap.parse_args()
 
-    from transformers import AutoTokenizer  # noqa: F401  (tokenizer comes from the engine below)
     rng = random.Random(0)
     doc = handbook(args.doc_tokens)
     shared = [doc + "\n\nQuestion: " + q + "\nAnswer:" for q in questions(args.num_requests, rng)]

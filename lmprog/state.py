@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from lmprog.interpreter import StreamExecutor
-from lmprog.ir import ConcatAndAppend, ExprList, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
+from lmprog.role_verbs import RoleVerbs
+from lmprog.ir import ConcatAndAppend, ExprList, RoleBegin, RoleEnd
 
 
 @dataclass(frozen=True, eq=False)
@@ -18,7 +19,7 @@ class SubmittedExprList(ExprList):
     submitted_to: Any = None
 
 
-class ProgramState:
+class ProgramState(RoleVerbs):
     def __init__(self, stream_executor: StreamExecutor):
         self.stream_executor = stream_executor
         self.ret_value = None
@@ -40,26 +41,8 @@ class ProgramState:
         self.stream_executor.submit(submitted)
         return submitted
 
-    @contextmanager
-    def _role_block(self, role: str):
-        self.stream_executor.submit(RoleBegin(role))
-        yield
-        self.stream_executor.submit(RoleEnd(role))
-
-    def system(self, expr=None):
-        return self._role("system", expr)
-
-    def user(self, expr=None):
-        return self._role("user", expr)
-
-    def assistant(self, expr=None):
-        return self._role("assistant", expr)
-
-    @contextmanager
-    def var_scope(self, name: str):
-        self.stream_executor.submit(VarScopeBegin(name))
-        yield
-        self.stream_executor.submit(VarScopeEnd(name))
+    def _emit(self, expr) -> None:
+        self.stream_executor.submit(expr)
 
     # --- forking --------------------------------------------------------------------------
     def fork(self, size: int = 1, position_ids_offset=None) -> "ProgramStateGroup":

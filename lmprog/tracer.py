@@ -8,11 +8,11 @@ server's prefix cache.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from lmprog.chat_template import ChatTemplate, get_chat_template
+from lmprog.role_verbs import RoleVerbs
 from lmprog.ir import (Argument, ConstantText, Expr, ExprList, Fork, Gen, GetForkItem, RoleBegin, RoleEnd,
                        Select, StopTracing, VarScopeBegin, VarScopeEnd, Variable, as_expr)
 
@@ -59,7 +59,7 @@ class TracingScope:
         return cls.cur_scope
 
 
-class TracerProgramState:
+class TracerProgramState(RoleVerbs):
     """A stand-in `s` that records nodes instead of executing them."""
 
     def __init__(self, backend, arguments: Dict[str, Any], only_trace_prefix: bool,
@@ -138,26 +138,8 @@ class TracerProgramState:
         self._execute(ExprList.concat(RoleBegin(role), expr, RoleEnd(role)))
         return None
 
-    @contextmanager
-    def _role_block(self, role):
-        self._execute(RoleBegin(role))
-        yield
-        self._execute(RoleEnd(role))
-
-    def system(self, expr=None):
-        return self._role("system", expr)
-
-    def user(self, expr=None):
-        return self._role("user", expr)
-
-    def assistant(self, expr=None):
-        return self._role("assistant", expr)
-
-    @contextmanager
-    def var_scope(self, name):
-        self._execute(VarScopeBegin(name))
-        yield
-        self._execute(VarScopeEnd(name))
+    def _emit(self, expr) -> None:
+        self._execute(expr)
 
     def fork(self, size: int = 1, position_ids_offset=None):
         if self.only_trace_prefix:

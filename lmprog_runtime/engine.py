@@ -29,15 +29,16 @@ def build_scheduler(args: ServerArgs):
     from lmprog_runtime.scheduler.scheduler import Scheduler
 
     runner = ModelRunner(args)
-    grammar_factory = None
-    if args.grammar_backend != "none":
-        def grammar_factory():  # built on the first constrained request: vocab indexing costs seconds
-            from lmprog_runtime.constrained import create_grammar_backend
-            cfg = runner.model_config
-            return create_grammar_backend(
-                args.grammar_backend, runner.tokenizer, cfg.vocab_size, cfg.eos_token_ids,
-                whitespace_pattern=args.constrained_json_whitespace_pattern)
-    return Scheduler(args, runner, grammar_factory=grammar_factory)
+
+    def grammar_factory():  # built on the first constrained request: vocab indexing costs seconds
+        from lmprog_runtime.constrained import create_grammar_backend
+        cfg = runner.model_config
+        return create_grammar_backend(
+            args.grammar_backend, runner.tokenizer, cfg.vocab_size, cfg.eos_token_ids,
+            whitespace_pattern=args.constrained_json_whitespace_pattern)
+
+    use_grammars = args.grammar_backend != "none"
+    return Scheduler(args, runner, grammar_factory=grammar_factory if use_grammars else None)
 
 
 def model_info(args: ServerArgs, runner) -> Dict[str, Any]:

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List
 
 import torch
 import torch.nn.functional as F

@@ -21,12 +21,11 @@ import time
 from collections import deque
 from typing import Callable, List, Optional
 
-import torch
 
 from lmprog_runtime.cache.allocator import TokenSlotAllocator
 from lmprog_runtime.cache.manager import KVManager
 from lmprog_runtime.config import ServerArgs
-from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FlushCacheReq,
+from lmprog_runtime.messages import (AbortReq, ControlReply, FlushCacheReq,
                                      GetInternalStateReq, TokenizedGenerateReq)
 from lmprog_runtime.model.sampler import Sampler
 from lmprog_runtime.scheduler.batch import StepPlan, build_forward_batch
