@@ -64,6 +64,12 @@ class KVManager:
         req.kv_len = req.cache_protected_len = n
         return True
 
+    def unassign(self, req) -> None:
+        """Undo `assign` before anything was computed (admission found no room)."""
+        assert req.kv_len == req.cache_protected_len, req
+        self.release(req, cache=False)
+        req.kv_len = req.cache_protected_len = 0
+
     # -- allocation -----------------------------------------------------------------------
     def available(self) -> int:
         return self.allocator.available_size() + (self.tree.evictable_size() if self.cache_enabled else 0)

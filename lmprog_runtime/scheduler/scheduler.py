@@ -310,14 +310,9 @@ class Scheduler:
             pages = self.kv.pages_needed(r.kv_len, n) * self.page_size
             fits = pages + (future if n == r.extend_len else 0) <= room
             first = not self.running
-            if not (fits or (first and pages <= self.kv.available())):
-                self.kv.release(r, cache=False)
-                r.kv_len = r.cache_protected_len = 0
-                break
-            loc = self.kv.alloc_extend(r, n)
-            if loc is None:
-                self.kv.release(r, cache=False)
-                r.kv_len = r.cache_protected_len = 0
+            loc = self.kv.alloc_extend(r, n) if fits or (first and pages <= self.kv.available()) else None
+            if loc is None:  # no room this step: give back the row and the prefix lock
+                self.kv.unassign(r)
                 break
             if r.num_retractions == 0 and not r.output_ids:
                 r.cached_tokens = r.kv_len
