@@ -43,6 +43,19 @@ def _mm(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _load_kv_tile(K, V, table, pos, mask_n, kv_head, offs_d, mask_d,
+                  stride_kt, stride_kh, stride_vt, stride_vh):
+    """K (transposed, [D, N]) and V ([N, D]) of KV positions `pos` of one request, through
+    its slot table; masked positions read slot 0 and are zeroed."""
+    slot = tl.load(table + pos, mask=mask_n, other=0)
+    k = tl.load(K + slot[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+                mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+    v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    return k, v
+
+
+@triton.jit
 def _softmax_step(qk, v, m_i, l_i, acc, UPCAST: tl.constexpr):
     """One online-softmax update with scores qk [M, N] (base 2, -inf = masked) and v [N, D]."""
     m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -84,11 +97,8 @@ def _extend_kernel(
         for start in range(0, prefix, BLOCK_N):
             pos = start + offs_n
             mask_n = pos < prefix
-            slot = tl.load(table + pos, mask=mask_n, other=0)
-            k = tl.load(K + slot[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
-                        mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [D, N]
-            v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [N, D]
+            k, v = _load_kv_tile(K, V, table, pos, mask_n, kv_head, offs_d, mask_d,
+                                 stride_kt, stride_kh, stride_vt, stride_vh)  # [D, N], [N, D]
             qk = _mm(q, k, UPCAST) * sm_scale_log2
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             m_i, l_i, acc = _softmax_step(qk, v, m_i, l_i, acc, UPCAST)
@@ -142,11 +152,8 @@ def _decode_partial_kernel(
         for start in range(lo, hi, BLOCK_N):
             pos = start + offs_n
             mask_n = pos < hi
-            slot = tl.load(table + pos, mask=mask_n, other=0)
-            k = tl.load(K + slot[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
-                        mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [D, N]
-            v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [N, D]
+            k, v = _load_kv_tile(K, V, table, pos, mask_n, kv_head, offs_d, mask_d,
+                                 stride_kt, stride_kh, stride_vt, stride_vh)  # [D, N], [N, D]
             qk = _mm(q, k, UPCAST) * sm_scale_log2
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             m_i, l_i, acc = _softmax_step(qk, v, m_i, l_i, acc, UPCAST)
