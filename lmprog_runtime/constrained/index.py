@@ -1,19 +1,22 @@
-"""Token-level index: regex -> outlines-core `Index` over the tokenizer's real bytes.
+"""Token-level index: regex -> byte DFA (outlines-core) -> lazy per-state token masks.
 
 `token_bytes(tokenizer)` maps every ordinary token id to the bytes it stands for:
 byte-level BPE strings are decoded through the GPT-2 byte<->unicode table ("Ġ" is a
 space), SentencePiece pieces through "▁" and `<0xHH>`. Special tokens are excluded;
-EOS is handled by the index's final states (see `CompiledIndex`).
+EOS is allowed exactly in the DFA's accepting states (see `CompiledIndex`).
 """
 from __future__ import annotations
 
 import re
+import threading
 from collections import OrderedDict
 from functools import lru_cache
 
 import numpy as np
 import outlines_core
 import torch
+
+from lmprog_runtime.constrained.trie_walk import MAX_TOKEN_BYTES, TokenTrie
 
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -62,38 +65,83 @@ def token_bytes(tokenizer) -> list[bytes | None]:
     return [b if b else None for b in out]
 
 
-def build_vocabulary(table: list[bytes | None], eos_token_id: int) -> outlines_core.Vocabulary:
-    by_bytes: dict[bytes, list[int]] = {}
-    for i, b in enumerate(table):
-        if b is not None and i != eos_token_id:
-            by_bytes.setdefault(b, []).append(i)
-    return outlines_core.Vocabulary(eos_token_id, by_bytes)
+@lru_cache(maxsize=1)
+def _byte_vocabulary() -> outlines_core.Vocabulary:
+    """One token per byte value (ids 0..255, EOS 256): the index over it is the byte DFA."""
+    return outlines_core.Vocabulary(256, {bytes([b]): [b] for b in range(256)})
+
+
+class ByteDFA:
+    """A regex's DFA over UTF-8 bytes, as a dense table (outlines-core builds it).
+
+    States are renumbered 0..n-1 with `initial` = 0; `dead` = n is an extra absorbing
+    row, so `trans[s * 256 + b]` is always a valid state. outlines-core's index over the
+    256-token byte vocabulary *is* this DFA: building it costs one pass over 256 tokens
+    per state instead of 49k, which is what made full-vocabulary indexes slow.
+    """
+
+    def __init__(self, regex: str):
+        index = outlines_core.Index(regex, _byte_vocabulary())
+        edges = index.get_transitions()
+        finals = set(index.get_final_states())
+        initial = index.get_initial_state()
+        ids = {initial: 0}
+        for s in sorted(set(edges) | finals | {t for e in edges.values() for t in e.values()}):
+            ids.setdefault(s, len(ids))
+        self.n_states = len(ids)
+        self.dead = self.n_states
+        trans = np.full((self.n_states + 1, 256), self.dead, dtype=np.int32)
+        for s, e in edges.items():
+            row = trans[ids[s]]
+            for b, t in e.items():
+                if b < 256:
+                    row[b] = ids[t]
+        self.trans = trans.reshape(-1)
+        self.initial = 0
+        self.finals = frozenset(ids[s] for s in finals)
+
+    def walk(self, state: int, data: bytes) -> int:
+        """State after reading `data` (`dead` if it leaves the language)."""
+        trans = self.trans
+        for b in data:
+            state = int(trans[state * 256 + b])
+        return state
 
 
 class CompiledIndex:
     """A compiled regex shared by all matchers of one grammar; caches masks per state.
 
-    Invariant: `allowed(state)` lists ordinary tokens keeping the text a prefix of the
-    language, plus every EOS id when `state` is accepting.
+    Masks are computed lazily, on the first visit of a state, by walking the
+    vocabulary's byte trie against the byte DFA (see trie_walk.py), and cached (LRU).
+    Invariant: `mask(state)` allows exactly the ordinary tokens whose bytes keep the
+    text a prefix of the language, plus every EOS id when `state` is accepting.
     """
 
-    MASK_CACHE_STATES = 512  # bool rows of `vocab_size` bytes each
+    MASK_CACHE_STATES = 256  # bool rows of `vocab_size` bytes each (49k tokens: 12.6 MB)
 
-    def __init__(self, regex: str, vocabulary, eos_token_ids: list[int], vocab_size: int):
+    def __init__(self, regex: str, trie: TokenTrie, table: list[bytes | None],
+                 eos_token_ids: list[int], vocab_size: int):
         self.regex = regex
-        self.index = outlines_core.Index(regex, vocabulary)
+        self.dfa = ByteDFA(regex)
+        self.trie = trie
+        self.table = table
         self.eos_token_ids = list(eos_token_ids)
-        self.eos_vocab_id = vocabulary.get_eos_token_id()
         self.vocab_size = vocab_size
-        self.initial_state = self.index.get_initial_state()
+        self.initial_state = self.dfa.initial
         self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
         self._done: dict[int, bool] = {}
+        self._lock = threading.Lock()
 
     def is_final(self, state: int) -> bool:
-        return self.index.is_final_state(state)
+        return state in self.dfa.finals
 
-    def next_state(self, state: int, token_id: int):
-        return self.index.get_next_state(state, token_id)
+    def next_state(self, state: int, token_id: int) -> int | None:
+        """State after an ordinary token, or None when the token is not allowed there."""
+        data = self.table[token_id] if 0 <= token_id < len(self.table) else None
+        if not data or len(data) > MAX_TOKEN_BYTES:
+            return None
+        nxt = self.dfa.walk(state, data)
+        return None if nxt == self.dfa.dead else nxt
 
     def fill(self, state: int, mask_row: torch.Tensor) -> None:
         """Copy the allowed-token row of `state` into `mask_row` (bool [>= vocab_size]).
@@ -109,27 +157,27 @@ class CompiledIndex:
 
     def mask(self, state: int) -> np.ndarray:
         """bool [vocab_size] of allowed tokens at `state` (cached, do not mutate)."""
-        row = self._masks.get(state)
-        if row is not None:
-            self._masks.move_to_end(state)
-            return row
-        row = np.zeros(self.vocab_size, dtype=np.bool_)
-        ids = np.array(self.index.get_allowed_tokens(state) or [], dtype=np.int64)  # vectorized: ~5x faster
-        row[ids[(ids < self.vocab_size) & (ids != self.eos_vocab_id)]] = True
-        if self.is_final(state):
-            row[[e for e in self.eos_token_ids if e < self.vocab_size]] = True
-        self._masks[state] = row
-        if len(self._masks) > self.MASK_CACHE_STATES:
-            self._masks.popitem(last=False)
+        with self._lock:
+            row = self._masks.get(state)
+            if row is not None:
+                self._masks.move_to_end(state)
+                return row
+        row = np.zeros(max(self.vocab_size, len(self.table)) + 1, dtype=np.bool_)  # + the trie's sink
+        self.trie.mask(self.dfa.trans, self.dfa.dead, state, row)
+        row = row[: self.vocab_size]
+        row[[e for e in self.eos_token_ids if e < self.vocab_size]] = self.is_final(state)
+        with self._lock:
+            self._masks[state] = row
+            if len(self._masks) > self.MASK_CACHE_STATES:
+                self._masks.popitem(last=False)
         return row
 
     def is_complete(self, state: int) -> bool:
-        """Accepting with no ordinary continuation: only EOS may follow (read off the
-        state's mask row, so a new state costs one `get_allowed_tokens`, not two)."""
+        """Accepting with no ordinary continuation: only EOS may follow."""
         done = self._done.get(state)
         if done is None:
             row = self.mask(state)
             done = self.is_final(state) and int(row.sum()) == sum(
-                1 for e in set(self.eos_token_ids) if e < self.vocab_size and row[e])
+                1 for e in set(self.eos_token_ids) if e < self.vocab_size)
             self._done[state] = done
         return done

@@ -1,4 +1,5 @@
-"""Grammar backend on outlines-core: our JSON Schema translation + a byte-exact token index."""
+"""Grammar backend "outlines": our JSON Schema translation, outlines-core's byte DFA, and a
+lazy token index over the tokenizer's real bytes (index.py, trie_walk.py)."""
 from __future__ import annotations
 
 import threading
@@ -7,10 +8,11 @@ from typing import Optional, Sequence
 import torch
 
 from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
-from lmprog_runtime.constrained.index import CompiledIndex, build_vocabulary, token_bytes
+from lmprog_runtime.constrained.index import CompiledIndex, token_bytes
 from lmprog_runtime.constrained.json_schema import build_regex_from_schema
-from lmprog_runtime.constrained.regex_fragments import ascii_shorthands
 from lmprog_runtime.constrained.jump_forward import CharAutomaton
+from lmprog_runtime.constrained.regex_fragments import ascii_shorthands
+from lmprog_runtime.constrained.trie_walk import TokenTrie
 
 ANY_JSON = "$$ANY$$"  # SGLang's spelling of "any JSON value"
 
@@ -70,7 +72,7 @@ class OutlinesGrammar(Grammar):
             self.finished = True
             nxt = self.state
         else:
-            nxt = index.next_state(self.state, token_id) if token_id != index.eos_vocab_id else None
+            nxt = index.next_state(self.state, token_id)
             if nxt is None:
                 raise GrammarError(f"token {token_id} ({self._bytes(token_id)!r}) is not allowed here")
         self._states.append(nxt)
@@ -133,7 +135,10 @@ class OutlinesBackend(GrammarBackend):
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.table = token_bytes(tokenizer)
-        self.vocabulary = build_vocabulary(self.table, self.eos_token_ids[0])
+        for e in self.eos_token_ids:  # EOS is never an ordinary token, only an accepting state's exit
+            if e < len(self.table):
+                self.table[e] = None
+        self.trie = TokenTrie(self.table)
 
     def to_regex(self, kind: str, spec: str) -> str:
         if kind == "regex":
@@ -153,7 +158,7 @@ class OutlinesBackend(GrammarBackend):
     def compile(self, kind: str, spec: str) -> OutlinesGrammar:
         regex = ascii_shorthands(self.to_regex(kind, spec))
         try:
-            index = CompiledIndex(regex, self.vocabulary, self.eos_token_ids, self.vocab_size)
+            index = CompiledIndex(regex, self.trie, self.table, self.eos_token_ids, self.vocab_size)
         except Exception as exc:  # noqa: BLE001 - outlines-core raises plain ValueError/RuntimeError
             raise GrammarError(f"Failed to compile {kind} grammar: {exc}") from exc
         return OutlinesGrammar(_Shared(index, self.table))
