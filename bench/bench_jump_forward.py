@@ -114,9 +114,12 @@ def main():
             print(f"{key}: batch of {args.num_requests} ...", flush=True)
             batch = run(engine, texts, params, batch=True)
             engine.flush_cache()
+            batch32 = run(engine, texts[:32], params, batch=True)
+            engine.flush_cache()
             single = run(engine, texts[: args.batch1_requests], params, batch=False)
             engine.check_integrity()
-        results[key] = {"batch": batch, "batch1": single, "first_request_with_compile_s": compile_s}
+        results[key] = {"batch": batch, "batch32": batch32, "batch1": single,
+                        "first_request_with_compile_s": compile_s}
         print(json.dumps(results[key], indent=1), flush=True)
     on, off = results["jump_forward_on"]["batch"], results["jump_forward_off"]["batch"]
     results["steps_ratio"] = off["decode_steps"] / on["decode_steps"]

@@ -20,6 +20,7 @@ SCHEMA = {
         "role": {"type": "string", "enum": ["engineer", "doctor", "teacher", "other"]},
     },
     "required": ["name", "city", "role"],
+    "additionalProperties": False,  # undeclared keys are allowed unless closed (JSON Schema default)
 }
 SENTENCES = [
     "Maria Lopez teaches chemistry at a high school in Madrid.",

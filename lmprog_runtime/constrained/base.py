@@ -41,7 +41,8 @@ class GrammarBackendConfig:
     whitespace_pattern: Optional[str] = None  # None: [ \t\n\r]{0,16}
     max_recursion_depth: int = 3           # $ref recursion bound
     any_depth: int = 3                     # nesting bound of unconstrained values
-    extra_properties: bool = False         # missing additionalProperties means false
+    extra_properties: bool = True          # missing additionalProperties means true (the spec)
+    extra_depth: int = 1                   # nesting bound of such undeclared values
 
 
 class Grammar(abc.ABC):

@@ -71,40 +71,82 @@ def _byte_vocabulary() -> outlines_core.Vocabulary:
     return outlines_core.Vocabulary(256, {bytes([b]): [b] for b in range(256)})
 
 
+_SENTINEL = 0x02
+_SENTINEL_RE = r"\x02"
+
+
 class ByteDFA:
     """A regex's DFA over UTF-8 bytes, as a dense table (outlines-core builds it).
 
     States are renumbered 0..n-1 with `initial` = 0; `dead` = n is an extra absorbing
-    row, so `trans[s * 256 + b]` is always a valid state. outlines-core's index over the
-    256-token byte vocabulary *is* this DFA: building it costs one pass over 256 tokens
-    per state instead of 49k, which is what made full-vocabulary indexes slow.
+    row, so `trans[s * n_classes + byte_class[b]]` is always a valid state. outlines-core's
+    index over the 256-token byte vocabulary *is* this DFA: building it costs one pass
+    over 256 tokens per state instead of 49k, which is what made full-vocabulary
+    indexes slow.
     """
 
     def __init__(self, regex: str):
-        index = outlines_core.Index(regex, _byte_vocabulary())
+        # The builder also determinizes an unanchored start (".*?R"), which can blow up
+        # (an open JSON object: 27 s and GBs). A sentinel byte first keeps that copy
+        # the size of the anchored one; matching starts after the sentinel.
+        index = outlines_core.Index(_SENTINEL_RE + "(?:" + regex + ")", _byte_vocabulary())
         edges = index.get_transitions()
         finals = set(index.get_final_states())
-        initial = index.get_initial_state()
-        ids = {initial: 0}
+        start = edges.get(index.get_initial_state(), {}).get(_SENTINEL)
+        if start is None:
+            raise ValueError("the regex matches no string")
+        ids = {start: 0}
         for s in sorted(set(edges) | finals | {t for e in edges.values() for t in e.values()}):
             ids.setdefault(s, len(ids))
         self.n_states = len(ids)
         self.dead = self.n_states
         trans = np.full((self.n_states + 1, 256), self.dead, dtype=np.int32)
+        src, byte, dst = [], [], []
         for s, e in edges.items():
-            row = trans[ids[s]]
+            row = ids[s]
             for b, t in e.items():
                 if b < 256:
-                    row[b] = ids[t]
-        self.trans = trans.reshape(-1)
+                    src.append(row)
+                    byte.append(b)
+                    dst.append(ids[t])
+        trans[src, byte] = dst
+        # bytes no state tells apart share a column: the table shrinks ~256/n_classes times
+        _, first, classes = np.unique(trans.T, axis=0, return_index=True, return_inverse=True)
+        self.byte_class = classes.reshape(-1).astype(np.uint8)
+        self._cls = self.byte_class.tolist()  # python ints for the scalar walks
+        self.n_classes = len(first)
+        self.trans = np.ascontiguousarray(trans[:, first]).reshape(-1)
         self.initial = 0
         self.finals = frozenset(ids[s] for s in finals)
 
+    def step(self, state: int, byte: int) -> int:
+        return int(self.trans[state * self.n_classes + self._cls[byte]])
+
+    def row(self, state: int) -> np.ndarray:
+        """Next state for each of the 256 byte values."""
+        return self.trans[state * self.n_classes:(state + 1) * self.n_classes][self.byte_class]
+
+    def forced_bytes(self, state: int, limit: int = 1024) -> bytes:
+        """The bytes every accepted continuation from `state` starts with (compressed FSM):
+        follow the single live edge while the state is not accepting."""
+        out = bytearray()
+        while state not in self.finals and len(out) < limit:
+            nxt = self.trans[state * self.n_classes:(state + 1) * self.n_classes]
+            live = np.flatnonzero(nxt != self.dead)
+            if len(live) != 1:
+                break
+            members = np.flatnonzero(self.byte_class == live[0])
+            if len(members) != 1:  # one class, several bytes: a real choice
+                break
+            out.append(int(members[0]))
+            state = int(nxt[live[0]])
+        return bytes(out)
+
     def walk(self, state: int, data: bytes) -> int:
         """State after reading `data` (`dead` if it leaves the language)."""
-        trans = self.trans
+        trans, cls, n = self.trans, self._cls, self.n_classes
         for b in data:
-            state = int(trans[state * 256 + b])
+            state = int(trans[state * n + cls[b]])
         return state
 
 
@@ -163,7 +205,7 @@ class CompiledIndex:
                 self._masks.move_to_end(state)
                 return row
         row = np.zeros(max(self.vocab_size, len(self.table)) + 1, dtype=np.bool_)  # + the trie's sink
-        self.trie.mask(self.dfa.trans, self.dfa.dead, state, row)
+        self.trie.mask(self.dfa, state, row)
         row = row[: self.vocab_size]
         row[[e for e in self.eos_token_ids if e < self.vocab_size]] = self.is_final(state)
         with self._lock:

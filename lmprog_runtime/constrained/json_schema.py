@@ -6,9 +6,10 @@ What cannot be expressed as a regular language is refused with
 `UnsupportedSchemaError` whose message names the keyword. Deliberate *narrowings*
 (documented in docs/constrained.md) keep R inside the valid set:
 
-- object keys appear in `properties` order; undeclared keys are refused unless
-  `additionalProperties`/`patternProperties` allows them (`extra_properties=True`
-  treats a missing `additionalProperties` as `true`);
+- object keys appear in `properties` order, undeclared keys after the declared ones;
+  a missing `additionalProperties` is `true` (`extra_properties=True`, the backend's
+  default) with values nested at most `extra_depth` levels, or `false` when
+  `extra_properties=False`;
 - tuple arrays without `additionalItems`/`items` get no extra items (same switch);
 - recursion through `$ref` stops after `max_recursion_depth` levels, and `true`
   (any value) nests at most `any_depth` levels;
@@ -46,7 +47,7 @@ def whitespace_regex(max_whitespace: int = DEFAULT_MAX_WHITESPACE) -> str:
 
 def build_regex_from_schema(schema: Any, whitespace_pattern: str | None = None, *,
                             max_recursion_depth: int = 3, any_depth: int = 3,
-                            extra_properties: bool = False) -> str:
+                            extra_properties: bool = True, extra_depth: int = 1) -> str:
     """Translate a JSON Schema (dict, bool or JSON text) into a regex over JSON text."""
     if isinstance(schema, (str, bytes)):
         try:
@@ -56,7 +57,7 @@ def build_regex_from_schema(schema: Any, whitespace_pattern: str | None = None, 
     if not isinstance(schema, (dict, bool)):
         raise UnsupportedSchemaError(f"schema must be an object or a boolean, got {type(schema).__name__}")
     ws = whitespace_regex() if whitespace_pattern is None else whitespace_pattern
-    out = _Translator(schema, ws, max_recursion_depth, any_depth, extra_properties).regex(schema)
+    out = _Translator(schema, ws, max_recursion_depth, any_depth, extra_properties, extra_depth).regex(schema)
     if out is None:
         raise UnsupportedSchemaError("schema admits no instance (false schema or contradictory keywords)")
     return out
@@ -72,8 +73,9 @@ def _literal(value) -> str:
 
 
 class _Translator:
-    def __init__(self, root, ws: str, max_depth: int, any_depth: int, extra: bool):
+    def __init__(self, root, ws: str, max_depth: int, any_depth: int, extra: bool, extra_depth: int = 1):
         self.root, self.ws, self.max_depth, self.any_depth, self.extra = root, ws, max_depth, any_depth, extra
+        self.extra_depth = min(extra_depth, any_depth)
         self.sep = f"{ws},{ws}"
         self.colon = f"{ws}:{ws}"
         self.refs: list[str] = []
@@ -226,7 +228,8 @@ class _Translator:
                     return None
                 continue
             items.append((f"{_literal(name)}{self.colon}{value}", name in required, False))
-        entry = self._extra_entry(extra, pattern_props, list(props))
+        implicit = "additionalProperties" not in s and extra is True  # open by default only
+        entry = self._extra_entry(extra, pattern_props, list(props), implicit)
         if entry is not None:
             items.append((entry, False, True))
         n_req = sum(1 for _, req, _ in items if req)
@@ -244,7 +247,7 @@ class _Translator:
         matching = [sub for pat, sub in pattern_props.items() if re.search(pat, name)]
         return merge_all(matching) if matching else False
 
-    def _extra_entry(self, extra, pattern_props, declared) -> str | None:
+    def _extra_entry(self, extra, pattern_props, declared, implicit=False) -> str | None:
         if pattern_props:
             parts = []
             for pat, sub in pattern_props.items():
@@ -254,7 +257,11 @@ class _Translator:
             return _alt(parts) if parts else None
         if extra is False:
             return None
-        value = self.regex(extra)
+        # undeclared keys of an object that merely does not close itself: values nest at
+        # most `extra_depth` levels when declared keys exist (any_depth, repeated in each
+        # optional-key alternative, would multiply the automaton); a bare object gets any_depth
+        depth = self.extra_depth if declared else self.any_depth
+        value = self.any_value(depth) if implicit else self.regex(extra)
         return None if value is None else f"{rx.string_not_in(declared)}{self.colon}{value}"
 
     def _object_body(self, items, nonempty: bool) -> str:
@@ -426,17 +433,37 @@ def _check_property_names(s, props, extra, pattern_props):
             props[name] = False
 
 
-def _check_disjoint(parts: list[str]) -> None:
-    """oneOf == anyOf only when no text matches two branches; prove it or refuse."""
-    try:
-        import interegular
+def _check_disjoint(parts: list[str], max_pairs: int = 200_000) -> None:
+    """oneOf == anyOf only when no text matches two branches; prove it or refuse.
 
-        fsms = [interegular.parse_pattern(p).to_fsm() for p in parts]
-        for i in range(len(fsms)):
-            for j in range(i + 1, len(fsms)):
-                if not fsms[i].isdisjoint(fsms[j]):
-                    raise UnsupportedSchemaError("oneOf with overlapping branches")
-    except UnsupportedSchemaError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - interegular cannot handle this regex
-        raise UnsupportedSchemaError(f"oneOf: cannot prove branches disjoint ({type(exc).__name__})") from exc
+    Walks the product of the branches' byte DFAs from the start pair: the branches
+    overlap iff some reachable pair is accepting in both.
+    """
+    from lmprog_runtime.constrained.index import ByteDFA
+
+    try:
+        dfas = [ByteDFA(rx.ascii_shorthands(p)) for p in parts]
+    except Exception as exc:  # noqa: BLE001 - the regex engine refuses a branch
+        raise UnsupportedSchemaError(f"oneOf: cannot prove branches disjoint ({exc})") from exc
+    for i in range(len(dfas)):
+        for j in range(i + 1, len(dfas)):
+            if not _disjoint(dfas[i], dfas[j], max_pairs):
+                raise UnsupportedSchemaError("oneOf with overlapping branches")
+
+
+def _disjoint(a, b, max_pairs: int) -> bool:
+    seen = {(a.initial, b.initial)}
+    todo = [(a.initial, b.initial)]
+    while todo:
+        x, y = todo.pop()
+        if x in a.finals and y in b.finals:
+            return False
+        nx, ny = a.row(x), b.row(y)
+        live = (nx != a.dead) & (ny != b.dead)
+        for pair in set(zip(nx[live].tolist(), ny[live].tolist())):
+            if pair not in seen:
+                seen.add(pair)
+                todo.append(pair)
+        if len(seen) > max_pairs:
+            raise UnsupportedSchemaError("oneOf: cannot prove branches disjoint (automaton too large)")
+    return True

@@ -10,7 +10,6 @@ import torch
 from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
 from lmprog_runtime.constrained.index import CompiledIndex, token_bytes
 from lmprog_runtime.constrained.json_schema import build_regex_from_schema
-from lmprog_runtime.constrained.jump_forward import CharAutomaton
 from lmprog_runtime.constrained.regex_fragments import ascii_shorthands
 from lmprog_runtime.constrained.trie_walk import TokenTrie
 
@@ -18,22 +17,32 @@ ANY_JSON = "$$ANY$$"  # SGLang's spelling of "any JSON value"
 
 
 class _Shared:
-    """What every matcher of one compiled grammar shares: the index, bytes, char DFA."""
+    """What every matcher of one compiled grammar shares: the index and token bytes."""
 
     def __init__(self, index: CompiledIndex, table: list[Optional[bytes]]):
         self.index = index
         self.table = table
-        self._automaton: Optional[CharAutomaton] | bool = None
+        self._forced: dict[int, Optional[str]] = {}
         self._lock = threading.Lock()
 
-    def automaton(self) -> Optional[CharAutomaton]:
+    def forced_string(self, state: int) -> Optional[str]:
+        """Jump-forward text from a DFA state (cached): the forced bytes cut to whole
+        UTF-8 characters; None when `state` sits inside a character."""
         with self._lock:
-            if self._automaton is None:
+            if state in self._forced:
+                return self._forced[state]
+        data = self.index.dfa.forced_bytes(state)
+        text: Optional[str] = None
+        if data and not 0x80 <= data[0] < 0xC0:  # a continuation byte: the next token must finish it
+            for cut in range(len(data), max(len(data) - 4, 0), -1):
                 try:
-                    self._automaton = CharAutomaton(self.index.regex)
-                except Exception:  # noqa: BLE001 - interegular cannot parse it: no jump-forward
-                    self._automaton = False
-            return self._automaton or None
+                    text = data[:cut].decode("utf-8")
+                    break
+                except UnicodeDecodeError:
+                    continue
+        with self._lock:
+            self._forced[state] = text or None
+        return text or None
 
 
 class OutlinesGrammar(Grammar):
@@ -44,7 +53,6 @@ class OutlinesGrammar(Grammar):
         self._states: list[int] = [shared.index.initial_state]
         self._ids: list[int] = []
         self.finished = False  # EOS accepted
-        self._char_cache: tuple[int, object] = (0, None)  # (bytes consumed, char state)
 
     @property
     def state(self) -> int:
@@ -88,34 +96,16 @@ class OutlinesGrammar(Grammar):
         del self._states[-k:]
         del self._ids[-k:]
         self.finished = False
-        self._char_cache = (0, None)
 
     # ---------------------------------------------------------------- jump-forward
     def _bytes(self, token_id: int) -> bytes:
         table = self._shared.table
         return (table[token_id] or b"") if token_id < len(table) else b""
 
-    def _text_bytes(self) -> bytes:
-        eos = self._shared.index.eos_token_ids
-        return b"".join(self._bytes(t) for t in self._ids if t not in eos)
-
     def jump_forward_str(self) -> Optional[str]:
-        automaton = self._shared.automaton()
-        if automaton is None or self.is_terminated():
+        if self.is_terminated():
             return None
-        data = self._text_bytes()
-        consumed, state = self._char_cache
-        if state is None or consumed > len(data):
-            consumed, state = 0, automaton.initial
-        try:
-            new_text = data[consumed:].decode("utf-8")
-        except UnicodeDecodeError:
-            return None  # inside a multi-byte character: the next token must finish it
-        state = automaton.walk(state, new_text)
-        if state is None:
-            return None  # the two automata disagree: never jump on a guess
-        self._char_cache = (len(data), state)
-        return automaton.forced_string(state) or None
+        return self._shared.forced_string(self.state)
 
     def jump_and_retokenize(self, old_ids: Sequence[int], new_ids: Sequence[int], keep: int) -> None:
         assert list(old_ids) == self._ids[: len(old_ids)], "old_ids must be the accepted tokens"
@@ -149,7 +139,8 @@ class OutlinesBackend(GrammarBackend):
             try:
                 return build_regex_from_schema(schema, cfg.whitespace_pattern,
                                                max_recursion_depth=cfg.max_recursion_depth,
-                                               any_depth=cfg.any_depth, extra_properties=cfg.extra_properties)
+                                               any_depth=cfg.any_depth, extra_properties=cfg.extra_properties,
+                                               extra_depth=cfg.extra_depth)
             except ValueError as exc:
                 raise GrammarError(f"Failed to compile json grammar: {exc}") from exc
         raise GrammarError(f"Failed to compile {kind} grammar: {kind} grammars are not supported by the "

@@ -1,7 +1,7 @@
 """Regex fragments for JSON text: strings, ECMA `pattern`s, numbers with bounds, formats.
 
-Every fragment is written in the dialect shared by Rust `regex` (outlines-core),
-`interegular` (jump-forward) and Python `re` (tests): literal characters, `[...]`
+Every fragment is written in the dialect shared by Rust `regex` (outlines-core's byte
+DFA) and Python `re` (tests): literal characters, `[...]`
 classes with `\\xHH` escapes, `(?:...)`, `|`, `*+?{m,n}`. No `\\d`/`\\w` (Rust's are
 Unicode-wide), no `\\u` escapes, no lookaround. Each fragment matches JSON *text*
 (so a string value includes its quotes and escapes).

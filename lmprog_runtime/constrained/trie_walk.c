@@ -3,7 +3,8 @@
  * Built at first use by trie_walk.py (cc -O2 -shared) and called through ctypes; the
  * numpy walk in trie_walk.py computes the same mask where no C compiler is present.
  *
- * trans:  int32 [n_states * 256], trans[s * 256 + b] = next state, `dead` absorbs.
+ * trans:  int32 [n_states * n_classes], trans[s * n_classes + cls[b]] = next state after
+ *         byte b (bytes no state tells apart share a class); `dead` absorbs.
  * Trie nodes in preorder (the root is implicit), one packed record each: the byte, the
  * depth (>= 1), `skip` = the first node after this node's subtree, and `tok` = the token
  * whose bytes end here, or `sink` (a scratch slot of `mask`) when none does. Tokens
@@ -20,7 +21,8 @@ typedef struct {
     uint8_t depth;
 } lm_node;
 
-void lm_trie_mask(const int32_t *trans, int32_t dead, int32_t start, int32_t n_nodes,
+void lm_trie_mask(const int32_t *trans, int32_t n_classes, const uint8_t *cls,
+                  int32_t dead, int32_t start, int32_t n_nodes,
                   const lm_node *nodes, int32_t n_dups, const int32_t *dup_tok,
                   const int32_t *dup_src, uint8_t *mask) {
     int32_t stack[257];
@@ -28,7 +30,7 @@ void lm_trie_mask(const int32_t *trans, int32_t dead, int32_t start, int32_t n_n
     stack[0] = start;
     while (i < n_nodes) {
         const lm_node nd = nodes[i];
-        int32_t s = trans[(int64_t)stack[nd.depth - 1] * 256 + nd.byte];
+        int32_t s = trans[(int64_t)stack[nd.depth - 1] * n_classes + cls[nd.byte]];
         if (s == dead) {
             i = nd.skip;
             continue;

@@ -1,6 +1,6 @@
 """The vocabulary as a byte trie, walked against a byte DFA to get a state's token mask.
 
-`TokenTrie(table)` is built once per tokenizer; `trie.mask(trans, dead, state, row)`
+`TokenTrie(table)` is built once per tokenizer; `trie.mask(dfa, state, row)`
 sets `row[t] = True` for every token whose bytes the DFA can read from `state`. The walk
 runs in a small C function (trie_walk.c, compiled with the system C compiler into the
 cache directory at first use, like Triton's launcher) and falls back to a level-by-level
@@ -63,7 +63,7 @@ def _compile() -> Optional[ctypes.CDLL]:
             return None
     lib = ctypes.CDLL(str(out))
     ptr, i32 = ctypes.c_void_p, ctypes.c_int32  # raw addresses: data_as() costs ~5 us per array
-    lib.lm_trie_mask.argtypes = [ptr, i32, i32, i32, ptr, i32, ptr, ptr, ptr]
+    lib.lm_trie_mask.argtypes = [ptr, i32, ptr, i32, i32, i32, ptr, i32, ptr, ptr, ptr]
     lib.lm_trie_mask.restype = None
     return lib
 
@@ -135,26 +135,29 @@ class TokenTrie:
     def uses_c(self) -> bool:
         return self._c is not None
 
-    def mask(self, trans: np.ndarray, dead: int, state: int, row: np.ndarray) -> None:
-        """Set `row[t] = True` for each token readable from `state`.
+    def mask(self, dfa, state: int, row: np.ndarray) -> None:
+        """Set `row[t] = True` for each token `dfa` (a ByteDFA) can read from `state`.
 
-        trans: int32 [n_states * 256] (C-contiguous); row: bool [> sink], False on entry
-        (`row[sink]`, a scratch slot, is left False).
+        row: bool [> sink], False on entry (`row[sink]`, a scratch slot, stays False).
         """
+        trans, cls = dfa.trans, dfa.byte_class
         if self._c is not None:
-            assert trans.dtype == np.int32 and trans.flags.c_contiguous and row.dtype == np.bool_
-            assert row.shape[0] > self.sink and row.flags.c_contiguous
-            self._c.lm_trie_mask(trans.ctypes.data, dead, state, *self._args, row.ctypes.data)
+            assert trans.dtype == np.int32 and trans.flags.c_contiguous and cls.dtype == np.uint8
+            assert row.dtype == np.bool_ and row.shape[0] > self.sink and row.flags.c_contiguous
+            self._c.lm_trie_mask(trans.ctypes.data, dfa.n_classes, cls.ctypes.data, dfa.dead, state,
+                                 *self._args, row.ctypes.data)
         else:
-            self._mask_numpy(trans, dead, state, row)
+            self._mask_numpy(dfa, state, row)
         row[self.sink] = False
 
-    def _mask_numpy(self, trans, dead, state, row) -> None:
+    def _mask_numpy(self, dfa, state, row) -> None:
+        trans, n = dfa.trans, dfa.n_classes
+        cls = dfa.byte_class[self.byte].astype(np.int64)
         states = np.empty(self.n_nodes, dtype=np.int64)
         for d, nodes in enumerate(self._levels):
             prev = np.full(len(nodes), state, dtype=np.int64) if d == 0 else states[self.parent[nodes]]
-            states[nodes] = trans[prev * 256 + self.byte[nodes]]
-        live = states != dead
+            states[nodes] = trans[prev * n + cls[nodes]]
+        live = states != dfa.dead
         row[self.node_tok[live]] = True
         if len(self.dup_tok):
             row[self.dup_tok] = row[self.dup_src]

@@ -8,6 +8,7 @@ import re
 import time
 from typing import List, Optional
 
+import numpy as np
 import torch
 
 from lmprog_runtime.messages import BatchOutput, ReqOutput
@@ -120,10 +121,11 @@ class OutputProcessor:
     def _grammar_mask(self, reqs: list, vocab: int) -> Optional[torch.Tensor]:
         if not any(r.grammar is not None for r in reqs):
             return None
-        mask = torch.ones((len(reqs), vocab), dtype=torch.bool)
+        rows = np.ones((len(reqs), vocab), dtype=np.bool_)  # numpy: torch fills of this size
+        mask = torch.from_numpy(rows)                       # fan out to the intra-op pool
         for i, r in enumerate(reqs):
             if r.grammar is not None and not r.grammar.is_terminated():
-                mask[i] = False
+                rows[i] = False
                 r.grammar.fill_mask(mask[i])
         return mask
 

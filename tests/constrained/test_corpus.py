@@ -45,7 +45,7 @@ def test_corpus_regex_level():
     stats, wrong = run_corpus()
     n = len(FILES)
     assert stats["compiled"] + stats["refused"] == n
-    assert stats["compiled"] / n >= 0.93, stats
+    assert stats["compiled"] / n >= 0.95, stats
     assert not wrong, f"invalid instances accepted: {wrong}"
-    # misses are documented narrowings: key order and undeclared keys
-    assert stats["valid_ok"] / stats["valid"] >= 0.95, stats
+    # misses are documented narrowings (key order)
+    assert stats["valid_ok"] / stats["valid"] >= 0.99, stats

@@ -1,10 +1,10 @@
-"""Jump-forward: forced strings from the character DFA and canonical re-tokenization."""
+"""Jump-forward: forced strings from the byte DFA and canonical re-tokenization."""
 import json
 
 import pytest
 
 from lmprog_runtime.constrained import create_grammar_backend, jump_forward_retokenize
-from lmprog_runtime.constrained.jump_forward import CharAutomaton
+from lmprog_runtime.constrained.index import ByteDFA
 
 SCHEMA = json.dumps({"type": "object", "properties": {
     "name": {"type": "string"}, "kind": {"enum": ["alpha", "beta"]}, "ok": {"type": "boolean"}},
@@ -18,16 +18,20 @@ def compact_backend(tokenizer):
     be.shutdown()
 
 
-def test_char_automaton_forced_strings():
-    a = CharAutomaton(r'\{"name":"[a-z]+","kind":(?:"alpha"|"beta")\}')
-    assert a.forced_string(a.initial) == '{"name":"'
-    s = a.walk(a.initial, '{"name":"x')
-    assert a.forced_string(s) == ""
-    s = a.walk(a.initial, '{"name":"x"')
-    assert a.forced_string(s) == ',"kind":"'
-    s = a.walk(a.initial, '{"name":"x","kind":"b')
-    assert a.forced_string(s) == 'eta"}'
-    assert a.walk(a.initial, "nope") is None
+def test_byte_dfa_forced_strings():
+    a = ByteDFA(r'\{"name":"[a-z]+","kind":(?:"alpha"|"beta"|"\u00e9t\u00e9")\}')
+    assert a.forced_bytes(a.initial) == b'{"name":"'
+    s = a.walk(a.initial, b'{"name":"x')
+    assert a.forced_bytes(s) == b""
+    s = a.walk(a.initial, b'{"name":"x"')
+    assert a.forced_bytes(s) == b',"kind":"'
+    s = a.walk(a.initial, b'{"name":"x","kind":"b')
+    assert a.forced_bytes(s) == b'eta"}'
+    s = a.walk(a.initial, b'{"name":"x","kind":"\xc3')  # inside "é": the rest is forced bytes
+    assert a.forced_bytes(s) == "\u00e9t\u00e9\"}".encode()[1:]
+    assert a.walk(a.initial, b"nope") == a.dead
+    s = a.walk(a.initial, b'{"name":"x","kind":"alpha"}')
+    assert s in a.finals and a.forced_bytes(s) == b""
 
 
 def run_jumps(backend, tokenizer, g, steps):

@@ -48,7 +48,7 @@ def test_masks_match_outlines_full_index(regex, table, tokenizer):
             want = set(ref.get_allowed_tokens(ref_state) or []) - {eos}
             for trie in tries:
                 row = np.zeros(len(table) + 1, dtype=np.bool_)
-                trie.mask(dfa.trans, dfa.dead, state, row)
+                trie.mask(dfa, state, row)
                 assert set(np.nonzero(row)[0].tolist()) == want
             assert (state in dfa.finals) == ref.is_final_state(ref_state)
             if not want:
@@ -63,7 +63,7 @@ def test_tokens_with_equal_bytes_share_the_answer():
     dfa = ByteDFA("ab?")
     for trie in (TokenTrie(table), TokenTrie(table, use_c=False)):
         row = np.zeros(len(table) + 1, dtype=np.bool_)
-        trie.mask(dfa.trans, dfa.dead, dfa.initial, row)
+        trie.mask(dfa, dfa.initial, row)
         assert row.tolist() == [True, True, False, True, False, False]
 
 

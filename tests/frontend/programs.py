@@ -25,6 +25,7 @@ PERSON_SCHEMA = {
         "active": {"type": "boolean"},
     },
     "required": ["name", "color", "active"],
+    "additionalProperties": False,
 }
 FEW_SHOT_PREFIX = ("The following are questions with answers.\n"
                    "Q: What is the capital of France?\nA: Paris\n"
