@@ -130,7 +130,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--limit", type=int, default=0, help="first N schemas only (0 = all)")
     ap.add_argument("--backends", default="outlines,llguidance,xgrammar")
-    ap.add_argument("--index-timeout", type=float, default=30.0, help="seconds per schema compile")
+    ap.add_argument("--index-timeout", type=float, default=60.0,
+                    help="seconds per schema compile (the engine's default compile_timeout_s)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cases = [json.loads(p.read_text()) for p in sorted(CORPUS.glob("*.json"))]

@@ -6,6 +6,7 @@ The scheduler only uses these names:
     fut = backend.get_future(kind, spec)        # kind: json | regex | ebnf | structural_tag
     grammar = fut.result()                      # or GrammarError
     grammar.fill_mask(mask_row)                 # bool [vocab_size], preset False
+    grammar.write_mask(np_row)                  # the same into a numpy row, overwriting it
     grammar.accept_token(token_id)              # GrammarError if illegal
     grammar.is_terminated()
     grammar.jump_forward_str() / grammar.jump_and_retokenize(old_ids, new_ids, keep)
@@ -55,6 +56,12 @@ class Grammar(abc.ABC):
     @abc.abstractmethod
     def fill_mask(self, mask_row: torch.Tensor) -> None:
         """Set True in `mask_row` (bool [vocab_size], preset False) for allowed tokens."""
+
+    def write_mask(self, row) -> None:
+        """Overwrite the numpy bool row `row` with the allowed tokens (any prior content);
+        the scheduler's path. Default: clear it and `fill_mask` a torch view."""
+        row.fill(False)
+        self.fill_mask(torch.from_numpy(row))
 
     @abc.abstractmethod
     def accept_token(self, token_id: int) -> None:

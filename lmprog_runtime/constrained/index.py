@@ -197,6 +197,14 @@ class CompiledIndex:
         else:
             mask_row[: row.shape[0]].copy_(torch.from_numpy(row), non_blocking=True)
 
+    def write(self, state: int, out: np.ndarray) -> None:
+        """Overwrite the numpy bool row `out` with `state`'s mask (False past vocab_size)."""
+        row = self.mask(state)
+        n = min(row.shape[0], out.shape[0])
+        np.copyto(out[:n], row[:n])
+        if out.shape[0] > n:
+            out[n:] = False
+
     def mask(self, state: int) -> np.ndarray:
         """bool [vocab_size] of allowed tokens at `state` (cached, do not mutate)."""
         with self._lock:

@@ -70,6 +70,14 @@ class OutlinesGrammar(Grammar):
             return
         index.fill(self.state, mask_row)
 
+    def write_mask(self, row) -> None:
+        index = self._shared.index
+        if self.finished:
+            row.fill(False)
+            row[[e for e in index.eos_token_ids if e < row.shape[0]]] = True
+            return
+        index.write(self.state, row)
+
     def accept_token(self, token_id: int) -> None:
         index = self._shared.index
         if self.finished:
