@@ -200,6 +200,9 @@ class CompiledIndex:
     def write(self, state: int, out: np.ndarray) -> None:
         """Overwrite the numpy bool row `out` with `state`'s mask (False past vocab_size)."""
         row = self.mask(state)
+        if row.shape == out.shape:  # the usual case: one copy, no views (each op is cache-cold here)
+            np.copyto(out, row)
+            return
         n = min(row.shape[0], out.shape[0])
         np.copyto(out[:n], row[:n])
         if out.shape[0] > n:

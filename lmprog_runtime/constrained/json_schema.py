@@ -206,7 +206,9 @@ class _Translator:
         props = dict(s.get("properties", {}))
         required = list(dict.fromkeys(s.get("required", [])))
         pattern_props = s.get("patternProperties", {})
-        extra = s.get("additionalProperties", True if self.extra else False)
+        extra = s.get("additionalProperties", True if self.extra and not pattern_props else False)
+        # (with patternProperties, an open default would need "no pattern matches" — a regex
+        # complement; undeclared keys then narrow to those the patterns describe)
         if s.get("unevaluatedProperties") is False and "additionalProperties" not in s:
             extra = False
         if pattern_props and extra is not False:

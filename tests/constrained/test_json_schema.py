@@ -125,3 +125,24 @@ def test_number_range_quarters():
             expect = (lo is None or (v > lo if lx else v >= lo)) and (hi is None or (v < hi if hx else v <= hi))
             text = str(int(v)) if v == int(v) else repr(v)
             assert bool(rx.fullmatch(text)) == expect, (lo, hi, lx, hx, text)
+
+
+def test_missing_additional_properties_means_open():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    rx = re.compile(build_regex_from_schema(schema, ""))
+    assert rx.fullmatch('{"a":1,"b":"x","c":[1,"d"],"e":{"f":null}}')  # undeclared keys, shallow values
+    assert not rx.fullmatch('{"a":1,"a":"x"}')  # an undeclared key never repeats a declared one
+    assert not rx.fullmatch('{"a":1,"b":[[1]]}')  # undeclared values nest extra_depth=1 deep
+    closed = re.compile(build_regex_from_schema({**schema, "additionalProperties": False}, ""))
+    assert closed.fullmatch('{"a":1}') and not closed.fullmatch('{"a":1,"b":2}')
+    strict = re.compile(build_regex_from_schema(schema, "", extra_properties=False))
+    assert not strict.fullmatch('{"a":1,"b":2}')
+    bare = re.compile(build_regex_from_schema({"type": "object"}, ""))
+    assert bare.fullmatch('{"x":{"y":[1,{"z":true}]}}')  # a bare object nests any_depth deep
+
+
+def test_pattern_properties_without_additional_properties_narrow_to_patterns():
+    schema = {"type": "object", "patternProperties": {"^x_": {"type": "integer"}}}
+    rx = re.compile(build_regex_from_schema(schema, ""))
+    assert rx.fullmatch('{"x_a":1,"x_b":2}')
+    assert not rx.fullmatch('{"x_a":"s"}') and not rx.fullmatch('{"y":1}')
