@@ -27,6 +27,7 @@ class OutputProcessor:
         self.pending: List[ReqOutput] = []
         self._steps = 0
         self._mask_bufs: list = [None, None]  # reused mask rows, alternating between steps
+        self._mask_views: dict = {}           # (buffer, rows, vocab) -> (numpy rows, torch rows)
         self._mask_flip = 0
 
     # -- the step's results -------------------------------------------------------------
@@ -123,25 +124,34 @@ class OutputProcessor:
     def _grammar_mask(self, reqs: list, vocab: int) -> Optional[torch.Tensor]:
         if not any(r.grammar is not None for r in reqs):
             return None
-        rows = self._mask_buffer(len(reqs), vocab)  # numpy: torch fills of this size fan
-        for i, r in enumerate(reqs):                # out to the intra-op pool
+        rows, mask = self._mask_buffer(len(reqs), vocab)  # numpy: torch fills of this size
+        for i, r in enumerate(reqs):                      # fan out to the intra-op pool
             g = r.grammar
             if g is not None and not g.is_terminated():
                 g.write_mask(rows[i])
             else:
                 rows[i].fill(True)
-        return torch.from_numpy(rows)
+        return mask
 
-    def _mask_buffer(self, n: int, vocab: int) -> np.ndarray:
-        """[n, vocab] bool rows from a buffer reused every other step (a fresh 49k-wide
-        allocation costs ~150 us in page faults; two buffers let the overlap scheduler
-        build step N+1's mask while step N's is still being read)."""
-        buf = self._mask_bufs[self._mask_flip]
+    def _mask_buffer(self, n: int, vocab: int):
+        """([n, vocab] numpy rows, the same memory as a torch tensor) from a buffer reused
+        every other step. At batch 1 this step runs with caches just emptied by the
+        forward, where a fresh 49k-wide allocation cost ~150 us and even torch.from_numpy
+        ~20 us, so the views are cached too. Two buffers let the overlap scheduler build
+        step N+1's mask while step N's is still being read."""
+        flip = self._mask_flip
+        self._mask_flip ^= 1
+        hit = self._mask_views.get((flip, n, vocab))
+        if hit is not None:
+            return hit
+        buf = self._mask_bufs[flip]
         if buf is None or buf.shape[0] < n or buf.shape[1] != vocab:
             buf = np.empty((max(n, 2 * (0 if buf is None else buf.shape[0]), 8), vocab), dtype=np.bool_)
-            self._mask_bufs[self._mask_flip] = buf
-        self._mask_flip ^= 1
-        return buf[:n]
+            self._mask_bufs[flip] = buf
+            self._mask_views = {k: v for k, v in self._mask_views.items() if k[0] != flip}
+        rows = buf[:n]
+        self._mask_views[(flip, n, vocab)] = hit = (rows, torch.from_numpy(rows))
+        return hit
 
     def _advance_grammar(self, r, token: int) -> None:
         if r.grammar is None:
