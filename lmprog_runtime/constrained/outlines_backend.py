@@ -17,11 +17,10 @@ ANY_JSON = "$$ANY$$"  # SGLang's spelling of "any JSON value"
 
 
 class _Shared:
-    """What every matcher of one compiled grammar shares: the index and token bytes."""
+    """What every matcher of one compiled grammar shares: the index and its forced strings."""
 
-    def __init__(self, index: CompiledIndex, table: list[Optional[bytes]]):
+    def __init__(self, index: CompiledIndex):
         self.index = index
-        self.table = table
         self._forced: dict[int, Optional[str]] = {}
         self._lock = threading.Lock()
 
@@ -107,7 +106,7 @@ class OutlinesGrammar(Grammar):
 
     # ---------------------------------------------------------------- jump-forward
     def _bytes(self, token_id: int) -> bytes:
-        table = self._shared.table
+        table = self._shared.index.table
         return (table[token_id] or b"") if token_id < len(table) else b""
 
     def jump_forward_str(self) -> Optional[str]:
@@ -160,4 +159,4 @@ class OutlinesBackend(GrammarBackend):
             index = CompiledIndex(regex, self.trie, self.table, self.eos_token_ids, self.vocab_size)
         except Exception as exc:  # noqa: BLE001 - outlines-core raises plain ValueError/RuntimeError
             raise GrammarError(f"Failed to compile {kind} grammar: {exc}") from exc
-        return OutlinesGrammar(_Shared(index, self.table))
+        return OutlinesGrammar(_Shared(index))
