@@ -1,13 +1,15 @@
 """Every message between the server side (tokenizer manager) and the scheduler.
 
-Small dataclasses, picklable, nothing else crosses the process boundary. The
-in-process Engine passes the same objects through local queues.
+Small frozen dataclasses, picklable; nothing else crosses the process boundary. The
+in-process Engine passes the same objects through local queues, so both sides may hold
+one message at once: nobody mutates a message (or the lists and SamplingParams inside
+it) after building it. The scheduler keeps its own clamped limits on `Req`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from lmprog_runtime.sampling_params import SamplingParams
 
@@ -15,8 +17,67 @@ from lmprog_runtime.sampling_params import SamplingParams
 LogprobEntry = Tuple[float, int]
 
 
+# -- how a request ended ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class FinishReason:
+    """Why a request finished. `to_dict()` is SGLang's `meta_info.finish_reason`:
+    {"type": "stop", "matched": str|int|None} | {"type": "length", "length": n} |
+    {"type": "abort", "message", "status_code", "err_type"}.
+
+    An abort with a `status_code` is an error: the request fails with that HTTP status;
+    one without (a client abort) finishes normally with what was generated so far."""
+
+    type: str  # "stop" | "length" | "abort"
+    matched: Union[str, int, None] = None  # stop: the stop string / regex / token id; None = grammar end
+    limit: int = 0  # length: the max_new_tokens that was reached
+    message: str = ""
+    status_code: Optional[int] = None
+    err_type: Optional[str] = None
+
+    @classmethod
+    def stop(cls, matched: Union[str, int, None] = None) -> "FinishReason":
+        return cls("stop", matched=matched)
+
+    @classmethod
+    def length(cls, n: int) -> "FinishReason":
+        return cls("length", limit=n)
+
+    @classmethod
+    def abort(cls, message: str) -> "FinishReason":
+        return cls("abort", message=message)
+
+    @classmethod
+    def error(cls, status: int, message: str, err_type: Optional[str] = None) -> "FinishReason":
+        return cls("abort", message=message, status_code=status, err_type=err_type)
+
+    @property
+    def is_error(self) -> bool:
+        return self.type == "abort" and self.status_code is not None
+
+    @property
+    def is_abort(self) -> bool:
+        return self.type == "abort"
+
+    @property
+    def matched_token(self) -> bool:
+        """Stopped on a token id (an EOS or a stop token), which the text omits."""
+        return self.type == "stop" and isinstance(self.matched, int)
+
+    @property
+    def matched_str(self) -> Optional[str]:
+        return self.matched if self.type == "stop" and isinstance(self.matched, str) else None
+
+    def to_dict(self) -> Dict[str, Any]:
+        if self.type == "stop":
+            return {"type": "stop", "matched": self.matched}
+        if self.type == "length":
+            return {"type": "length", "length": self.limit}
+        return {"type": "abort", "message": self.message, "status_code": self.status_code,
+                "err_type": self.err_type}
+
+
 # -- server → scheduler ---------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class TokenizedGenerateReq:
     rid: str
     input_ids: List[int]
@@ -37,30 +98,30 @@ class TokenizedGenerateReq:
         return (self.cache_salt, self.extra_key)
 
 
-@dataclass
+@dataclass(frozen=True)
 class AbortReq:
     rid: str = ""
     abort_all: bool = False
     message: str = "Aborted by client"
 
 
-@dataclass
+@dataclass(frozen=True)
 class FlushCacheReq:
     pass
 
 
-@dataclass
+@dataclass(frozen=True)
 class GetInternalStateReq:
     pass
 
 
-@dataclass
+@dataclass(frozen=True)
 class ShutdownReq:
     pass
 
 
 # -- scheduler → server ---------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class ReqOutput:
     """What changed for one request in one step.
 
@@ -72,7 +133,7 @@ class ReqOutput:
     rid: str
     output_offset: int
     output_ids: List[int]
-    finished_reason: Optional[Dict[str, Any]]
+    finished_reason: Optional[FinishReason]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -87,13 +148,13 @@ class ReqOutput:
     input_token_ids_logprobs: Optional[List[Optional[List[LogprobEntry]]]] = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchOutput:
     outputs: List[ReqOutput]
     stats: Optional[Dict[str, Any]] = None  # scheduler gauges for /metrics, at most a few per second
 
 
-@dataclass
+@dataclass(frozen=True)
 class ControlReply:
     """Reply to a control request (flush, internal state)."""
 
@@ -103,14 +164,14 @@ class ControlReply:
     data: Dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SchedulerReady:
     """First message from a scheduler: it has loaded the model."""
 
     info: Dict[str, Any]
 
 
-@dataclass
+@dataclass(frozen=True)
 class SchedulerFailed:
     """The scheduler hit an error it cannot recover from; it exits after sending this."""
 

@@ -16,8 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
-from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FlushCacheReq,
-                                     GetInternalStateReq, TokenizedGenerateReq)
+from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason,
+                                     FlushCacheReq, GetInternalStateReq, TokenizedGenerateReq)
 from lmprog_runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class ReqState:
     msg: TokenizedGenerateReq
     created: float = field(default_factory=time.monotonic)
     output_ids: List[int] = field(default_factory=list)
-    finished_reason: Optional[dict] = None
+    finished_reason: Optional[FinishReason] = None
     meta: Dict[str, Any] = field(default_factory=dict)
     logprobs: Dict[str, list] = field(default_factory=dict)
     event: asyncio.Event = field(default_factory=asyncio.Event)
@@ -248,8 +248,8 @@ class TokenizerManager:
         results = [self.response(st, job) for st in states]
         for st in states:
             reason = st.finished_reason
-            if reason.get("type") == "abort" and reason.get("status_code") in (400, 500, 503):
-                raise RequestError(reason.get("message", "aborted"), reason["status_code"])
+            if reason.is_error:
+                raise RequestError(reason.message or "aborted", reason.status_code)
         return results if job.is_batch else results[0]
 
     async def generate_stream(self, obj: dict, job: Optional[GenerateJob] = None) -> AsyncIterator[dict]:
@@ -282,10 +282,10 @@ class TokenizerManager:
                     self.abort(st.msg.rid)
 
     def _chunk(self, st: ReqState, job: GenerateJob) -> dict:
-        reason = st.finished_reason or {}
-        if reason.get("type") == "abort" and reason.get("status_code") in (400, 500, 503):
-            return {"error": {"message": reason.get("message", ""), "type": "invalid_request_error",
-                              "code": reason["status_code"], "retryable": False}}
+        reason = st.finished_reason
+        if reason is not None and reason.is_error:
+            return {"error": {"message": reason.message, "type": "invalid_request_error",
+                              "code": reason.status_code, "retryable": False}}
         return self.response(st, job)
 
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
@@ -351,8 +351,7 @@ class TokenizerManager:
         """The scheduler died: finish every open request with a 503 instead of hanging."""
         self.dead = message
         for rid, st in list(self.states.items()):
-            st.finished_reason = {"type": "abort", "message": f"The scheduler is not running: {message}",
-                                  "status_code": 503, "err_type": None}
+            st.finished_reason = FinishReason.error(503, f"The scheduler is not running: {message}")
             st.event.set()
             del self.states[rid]
         for waiters in self.control_waiters.values():
@@ -364,13 +363,13 @@ class TokenizerManager:
     def output_text(self, st: ReqState, partial: bool) -> str:
         sp = st.msg.sampling_params
         ids = st.output_ids
-        reason = st.finished_reason or {}
-        if reason.get("type") == "stop" and isinstance(reason.get("matched"), int) and not sp.no_stop_trim:
+        reason = st.finished_reason
+        if reason is not None and reason.matched_token and not sp.no_stop_trim:
             ids = ids[:-1]
         text = self.tokenizer.decode(ids, skip_special_tokens=sp.skip_special_tokens,
                                      spaces_between_special_tokens=sp.spaces_between_special_tokens)
-        matched = reason.get("matched")
-        if isinstance(matched, str) and not sp.no_stop_trim:
+        matched = reason.matched_str if reason is not None else None
+        if matched is not None and not sp.no_stop_trim:
             if matched in sp.stop_regex_strs:
                 found = re.search(matched, text)
                 cut = found.start() if found else -1
@@ -384,7 +383,8 @@ class TokenizerManager:
         return text
 
     def response(self, st: ReqState, job: GenerateJob) -> dict:
-        meta = {"id": st.msg.rid, "finish_reason": st.finished_reason,
+        reason = st.finished_reason
+        meta = {"id": st.msg.rid, "finish_reason": reason.to_dict() if reason is not None else None,
                 "prompt_tokens": st.meta.get("prompt_tokens", len(st.msg.input_ids)),
                 "completion_tokens": st.meta.get("completion_tokens", len(st.output_ids)),
                 "cached_tokens": st.meta.get("cached_tokens", 0),

@@ -1,8 +1,10 @@
 """Free-list allocator of KV token slots, page by page.
 
-Slots are numbered 1..size (slot 0 is the padding slot). With page_size P, slot s
-belongs to page s // P; pages are handed out whole, so `alloc(n)` needs n to be a
-multiple of P, and `free` takes back whole pages (every slot of a page at once).
+With page_size P there are size // P pages, numbered 1..size // P; page p holds slots
+[p*P, p*P + P), so the slots handed out are P..size + P - 1 and page 0 (slots 0..P-1,
+slot 0 being the padding slot) is never used. Slot s belongs to page s // P; pages are
+handed out whole, so `alloc(n)` needs n to be a multiple of P, and `free` takes back
+whole pages (every slot of a page at once).
 """
 
 from __future__ import annotations

@@ -1,5 +1,16 @@
 """KVManager: who owns which KV slot, between requests, the allocator and the radix tree.
 
+Every move of KV ownership goes through here, and only here are a request's KV fields
+(`row`, `kv_len`, `cache_protected_len`, `last_node`) written:
+
+    assign            a row + the cached prefix, locked          (admission)
+    alloc_extend      fresh slots for the next n positions       (admission, each step)
+    commit            those n positions are now computed         (after the forward)
+    cache_unfinished  the computed prefix goes to the tree       (a prompt finished computing)
+    truncate          drop KV past a position                    (jump-forward rewrote tokens)
+    retract           give everything back, keep the tokens      (the pool ran short)
+    release           hand the KV to the tree (or free it)       (the request finished)
+
 Invariant (checked by `check_integrity` whenever the scheduler is idle and in tests):
     free pages + pages held by the tree + pages held by requests == all pages
 where a request holds the pages of positions [cache_protected_len, kv_len) and the
@@ -14,6 +25,7 @@ import torch
 
 from lmprog_runtime.cache.allocator import TokenSlotAllocator
 from lmprog_runtime.cache.kv_pool import ReqToTokenPool
+from lmprog_runtime.cache.radix import KVIntegrityError
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -33,7 +45,9 @@ class KVManager:
 
     # -- admission ------------------------------------------------------------------------
     def match_len(self, req) -> int:
-        """How many leading tokens of `req` the tree could serve now (no side effects but LRU touch)."""
+        """How many leading tokens of `req` the tree could serve now. Side effects: the
+        match refreshes the LRU clock of the nodes it walks and may split a node where
+        the match ends inside it (the tree's contents stay the same)."""
         if not self.cache_enabled:
             return 0
         return len(self.tree.match_prefix(self._matchable(req), req.namespace).indices)
@@ -109,6 +123,7 @@ class KVManager:
         return slots
 
     def commit(self, req, n: int) -> None:
+        """Positions [kv_len, kv_len + n), allocated by `alloc_extend`, are computed."""
         req.kv_len += n
 
     # -- release --------------------------------------------------------------------------
@@ -138,6 +153,12 @@ class KVManager:
         self.req_pool.free(req.row)
         req.row = None
         req.last_node = None
+
+    def retract(self, req) -> None:
+        """Give back all of `req`'s KV (computed pages go to the tree); its tokens stay, and
+        the next admission recomputes what the tree no longer holds."""
+        self.release(req, cache=True)
+        req.kv_len = req.cache_protected_len = 0
 
     def cache_unfinished(self, req) -> None:
         """Insert the computed part of a running request (e.g. after a prefill chunk)."""
@@ -180,8 +201,9 @@ class KVManager:
         free = self.allocator.available_size()
         held = self.held_by(live_reqs)
         total = self.allocator.size
-        assert free + tree_tokens + held == total, (
-            f"KV accounting broken: free {free} + tree {tree_tokens} + requests {held} != total {total}")
+        if free + tree_tokens + held != total:  # not an assert: `python -O` must not skip it
+            raise KVIntegrityError(
+                f"KV accounting broken: free {free} + tree {tree_tokens} + requests {held} != total {total}")
 
     def flush(self) -> None:
         if self.cache_enabled:

@@ -33,6 +33,11 @@ import torch
 _COMPARE_BLOCK = 64  # tokens per slice compare while searching for a mismatch
 
 
+class KVIntegrityError(AssertionError):
+    """A broken cache invariant (lock count, sizes, a slot held twice). Raised explicitly,
+    so `python -O` keeps the audit; an AssertionError subclass for callers expecting one."""
+
+
 class TreeNode:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
                  "namespace", "id")
@@ -104,7 +109,8 @@ class RadixCache:
     def reset(self) -> None:
         """Drop every node and give all their slots back. Only valid with nothing locked."""
         if self.root is not None:
-            assert self._protected == 0, f"reset with {self._protected} tokens locked"
+            if not (self._protected == 0):
+                raise KVIntegrityError(f"reset with {self._protected} tokens locked")
             for node in self._nodes():
                 self.allocator.free(node.value)
         self.root = TreeNode()
@@ -205,7 +211,8 @@ class RadixCache:
     def dec_lock_ref(self, node: TreeNode) -> None:
         """Drop one reference taken by `inc_lock_ref(node)`."""
         path = self._path_to_root(node, "dec_lock_ref")
-        assert all(n.lock_ref > 0 for n in path), f"dec_lock_ref below zero on {node!r}"
+        if not (all(n.lock_ref > 0 for n in path)):
+            raise KVIntegrityError(f"dec_lock_ref below zero on {node!r}")
         for n in path:
             n.lock_ref -= 1
             if n.lock_ref == 0:
@@ -216,8 +223,8 @@ class RadixCache:
         """`node` and its ancestors, the root excluded; asserts `node` is in this tree."""
         path = []
         while node is not self.root:
-            assert node is not None and node.parent is not None, \
-                f"{caller}: node is not in this tree (evicted or reset?)"
+            if not (node is not None and node.parent is not None):
+                raise KVIntegrityError(f"{caller}: node is not in this tree (evicted or reset?)")
             path.append(node)
             node = node.parent
         return path
@@ -259,35 +266,44 @@ class RadixCache:
     def check_integrity(self) -> None:
         """Recompute sizes and lock refs from the tree and assert the invariants above."""
         root = self.root
-        assert root.parent is None and root.key == () and root.lock_ref == 1, repr(root)
+        if not (root.parent is None and root.key == () and root.lock_ref == 1):
+            raise KVIntegrityError(repr(root))
         evictable = protected = 0
         slots = []
         for node in [root, *self._nodes()]:
             child_locks = 0
             for page_key, child in node.children.items():
-                assert child.parent is node, f"{child!r} has the wrong parent"
-                assert page_key == self._child_key(child), f"{child!r} filed under {page_key!r}"
-                assert node is root or child.namespace == node.namespace, f"{child!r} crossed namespaces"
-                assert node is root or child.last_access_time <= node.last_access_time, repr(child)
+                if not (child.parent is node):
+                    raise KVIntegrityError(f"{child!r} has the wrong parent")
+                if not (page_key == self._child_key(child)):
+                    raise KVIntegrityError(f"{child!r} filed under {page_key!r}")
+                if not (node is root or child.namespace == node.namespace):
+                    raise KVIntegrityError(f"{child!r} crossed namespaces")
+                if not (node is root or child.last_access_time <= node.last_access_time):
+                    raise KVIntegrityError(repr(child))
                 child_locks += child.lock_ref
             if node is root:
                 continue
             n = len(node.key)
-            assert n > 0 and n % self.page_size == 0, f"{node!r}: key length not a page multiple"
-            assert node.value.dtype == torch.int64 and tuple(node.value.shape) == (n,), \
-                f"{node!r}: value shape {tuple(node.value.shape)}, expected ({n},)"
-            assert node.lock_ref >= child_locks, f"{node!r}: lock_ref below its children's {child_locks}"
+            if not (n > 0 and n % self.page_size == 0):
+                raise KVIntegrityError(f"{node!r}: key length not a page multiple")
+            if not (node.value.dtype == torch.int64 and tuple(node.value.shape) == (n,)):
+                raise KVIntegrityError(f"{node!r}: value shape {tuple(node.value.shape)}, expected ({n},)")
+            if not (node.lock_ref >= child_locks):
+                raise KVIntegrityError(f"{node!r}: lock_ref below its children's {child_locks}")
             if node.lock_ref:
                 protected += n
             else:
                 evictable += n
             slots.append(node.value)
-        assert (evictable, protected) == (self._evictable, self._protected), (
-            f"sizes: counted evictable={evictable} protected={protected}, "
-            f"counters say {self._evictable} / {self._protected}")
+        if not ((evictable, protected) == (self._evictable, self._protected)):
+            raise KVIntegrityError(
+                f"sizes: counted evictable={evictable} protected={protected}, "
+                f"counters say {self._evictable} / {self._protected}")
         if slots:
             every = torch.cat(slots)
-            assert torch.unique(every).numel() == every.numel(), "a KV slot is held twice"
+            if not (torch.unique(every).numel() == every.numel()):
+                raise KVIntegrityError("a KV slot is held twice")
 
     def pretty_print(self) -> str:
         """Print (and return) the tree, one node per line, indented by depth."""

@@ -29,7 +29,6 @@ class PlannedReq:
 @dataclass
 class StepPlan:
     items: List[PlannedReq] = field(default_factory=list)
-    prefill_budget: int = 0
 
     @property
     def empty(self) -> bool:
@@ -37,6 +36,10 @@ class StepPlan:
 
     def add(self, req, n: int, loc: torch.Tensor) -> None:
         self.items.append(PlannedReq(req, n, req.kv_len, loc))
+
+    def sampled_reqs(self) -> list:
+        """Requests sampling a token this step, in logits-row order (after `build_forward_batch`)."""
+        return [it.req for it in self.items if it.sample_row >= 0]
 
 
 def build_forward_batch(plan: StepPlan, runner) -> ForwardBatch:

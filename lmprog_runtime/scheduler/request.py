@@ -4,16 +4,21 @@ Counters are stored, everything else derived: the tokens to compute next are
 `fill_ids[kv_len:]`; positions [0, cache_protected_len) of its KV belong to the
 radix tree (locked through `last_node`), positions [cache_protected_len, kv_len)
 belong to the request and are freed or handed to the tree when it finishes.
+Only `KVManager` writes the KV fields (row, kv_len, cache_protected_len, last_node).
+
+The message it was built from is shared with the server side (in the Engine, the very
+same object) and is never modified: the limits this scheduler clamps live here
+(`max_new_tokens`, `min_new_tokens`, set by `Admission.clamp`).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
 import torch
 
-from lmprog_runtime.messages import TokenizedGenerateReq
+from lmprog_runtime.messages import FinishReason, TokenizedGenerateReq
 
 
 class Req:
@@ -28,9 +33,12 @@ class Req:
         self.token_ids_logprob = msg.token_ids_logprob
         self.stream = msg.stream
         self.created = time.monotonic()
+        # limits, clamped to what the context and the pool can hold on arrival
+        self.max_new_tokens: int = self.sampling.max_new_tokens
+        self.min_new_tokens: int = self.sampling.min_new_tokens
 
         self.output_ids: List[int] = []
-        self.finished_reason: Optional[Dict[str, Any]] = None
+        self.finished_reason: Optional[FinishReason] = None
         # KV bookkeeping
         self.row: Optional[int] = None  # ReqToTokenPool row, None while it holds no KV
         self.kv_len = 0
@@ -83,21 +91,10 @@ class Req:
         return (self.return_logprob and not self.input_logprobs_done
                 and 0 <= self.logprob_start_len < self.prompt_len)
 
-    @property
-    def max_new_tokens(self) -> int:
-        return self.sampling.max_new_tokens
-
-    def finish(self, reason: Dict[str, Any]) -> None:
+    def finish(self, reason: FinishReason) -> None:
+        """The first reason wins (an abort during a step beats the step's own stop)."""
         if self.finished_reason is None:
             self.finished_reason = reason
-
-    def reset_for_retraction(self) -> None:
-        """Forget all KV; the next admission recomputes prompt + output so far."""
-        self.row = None
-        self.kv_len = 0
-        self.cache_protected_len = 0
-        self.last_node = None
-        self.num_retractions += 1
 
     def __repr__(self) -> str:
         return (f"Req(rid={self.rid!r}, prompt={self.prompt_len}, out={len(self.output_ids)}, "

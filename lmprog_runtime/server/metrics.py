@@ -84,7 +84,7 @@ class ServerMetrics:
         self.cached_tokens.labels(name).inc(int(m.get("cached_tokens", 0)))
         self.generation_tokens.labels(name).inc(completion)
         self.num_requests.labels(name).inc()
-        if (state.finished_reason or {}).get("type") == "abort":
+        if state.finished_reason is not None and state.finished_reason.is_abort:
             self.num_aborted.labels(name).inc()
         if "e2e_latency" in m:
             self.e2e.labels(name).observe(m["e2e_latency"])

@@ -1,0 +1,238 @@
+"""Admission: which requests compute how many tokens this step, and who is retracted.
+
+Limits (all in tokens unless named otherwise; derived once, in `AdmissionLimits.derive`):
+
+    | limit               | meaning                                                          |
+    |---------------------|------------------------------------------------------------------|
+    | pool_tokens         | KV slots in the pool (`max_total_num_tokens` of the runner)      |
+    | max_req_len         | prompt + output of one request: context - 1, and pool - 1        |
+    | max_req_input_len   | longest prompt accepted: max_req_len - INPUT_HEADROOM            |
+    | max_running         | requests holding a ReqToTokenPool row at once                    |
+    | chunk_tokens        | tokens of prefill per step (chunked prefill), shared by requests |
+    | max_prefill_tokens  | tokens of *new* requests admitted per step                       |
+    | page_size           | KV is allocated in whole pages; a request's need rounds up       |
+
+Per step:
+- Every running request with pending tokens gets them. Decode-like ones (at most
+  DECODE_LIKE_EXTEND pending: a decode, a jump-forward run) always get all of theirs
+  and are not charged to the chunk budget; if the pool cannot hold them, requests are
+  retracted (fewest output tokens first) until it can. A prefill still in chunks gets
+  at most the remaining chunk budget.
+- Waiting requests are then admitted in policy order while a row is free and the chunk
+  and prefill budgets last. A request is admitted only when the pool, after the
+  *reserved decode room* of the running ones, holds its chunk (page-rounded) and, if
+  that chunk completes its prompt, its own future output: reserved room is
+  `min(remaining output, NEW_TOKEN_CLIP) * new_token_ratio` per request. The ratio
+  starts at INIT_NEW_TOKEN_RATIO (times `schedule_conservativeness`), decays while
+  decoding goes well and jumps up after a retraction.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+from lmprog_runtime.messages import FinishReason
+from lmprog_runtime.scheduler.batch import StepPlan
+from lmprog_runtime.scheduler.policy import SchedulePolicy, defer_shared_new_prefixes
+
+logger = logging.getLogger(__name__)
+
+NEW_TOKEN_CLIP = 4096  # reserved output room per request is capped at this many tokens
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # the ratio decays to at least init * this
+NEW_TOKEN_RATIO_DECAY_STEPS = 600  # ... over this many decode steps
+RETRACT_DECODE_STEPS = 20  # after a retraction, reserve room for this many more steps each
+DECODE_LIKE_EXTEND = 16  # a running request with fewer pending tokens is never budget-limited
+INPUT_HEADROOM = 5  # a prompt leaves at least this many positions of max_req_len for output
+DEFAULT_CHUNK_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    pool_tokens: int
+    page_size: int
+    context_len: int
+    max_req_len: int
+    max_req_input_len: int
+    max_running: int
+    chunk_tokens: int
+    max_prefill_tokens: int
+    init_ratio: float
+
+    @classmethod
+    def derive(cls, args, pool_tokens: int, pool_rows: int, model_context_len: int) -> "AdmissionLimits":
+        """The one place the scheduling limits are computed from the server flags."""
+        context_len = args.context_length or model_context_len
+        max_req_len = min(context_len - 1, pool_tokens - 1)
+        max_running = min(args.max_running_requests or pool_rows, pool_rows)
+        return cls(pool_tokens=pool_tokens, page_size=args.page_size, context_len=context_len,
+                   max_req_len=max_req_len, max_req_input_len=max_req_len - INPUT_HEADROOM,
+                   max_running=max_running,
+                   chunk_tokens=args.chunked_prefill_size or DEFAULT_CHUNK_TOKENS,
+                   max_prefill_tokens=args.max_prefill_tokens,
+                   init_ratio=min(INIT_NEW_TOKEN_RATIO * args.schedule_conservativeness, 1.0))
+
+    def round_up(self, tokens: int) -> int:
+        return -(-tokens // self.page_size) * self.page_size
+
+    def output_room(self, prompt_len: int) -> int:
+        """Most output tokens a prompt of this length can have: the context allows
+        max_req_len - L - 1; the pool, after the prompt's pages and one spare page, the rest."""
+        pool_room = self.pool_tokens - self.round_up(prompt_len) - self.page_size - 1
+        return max(0, min(self.max_req_len - prompt_len - 1, pool_room))
+
+
+@dataclass
+class Admitted:
+    """What one admission decided. The scheduler applies the queue moves."""
+
+    plan: StepPlan
+    admitted: List = field(default_factory=list)   # waiting → running, in this order
+    retracted: List = field(default_factory=list)  # running → front of the waiting queue
+
+
+def _pending_decode_like(reqs) -> List:
+    return [r for r in reqs if 0 < r.extend_len <= DECODE_LIKE_EXTEND]
+
+
+class Admission:
+    """Owns the new-token ratio; reads the pool through `kv` (a KVManager) and moves KV
+    only through it."""
+
+    def __init__(self, limits: AdmissionLimits, kv, policy: SchedulePolicy):
+        self.limits = limits
+        self.kv = kv
+        self.policy = policy
+        self.min_ratio = limits.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.ratio_decay = (limits.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = limits.init_ratio
+
+    # -- on arrival -------------------------------------------------------------------------
+    def check(self, req) -> Optional[FinishReason]:
+        """Clamp `req`'s limits to what fits; an error reason if it can never run."""
+        L, lim = req.prompt_len, self.limits
+        if L == 0:
+            return FinishReason.error(400, "input_ids cannot be empty.", "BadRequest")
+        if L >= lim.max_req_input_len:
+            return FinishReason.error(
+                400, f"Input length ({L} tokens) exceeds the maximum allowed length "
+                     f"({lim.max_req_input_len} tokens). Use a shorter input.", "BadRequest")
+        if req.return_logprob and req.logprob_start_len > L:
+            return FinishReason.error(
+                400, f"logprob_start_len={req.logprob_start_len} is higher than the number of "
+                     f"input tokens ({L}).", "BadRequest")
+        req.max_new_tokens = min(req.max_new_tokens, lim.output_room(L))
+        req.min_new_tokens = min(req.min_new_tokens, req.max_new_tokens)
+        return None
+
+    def reset_ratio(self) -> None:
+        """Idle: the next burst starts from the initial ratio."""
+        self.new_token_ratio = self.limits.init_ratio
+
+    # -- each step ------------------------------------------------------------------------------
+    def admit(self, running: Sequence, waiting: Sequence) -> Admitted:
+        decision = Admitted(StepPlan())
+        staying = self._fit_decodes(list(running), decision)
+        budget = self._schedule_running(staying, decision.plan)
+        self._admit_waiting(staying, waiting, budget, decision)
+        return decision
+
+    def decode_room_needed(self, reqs) -> int:
+        """Tokens (page-rounded) the decode-like requests of `reqs` need this step."""
+        pages = sum(self.kv.pages_needed(r.kv_len, r.extend_len) for r in _pending_decode_like(reqs))
+        return pages * self.limits.page_size
+
+    def _fit_decodes(self, running: List, decision: Admitted) -> List:
+        """Retract until the decode-like requests fit; returns the requests that stay."""
+        need = self.decode_room_needed(running)
+        if need <= self.kv.available():
+            if _pending_decode_like(running):
+                self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
+            return running
+        victims = sorted(running, key=lambda r: (len(r.output_ids), -r.prompt_len))
+        while need > self.kv.available() and len(running) > 1 and victims:
+            r = victims.pop(0)
+            running.remove(r)
+            self.kv.retract(r)
+            r.num_retractions += 1
+            decision.retracted.append(r)
+            need = self.decode_room_needed(running)
+        if need > self.kv.available() and len(running) == 1:
+            running[0].finish(FinishReason.error(
+                500, "Out of memory even after retracting all other requests in the decode batch."))
+        if decision.retracted:
+            self._raise_ratio(running, len(decision.retracted))
+        return running
+
+    def _raise_ratio(self, running: List, n_retracted: int) -> None:
+        decoded = sum(len(r.output_ids) for r in running)
+        total = sum(r.max_new_tokens for r in running)
+        self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(running)) / (total + 1))
+        logger.info("retracted %d request(s); new_token_ratio=%.3f", n_retracted, self.new_token_ratio)
+
+    def _schedule_running(self, running: List, plan: StepPlan) -> int:
+        """Give every running request its pending tokens; returns the chunk budget left."""
+        budget = self.limits.chunk_tokens
+        for r in running:
+            if r.finished or r.extend_len == 0:
+                continue
+            decode_like = r.extend_len <= DECODE_LIKE_EXTEND
+            n = r.extend_len if decode_like else min(r.extend_len, budget)
+            if n <= 0:
+                continue
+            loc = self.kv.alloc_extend(r, n)
+            if loc is None:
+                continue  # a chunked prefill waits for room; decodes were made to fit above
+            if not decode_like:
+                budget -= n
+            plan.add(r, n, loc)
+        return budget
+
+    def _reserved_room(self, running: List) -> float:
+        """Output tokens the running requests may still need, scaled by the ratio."""
+        return sum(self._future(r) for r in running)
+
+    def _future(self, r) -> float:
+        return min(r.max_new_tokens - len(r.output_ids), NEW_TOKEN_CLIP) * self.new_token_ratio
+
+    def _candidates(self, waiting: Sequence) -> List:
+        ordered = self.policy.order(list(waiting), self.kv.match_len)
+        if self.policy.name == "lpm" and len(ordered) > 1:
+            deferred = defer_shared_new_prefixes(ordered, self.kv.match_len)
+            ordered = [r for r in ordered if id(r) not in deferred]
+        return ordered
+
+    def _admit_waiting(self, running: List, waiting: Sequence, budget: int, decision: Admitted) -> None:
+        if not waiting or budget <= 0:
+            return
+        input_budget = self.limits.max_prefill_tokens
+        for r in self._candidates(waiting):
+            if len(running) >= self.limits.max_running or budget <= 0 or input_budget <= 0:
+                break
+            chunk = self._try_admit(r, running, budget)
+            if chunk is None:
+                break
+            n, loc = chunk
+            running.append(r)
+            decision.admitted.append(r)
+            decision.plan.add(r, n, loc)
+            budget -= n
+            input_budget -= n
+
+    def _try_admit(self, r, running: List, budget: int):
+        """Assign `r` a row and slots for its first chunk: (tokens, slots), None = no room."""
+        if not self.kv.assign(r):
+            return None
+        n = min(r.extend_len, budget)
+        room = self.kv.available() - self._reserved_room(running)
+        chunk = self.kv.pages_needed(r.kv_len, n) * self.limits.page_size
+        own_future = self._future(r) if n == r.extend_len else 0
+        fits = chunk + own_future <= room
+        first = not running  # an empty batch always takes one request that fits the pool
+        loc = self.kv.alloc_extend(r, n) if fits or (first and chunk <= self.kv.available()) else None
+        if loc is None:  # no room this step: give back the row and the prefix lock
+            self.kv.unassign(r)
+            return None
+        return n, loc
