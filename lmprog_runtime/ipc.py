@@ -128,8 +128,8 @@ class ServerChannel:
             raw = await self.inbox.recv()
             try:
                 handler(pickle.loads(raw))
-            except Exception:  # one bad output must not stop every other request
-                logger.exception("error handling a scheduler message")
+            except Exception:  # an unreadable message; within a BatchOutput the handler
+                logger.exception("error handling a scheduler message")  # fails outputs one by one
 
     def close(self) -> None:
         self.outbox.close(linger=0)

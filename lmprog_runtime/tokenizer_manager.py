@@ -314,26 +314,46 @@ class TokenizerManager:
         if obj.stats is not None:
             self.scheduler_stats = obj.stats
         now = time.monotonic()
-        for out in obj.outputs:
-            st = self.states.get(out.rid)
-            if st is None:
-                continue
-            if out.output_ids and st.first_token_time is None:
-                st.first_token_time = now
-            st.last_token_time = now
-            del st.output_ids[out.output_offset:]
-            st.output_ids.extend(out.output_ids)
-            st.meta.update(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
-                           cached_tokens=out.cached_tokens, num_retractions=out.num_retractions)
-            if st.msg.return_logprob:
-                self._fold_logprobs(st, out)
-            st.event.set()
-            if out.finished_reason is not None:
-                st.finished_reason = out.finished_reason
-                st.meta["e2e_latency"] = now - st.created
-                del self.states[out.rid]
-                if self.on_finish is not None:
-                    self.on_finish(st)
+        for out in obj.outputs:  # each output is delivered, or fails its own request, alone
+            try:
+                self._apply_output(out, now)
+            except Exception as e:
+                logger.exception("error handling the output of request %s", out.rid)
+                self._fail_request(out.rid, FinishReason.error(500, f"Internal error: {type(e).__name__}: {e}"))
+
+    def _apply_output(self, out, now: float) -> None:
+        st = self.states.get(out.rid)
+        if st is None:
+            return
+        if out.output_ids and st.first_token_time is None:
+            st.first_token_time = now
+        st.last_token_time = now
+        del st.output_ids[out.output_offset:]
+        st.output_ids.extend(out.output_ids)
+        st.meta.update(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
+                       cached_tokens=out.cached_tokens, num_retractions=out.num_retractions)
+        if st.msg.return_logprob:
+            self._fold_logprobs(st, out)
+        st.event.set()
+        if out.finished_reason is not None:
+            self._finish(st, out.finished_reason, now)
+
+    def _finish(self, st: ReqState, reason: FinishReason, now: float) -> None:
+        st.finished_reason = reason
+        st.meta["e2e_latency"] = now - st.created
+        del self.states[st.msg.rid]
+        if self.on_finish is not None:
+            self.on_finish(st)
+
+    def _fail_request(self, rid: str, reason: FinishReason) -> None:
+        """Finish one request with an error (its waiter wakes up) and stop it in the scheduler."""
+        st = self.states.get(rid)
+        if st is None:
+            return
+        st.finished_reason = reason
+        st.event.set()
+        del self.states[rid]
+        self.abort(rid)
 
     @staticmethod
     def _fold_logprobs(st: ReqState, out) -> None:
