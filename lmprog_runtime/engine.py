@@ -14,6 +14,7 @@ import queue
 import threading
 from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Union
 
+from lmprog_runtime import __version__
 from lmprog_runtime.config import ServerArgs
 from lmprog_runtime.tokenizer_manager import TokenizerManager
 
@@ -183,7 +184,7 @@ class Engine:
     def get_server_info(self) -> dict:
         info = self.server_args.to_dict()
         info["internal_states"] = [self.get_internal_state()]
-        info["version"] = _version()
+        info["version"] = __version__
         return info
 
     def wait_idle(self, timeout: float = 30.0) -> None:
@@ -223,11 +224,3 @@ class Engine:
             self.shutdown()
         except Exception:
             pass
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("lmprog")
-    except Exception:
-        return "0.1.0"

@@ -1,5 +1,10 @@
 """Waiting-queue order: fcfs, lpm (longest prefix match) and dfs-weight.
 
+`dfs-weight` keeps SGLang's flag name but is simpler than SGLang's walk of the radix
+tree: it groups waiting requests by their exact cached prefix and admits the largest
+group first (ties: the longer prefix), arrival order within a group. Requests whose
+cached prefixes differ but overlap are not grouped.
+
 Cache-aware policies need the radix tree's match length of every waiting request;
 past `CACHE_AWARE_QUEUE_LIMIT` waiting requests that costs more than it saves, and
 they fall back to fcfs, as SGLang does.
@@ -29,8 +34,8 @@ class SchedulePolicy:
 
     @staticmethod
     def _dfs_weight(waiting: List, lens: Dict[int, int]) -> List:
-        """Group requests by their cached prefix, heaviest group first (a DFS over the tree's
-        shared-prefix groups, weighted by how many waiting requests each group serves)."""
+        """Group requests by their exact cached prefix; the group with the most waiting
+        requests first (then the longer prefix); arrival order inside a group."""
         groups: Dict[tuple, List] = defaultdict(list)
         for r in waiting:
             n = lens[id(r)]

@@ -264,6 +264,6 @@ def create_app(runtime) -> web.Application:
 
 
 def _version() -> str:
-    from lmprog_runtime.engine import _version as engine_version
+    from lmprog_runtime import __version__
 
-    return engine_version()
+    return __version__
