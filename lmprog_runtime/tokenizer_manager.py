@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
+from lmprog_runtime.detokenize import IncrementalDetokenizer
 from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason,
                                      FlushCacheReq, GetInternalStateReq, TokenizedGenerateReq)
 from lmprog_runtime.sampling_params import SamplingParams
@@ -52,6 +53,7 @@ class ReqState:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     first_token_time: Optional[float] = None
     last_token_time: Optional[float] = None
+    detok: Optional[IncrementalDetokenizer] = None  # streamed text so far, built on first use
 
     @property
     def finished(self) -> bool:
@@ -328,6 +330,8 @@ class TokenizerManager:
         if out.output_ids and st.first_token_time is None:
             st.first_token_time = now
         st.last_token_time = now
+        if st.detok is not None:
+            st.detok.rewind(out.output_offset)
         del st.output_ids[out.output_offset:]
         st.output_ids.extend(out.output_ids)
         st.meta.update(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
@@ -381,7 +385,17 @@ class TokenizerManager:
 
     # -- responses ------------------------------------------------------------------------
     def output_text(self, st: ReqState, partial: bool) -> str:
+        """The response text: while streaming (`partial`), the incrementally decoded text
+        held back where a stop string may be starting; when finished, one full decode
+        with the stop trimmed off."""
         sp = st.msg.sampling_params
+        if partial:
+            if st.detok is None:
+                st.detok = IncrementalDetokenizer(
+                    self.tokenizer, skip_special_tokens=sp.skip_special_tokens,
+                    spaces_between_special_tokens=sp.spaces_between_special_tokens)
+            text = st.detok.update(st.output_ids).rstrip("\ufffd")
+            return text[:len(text) - _stop_prefix_len(text, sp.stop_strs)]
         ids = st.output_ids
         reason = st.finished_reason
         if reason is not None and reason.matched_token and not sp.no_stop_trim:
@@ -397,9 +411,6 @@ class TokenizerManager:
                 cut = text.find(matched)
             if cut >= 0:
                 text = text[:cut]
-        if partial:
-            text = text.rstrip("\ufffd")
-            text = text[:len(text) - _stop_prefix_len(text, sp.stop_strs)]
         return text
 
     def response(self, st: ReqState, job: GenerateJob) -> dict:

@@ -54,6 +54,8 @@ class JumpForward:
         r.output_ids = old[:keep] + new_ids
         self.stats["num_jump_forward_tokens"] += len(new_ids)
         r.first_changed = min(r.first_changed, keep)
+        if r.detok is not None:
+            r.detok.rewind(keep)
         # KV computed for rewritten tokens is stale: drop it; the next step extends again.
         self.kv.truncate(r, r.prompt_len + keep)
         if r.return_logprob:

@@ -58,6 +58,7 @@ class Req:
         self.output_top_logprobs: List = []
         self.output_token_ids_logprobs: List = []
         self.logprobs_sent = 0
+        self.detok = None  # IncrementalDetokenizer of output_ids, made when a stop regex needs text
         # constrained decoding
         self.grammar = None
         self.grammar_future = None

@@ -1,13 +1,20 @@
 """Stop detection after each new token: stop strings, stop regexes, stop tokens, EOS,
 the length limit, and a grammar that has terminated. Decides, never acts: `check`
-returns the reason or None."""
+returns the reason or None.
+
+Costs per step are bounded: stop strings decode the last `stop_str_max_len + 2` tokens;
+stop regexes keep the output's text incrementally (`Req.detok`) and search its last
+STOP_REGEX_WINDOW_CHARS characters, so a regex match longer than that is not seen."""
 
 from __future__ import annotations
 
 import re
 from typing import Iterable, Optional
 
+from lmprog_runtime.detokenize import IncrementalDetokenizer
 from lmprog_runtime.messages import FinishReason
+
+STOP_REGEX_WINDOW_CHARS = 8192
 
 
 class StopChecker:
@@ -37,7 +44,9 @@ class StopChecker:
                 if stop in tail:
                     return FinishReason.stop(stop)
         if sp.stop_regex_strs:
-            text = self.tokenizer.decode(r.output_ids, skip_special_tokens=sp.skip_special_tokens)
+            if r.detok is None:
+                r.detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=sp.skip_special_tokens)
+            text = r.detok.update(r.output_ids)[-STOP_REGEX_WINDOW_CHARS:]
             for pattern in sp.stop_regex_strs:
                 if re.search(pattern, text):
                     return FinishReason.stop(pattern)
