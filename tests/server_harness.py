@@ -36,24 +36,14 @@ def port_is_free(port: int) -> bool:
         return True
 
 
-def grammar_backend_available() -> bool:
-    """True once the constraint engine exposes its factory (until then tests use `none`)."""
-    try:
-        from lmprog_runtime.constrained import create_grammar_backend  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 class LiveServer:
     def __init__(self, model_path: str, log_dir, extra_args: List[str] = ()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(str(log_dir), f"server-{self.port}.log")
-        grammar = "outlines" if grammar_backend_available() else "none"
         self.argv = [sys.executable, "-m", "lmprog_runtime", "serve", "--model-path", str(model_path),
                      "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
-                     "--max-total-tokens", "8192", "--num-threads", "1", "--grammar-backend", grammar,
+                     "--max-total-tokens", "8192", "--num-threads", "1", "--grammar-backend", "outlines",
                      "--log-level", "warning", *extra_args]
         self.proc: Optional[subprocess.Popen] = None
 

@@ -1,6 +1,6 @@
 """The shared program library against the real runtime: the in-process Engine and a live server.
 
-Needs two fixtures from tests/conftest.py (skipped cleanly until they exist):
+Two fixtures from tests/conftest.py:
 - `engine_backend`: an in-process engine on the tiny random-weight model, either an
   `lmprog.EngineBackend` or a raw `lmprog_runtime.Engine` (wrapped here);
 - `server_url`: the base URL of a live lmprog_runtime server on 127.0.0.1.
@@ -16,16 +16,9 @@ from programs import LIBRARY
 BACKENDS = ["engine_backend", "server_url"]
 
 
-def _fixture_or_skip(request, name):
-    try:
-        return request.getfixturevalue(name)
-    except pytest.FixtureLookupError:
-        pytest.skip(f"fixture {name!r} is not provided by tests/conftest.py yet")
-
-
 @pytest.fixture(params=BACKENDS)
 def live_backend(request):
-    value = _fixture_or_skip(request, request.param)
+    value = request.getfixturevalue(request.param)
     if request.param == "server_url":
         backend = sgl.RuntimeEndpoint(value)
         yield backend
@@ -49,8 +42,8 @@ def test_server_info_and_flush_live(live_backend):
     sgl.flush_cache(live_backend)
 
 
-def test_openai_backend_against_live_server(request):
-    url = _fixture_or_skip(request, "server_url")
+def test_openai_backend_against_live_server(server_url):
+    url = server_url
     import openai
 
     model = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY").models.list().data[0].id

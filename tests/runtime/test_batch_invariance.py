@@ -6,6 +6,8 @@ import pytest
 
 from engine_helpers import make_engine
 
+pytestmark = pytest.mark.slow  # the real SmolLM2, 16 requests: `pytest -m slow`
+
 NEAR_TIE = 1e-4
 PROMPTS = [
     "The capital of France is",

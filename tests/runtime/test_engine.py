@@ -202,10 +202,20 @@ def test_abort_frees_everything(tiny_engine):
 
 
 def test_early_close_of_stream_aborts(tiny_engine):
-    stream = tiny_engine.generate(PROMPTS[1], {"max_new_tokens": 2000, "ignore_eos": True}, stream=True)
-    next(stream)
-    stream.close()
-    tiny_engine.check_integrity()
+    finished = []
+    tm = tiny_engine.tm
+    previous, tm.on_finish = tm.on_finish, finished.append
+    try:
+        stream = tiny_engine.generate(PROMPTS[1], {"max_new_tokens": 900, "ignore_eos": True}, stream=True)
+        next(stream)
+        stream.close()
+        tiny_engine.check_integrity()
+    finally:
+        tm.on_finish = previous
+    assert len(finished) == 1, finished
+    reason, meta = finished[0].finished_reason, finished[0].meta
+    assert reason.type == "abort" and not reason.is_error, reason  # aborted, not run to its end
+    assert 1 <= meta["completion_tokens"] < 900, meta
 
 
 def test_async_generate(tiny_engine):

@@ -143,6 +143,7 @@ def smollm2():
     return runner, hf
 
 
+@pytest.mark.slow
 def test_smollm2_logits_match_transformers(smollm2):
     runner, hf = smollm2
     c = runner.model_config
@@ -150,6 +151,7 @@ def test_smollm2_logits_match_transformers(smollm2):
     check_ragged_batches(runner, hf, c.vocab_size)
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_matches_transformers_generate(smollm2):
     runner, hf = smollm2
     tok = runner.tokenizer

@@ -3,7 +3,8 @@ tests/data/golden_outputs.json (recorded from the code before the scheduler resh
 
 Covers plain, batched, streamed, constrained (regex, JSON schema, with jump-forward),
 stop strings / stop regexes, n > 1, page_size 16, the overlap loop and the cache on
-and off; a real-SmolLM2 subset runs under `-m slow`.
+and off. The real-SmolLM2 subset is the default suite's real-model smoke test (the
+longer real-model comparisons are marked `slow`).
 
 Re-record only when a change is meant to alter outputs:
     .venv/bin/python tests/runtime/test_outputs_unchanged.py --record
@@ -121,7 +122,6 @@ def test_greedy_outputs_unchanged(tiny_model_path, config):
 SMOL_CASES = ("single", "batch", "stream", "regex", "json", "stop_str")
 
 
-@pytest.mark.slow
 def test_smollm2_greedy_outputs_unchanged():
     from engine_helpers import make_engine
 
