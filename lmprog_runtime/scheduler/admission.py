@@ -62,14 +62,14 @@ class AdmissionLimits:
     init_ratio: float
 
     @classmethod
-    def derive(cls, args, pool_tokens: int, pool_rows: int, model_context_len: int) -> "AdmissionLimits":
-        """The one place the scheduling limits are computed from the server flags."""
-        context_len = args.context_length or model_context_len
+    def derive(cls, args, pool_tokens: int, pool_rows: int, context_len: int) -> "AdmissionLimits":
+        """The one place the scheduling limits are computed. The runner has already sized
+        the pools (`pool_tokens` slots, `pool_rows` rows: --max-total-tokens,
+        --max-running-requests) and the context (--context-length over the model's)."""
         max_req_len = min(context_len - 1, pool_tokens - 1)
-        max_running = min(args.max_running_requests or pool_rows, pool_rows)
         return cls(pool_tokens=pool_tokens, page_size=args.page_size, context_len=context_len,
                    max_req_len=max_req_len, max_req_input_len=max_req_len - INPUT_HEADROOM,
-                   max_running=max_running,
+                   max_running=pool_rows,
                    chunk_tokens=args.chunked_prefill_size or DEFAULT_CHUNK_TOKENS,
                    max_prefill_tokens=args.max_prefill_tokens,
                    init_ratio=min(INIT_NEW_TOKEN_RATIO * args.schedule_conservativeness, 1.0))

@@ -43,6 +43,7 @@ from lmprog_runtime.scheduler.output import JumpForward, PostProcessor
 from lmprog_runtime.scheduler.policy import SchedulePolicy
 from lmprog_runtime.scheduler.request import Req
 from lmprog_runtime.scheduler.stops import StopChecker
+from lmprog_runtime.scheduler.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class Scheduler:
         self._send: Optional[Callable] = None
         self._stop = False
         self._forward_pool = self._overlap_pool(server_args, runner)
+        self.watchdog = Watchdog(server_args.watchdog_timeout)
 
     def _build_kv(self, runner, tree) -> KVManager:
         allocator = TokenSlotAllocator(runner.max_total_num_tokens, self.limits.page_size)
@@ -287,6 +289,7 @@ class Scheduler:
             "new_token_ratio": self.admission.new_token_ratio,
             "last_gen_throughput": self.last_gen_throughput,
             "integrity": self._audit() if self.is_idle() else "busy",
+            "watchdog_trips": self.watchdog.trips,
             **s,
         }
 
@@ -312,11 +315,17 @@ class Scheduler:
         outputs and control replies. The overlap loop where a forward pool exists."""
         self._recv, self._send = recv, send
         step = self.step if self._forward_pool is None else self.step_overlapped
-        while not self._stop:
-            self._take_messages(block=self.is_idle())
-            if self._stop:
-                return
-            busy = step()
-            if not busy and self.is_idle():
-                self.admission.reset_ratio()
-                self.check_integrity()
+        self.watchdog.start()
+        try:
+            while not self._stop:
+                self._take_messages(block=self.is_idle())
+                if self._stop:
+                    return
+                self.watchdog.step_begin()
+                busy = step()
+                self.watchdog.step_end()
+                if not busy and self.is_idle():
+                    self.admission.reset_ratio()
+                    self.check_integrity()
+        finally:
+            self.watchdog.stop()

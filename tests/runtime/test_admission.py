@@ -13,7 +13,7 @@ from test_kv_manager import make_kv, make_req
 def make_admission(page_size=1, pool_tokens=256, rows=4, **flags):
     args = ServerArgs(page_size=page_size, **flags)
     kv = make_kv(page_size, pool_tokens=pool_tokens, rows=rows)
-    limits = AdmissionLimits.derive(args, pool_tokens, rows, model_context_len=2048)
+    limits = AdmissionLimits.derive(args, pool_tokens, rows, context_len=2048)
     return Admission(limits, kv, SchedulePolicy(args.schedule_policy, kv.cache_enabled))
 
 
@@ -38,14 +38,13 @@ def decode_all(adm, running):
 
 
 def test_limits_are_derived_once_from_the_flags():
-    lim = AdmissionLimits.derive(ServerArgs(context_length=1000, chunked_prefill_size=64,
-                                            max_running_requests=99, page_size=16),
-                                 pool_tokens=4096, pool_rows=8, model_context_len=2048)
+    lim = AdmissionLimits.derive(ServerArgs(chunked_prefill_size=64, page_size=16),
+                                 pool_tokens=4096, pool_rows=8, context_len=1000)
     assert lim.context_len == 1000 and lim.max_req_len == 999
     assert lim.max_req_input_len == 999 - INPUT_HEADROOM
-    assert lim.max_running == 8  # never more than the pool has rows
+    assert lim.max_running == 8  # the pool's rows
     assert lim.chunk_tokens == 64 and lim.page_size == 16
-    lim = AdmissionLimits.derive(ServerArgs(), pool_tokens=300, pool_rows=8, model_context_len=2048)
+    lim = AdmissionLimits.derive(ServerArgs(), pool_tokens=300, pool_rows=8, context_len=2048)
     assert lim.max_req_len == 299 and lim.chunk_tokens == 512
 
 
@@ -153,3 +152,24 @@ def test_single_request_that_cannot_fit_is_failed():
         if a.finished:
             break
     assert a.finished_reason.is_error and a.finished_reason.status_code == 500
+
+
+def test_watchdog_logs_a_stuck_step_with_its_stack(caplog):
+    import time
+
+    from lmprog_runtime.scheduler.watchdog import Watchdog
+
+    dog = Watchdog(0.1)
+    dog.start()
+    try:
+        dog.step_begin()
+        time.sleep(0.6)  # "stuck" here
+        dog.step_end()
+        dog.step_begin()
+        dog.step_end()  # a quick step does not trip
+        time.sleep(0.3)
+    finally:
+        dog.stop()
+    stuck = [r for r in caplog.records if "watchdog" in r.getMessage()]
+    assert dog.trips == 1 and len(stuck) == 1
+    assert "test_watchdog_logs_a_stuck_step_with_its_stack" in stuck[0].getMessage()  # the stack
