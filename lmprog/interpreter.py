@@ -76,6 +76,15 @@ class ProgramError(RuntimeError):
 
 
 class StreamExecutor:
+    # The program state a fork inherits (copied: dicts and lists shallowly). Everything else
+    # is configuration (passed to the child's constructor) or this executor's own machinery;
+    # tests/frontend/test_interpreter.py checks that every attribute is one of the three.
+    FORKED_STATE = ("variables", "meta_info", "text_", "messages_", "cur_role", "cur_role_begin_pos",
+                    "images_", "cur_images", "_scope_start")
+    CONFIG = ("backend", "arguments", "default_sampling_para", "chat_template", "stream", "use_thread")
+    OWN = ("sid", "num_api_spec_tokens", "fork_start_text_pos", "error_", "stream_log", "_cond", "_queue",
+           "_busy", "_pending_vars", "_program_finished")
+
     def __init__(self, backend, arguments: Dict[str, Any], default_sampling_para: SamplingParams,
                  chat_template=None, stream: bool = False, num_api_spec_tokens: Optional[int] = None,
                  use_thread: bool = True):
@@ -162,6 +171,41 @@ class StreamExecutor:
         if self.error_ is not None:
             raise self._program_error()
 
+    def record_error(self, error: BaseException) -> None:
+        """Fail the state (the first error wins) and wake every waiter."""
+        with self._cond:
+            self.error_ = self.error_ or error
+            self._cond.notify_all()
+
+    def has_var(self, name) -> bool:
+        """Whether `name` is defined or queued to be (never waits)."""
+        with self._cond:
+            return name in self.variables or self._pending_vars[name] > 0
+
+    def wait_text(self, pos: int):
+        """Block until the text grows past `pos` or the state ends: (text from `pos`, the
+        text's length now, done)."""
+        with self._cond:
+            self._cond.wait_for(lambda: len(self.text_) > pos or self._ended())
+            return self.text_[pos:], len(self.text_), self._ended()
+
+    def wait_stream(self, name, index: int):
+        """Block until variable `name` streams past chunk `index` or is ready or the state
+        ends: (new [(chunk, meta)], done, the value if ready else None)."""
+        with self._cond:
+            self._cond.wait_for(lambda: len(self.stream_log.get(name, ())) > index or self._var_ready(name)
+                                or self._ended())
+            new = list(self.stream_log.get(name, ()))[index:]
+            ready = self._var_ready(name)
+            return new, ready or self._ended(), self.variables.get(name) if ready else None
+
+    def streamed_count(self, name) -> int:
+        with self._cond:
+            return len(self.stream_log.get(name, ()))
+
+    def _ended(self) -> bool:  # caller holds `_cond`
+        return self.is_finished() or self.error_ is not None
+
     def mark_program_finished(self) -> None:
         with self._cond:
             self._program_finished = True
@@ -186,12 +230,9 @@ class StreamExecutor:
         for _ in range(size):
             child = StreamExecutor(self.backend, self.arguments, self.default_sampling_para,
                                    self.chat_template, self.stream, use_thread=self.use_thread)
-            child.variables = dict(self.variables)
-            child.meta_info = dict(self.meta_info)
-            child.text_ = self.text_
-            child.messages_ = list(self.messages_)
-            child.cur_role, child.cur_role_begin_pos = self.cur_role, self.cur_role_begin_pos
-            child.images_ = list(self.images_)
+            for name in self.FORKED_STATE:
+                value = getattr(self, name)
+                setattr(child, name, value.copy() if isinstance(value, (dict, list)) else value)
             child.fork_start_text_pos = len(self.text_)
             self.backend.fork_program(self, child, position_ids_offset)
             children.append(child)

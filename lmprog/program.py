@@ -143,10 +143,7 @@ def _run_in_background(program, state: ProgramState, func_args, func_kwargs) -> 
     try:
         _run_function(program, state, func_args, func_kwargs)
     except Exception as e:  # the program itself failed: record it like a failed model call
-        executor = state.stream_executor
-        with executor._cond:
-            executor.error_ = executor.error_ or e
-            executor._cond.notify_all()
+        state.stream_executor.record_error(e)
 
 
 def cache_program(program: SglFunction, backend) -> Optional[str]:

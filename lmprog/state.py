@@ -72,9 +72,7 @@ class ProgramState(RoleVerbs):
 
     def __contains__(self, name):
         """Whether `name` is defined or queued to be (never waits)."""
-        ex = self.stream_executor
-        with ex._cond:
-            return name in ex.variables or ex._pending_vars[name] > 0
+        return self.stream_executor.has_var(name)
 
     def get_meta_info(self, name, timeout: Optional[float] = None):
         return self.stream_executor.get_meta_info(name, timeout)
@@ -142,10 +140,7 @@ class ProgramState(RoleVerbs):
 def _text_chunks(ex: StreamExecutor):
     pos = 0
     while True:
-        with ex._cond:
-            ex._cond.wait_for(lambda: len(ex.text_) > pos or ex.is_finished() or ex.error_ is not None)
-            new, pos = ex.text_[pos:], len(ex.text_)
-            done = ex.is_finished() or ex.error_ is not None
+        new, pos, done = ex.wait_text(pos)
         if new:
             yield new, None
         if done:
@@ -156,17 +151,12 @@ def _text_chunks(ex: StreamExecutor):
 def _var_chunks(ex: StreamExecutor, name):
     index, yielded = 0, False
     while True:
-        with ex._cond:
-            ex._cond.wait_for(lambda: len(ex.stream_log.get(name, ())) > index or ex._var_ready(name)
-                              or ex.is_finished() or ex.error_ is not None)
-            new = list(ex.stream_log.get(name, ()))[index:]
-            index += len(new)
-            done = ex._var_ready(name) or ex.is_finished() or ex.error_ is not None
-            ready_value = ex.variables.get(name) if ex._var_ready(name) else None
+        new, done, ready_value = ex.wait_stream(name, index)
+        index += len(new)
         for chunk, meta in new:
             yielded = True
             yield chunk, meta
-        if done and len(ex.stream_log.get(name, ())) == index:
+        if done and ex.streamed_count(name) == index:
             if not yielded and ready_value is not None:  # set without streaming (select, var scope)
                 yield ready_value, ex.meta_info.get(name)
             if ready_value is None:

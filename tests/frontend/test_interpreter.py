@@ -458,3 +458,32 @@ def test_api_helpers(backend):
     finally:
         sgl.set_default_backend(None)
     assert sgl.flush_cache() is False and sgl.get_server_info() is None
+
+
+def test_every_executor_attribute_is_classified_for_fork(backend):
+    """The clone() pitfall: a new attribute must be declared forked state, configuration
+    or the executor's own, so `fork` cannot silently drop it."""
+    from lmprog.interpreter import StreamExecutor
+    from lmprog.ir import SamplingParams
+
+    ex = StreamExecutor(backend, {}, SamplingParams())
+    declared = set(StreamExecutor.FORKED_STATE) | set(StreamExecutor.CONFIG) | set(StreamExecutor.OWN)
+    assert set(vars(ex)) == declared
+
+
+def test_fork_copies_the_whole_state_including_images_and_open_scopes(backend):
+    from lmprog.interpreter import StreamExecutor
+    from lmprog.ir import SamplingParams
+
+    ex = StreamExecutor(backend, {}, SamplingParams())
+    ex.submit(sgl.user_begin())
+    ex.submit("Hi ")
+    ex.sync()
+    ex.cur_images.append("an image")
+    ex._scope_start["v"] = 1  # a var scope opened before the fork
+    (child,) = ex.fork(1)
+    for name in StreamExecutor.FORKED_STATE:
+        assert getattr(child, name) == getattr(ex, name), name
+    child.variables["x"] = 1
+    assert "x" not in ex.variables  # copies, not shared
+    assert child.fork_start_text_pos == len(ex.text_)
