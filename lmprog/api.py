@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Callable, List, Optional, Union
 
@@ -75,32 +76,38 @@ def _check_regex(regex: str) -> None:
     re.compile(regex)  # re.error names the problem and its position
 
 
-def _typed_gen(dtype, name, max_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k,
-               min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob, logprob_start_len,
-               top_logprobs_num, return_text_in_logprobs) -> Gen:
-    return gen(name, max_tokens, None, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k, min_p,
-               frequency_penalty, presence_penalty, ignore_eos, return_logprob, logprob_start_len,
-               top_logprobs_num, return_text_in_logprobs, dtype=dtype)
+# The keywords of gen_int and gen_string (SGLang's, in SGLang's positional order after
+# `name`), defined once and passed on to `gen` by name.
+TYPED_GEN_KEYS = ("max_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
+                  "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob",
+                  "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
 
-def gen_int(name=None, max_tokens=None, n=None, stop=None, stop_token_ids=None, stop_regex=None,
-            temperature=None, top_p=None, top_k=None, min_p=None, frequency_penalty=None,
-            presence_penalty=None, ignore_eos=None, return_logprob=None, logprob_start_len=None,
-            top_logprobs_num=None, return_text_in_logprobs=None) -> Gen:
-    """`gen` constrained to an integer (the value is the digits as text; `int(s[name])` parses)."""
-    return _typed_gen(int, name, max_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k,
-                      min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
-                      logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+def _typed_gen(dtype, fn_name: str, doc: str) -> Callable:
+    def typed_gen(name=None, *args, **kwargs) -> Gen:
+        if len(args) > len(TYPED_GEN_KEYS):
+            raise TypeError(f"{fn_name}() takes at most {len(TYPED_GEN_KEYS) + 1} positional arguments")
+        for key, value in zip(TYPED_GEN_KEYS, args):
+            if key in kwargs:
+                raise TypeError(f"{fn_name}() got multiple values for argument {key!r}")
+            kwargs[key] = value
+        unknown = sorted(set(kwargs) - set(TYPED_GEN_KEYS))
+        if unknown:
+            raise TypeError(f"{fn_name}() got unexpected keyword argument(s): {', '.join(unknown)}")
+        return gen(name, dtype=dtype, **kwargs)
+
+    params = [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)
+              for k in ("name", *TYPED_GEN_KEYS)]
+    typed_gen.__signature__ = inspect.Signature(params, return_annotation=Gen)
+    typed_gen.__name__ = typed_gen.__qualname__ = fn_name
+    typed_gen.__doc__ = doc
+    return typed_gen
 
 
-def gen_string(name=None, max_tokens=None, n=None, stop=None, stop_token_ids=None, stop_regex=None,
-               temperature=None, top_p=None, top_k=None, min_p=None, frequency_penalty=None,
-               presence_penalty=None, ignore_eos=None, return_logprob=None, logprob_start_len=None,
-               top_logprobs_num=None, return_text_in_logprobs=None) -> Gen:
-    """`gen` constrained to a double-quoted string of word characters and spaces."""
-    return _typed_gen(str, name, max_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k,
-                      min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
-                      logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+gen_int = _typed_gen(int, "gen_int", "`gen` constrained to an integer (the value is the digits as text; "
+                                     "`int(s[name])` parses).")
+gen_string = _typed_gen(str, "gen_string", "`gen` constrained to a double-quoted string of word characters "
+                                           "and spaces.")
 
 
 def select(name: Optional[str] = None, choices: Optional[List[str]] = None, temperature: float = 0.0,

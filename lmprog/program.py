@@ -14,9 +14,14 @@ from lmprog.ir import DEFAULT_SAMPLING_PARAMS, SamplingParams
 from lmprog.state import ProgramState
 from lmprog.tracer import TracingScope, extract_prefix_by_tracing, trace_program
 
-_RUN_SAMPLING_KEYS = ("max_new_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p",
-                      "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos",
-                      "return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+# The sampling keywords of `run` and `run_batch` and their defaults (SGLang's), defined once;
+# both functions show them in their signatures (`_with_sampling_keywords`).
+RUN_SAMPLING_DEFAULTS: Dict[str, Any] = {
+    "max_new_tokens": 128, "n": 1, "stop": None, "stop_token_ids": None, "stop_regex": None,
+    "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
+    "presence_penalty": 0.0, "ignore_eos": False, "return_logprob": None, "logprob_start_len": None,
+    "top_logprobs_num": None, "return_text_in_logprobs": None,
+}
 _BATCH_CHUNK = 200
 
 
@@ -44,32 +49,27 @@ class SglFunction:
         return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
 
     # --- running --------------------------------------------------------------------------
-    def run(self, *args, max_new_tokens: int = 128, n: int = 1, stop=None, stop_token_ids=None,
-            stop_regex=None, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-            min_p: float = 0.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-            ignore_eos: bool = False, return_logprob=None, logprob_start_len=None, top_logprobs_num=None,
-            return_text_in_logprobs=None, stream: bool = False, backend=None, use_thread: bool = True,
+    def run(self, *args, stream: bool = False, backend=None, use_thread: bool = True,
             **kwargs) -> ProgramState:
+        """Run the program; keywords named in RUN_SAMPLING_DEFAULTS set its sampling
+        defaults, every other keyword is a program argument."""
+        sampling, kwargs = _split_sampling(kwargs)
         if self.num_api_spec_tokens is not None and stream:
             raise ValueError("num_api_spec_tokens cannot be combined with stream=True.")
-        defaults = _defaults(locals())
-        return run_program(self, backend or global_config.default_backend, args, kwargs, defaults,
+        return run_program(self, backend or global_config.default_backend, args, kwargs, _defaults(sampling),
                            stream=stream, use_thread=use_thread)
 
-    def run_batch(self, batch_kwargs, *, max_new_tokens: int = 128, n: int = 1, stop=None,
-                  stop_token_ids=None, stop_regex=None, temperature: float = 1.0, top_p: float = 1.0,
-                  top_k: int = -1, min_p: float = 0.0, frequency_penalty: float = 0.0,
-                  presence_penalty: float = 0.0, ignore_eos: bool = False, return_logprob=None,
-                  logprob_start_len=None, top_logprobs_num=None, return_text_in_logprobs=None,
-                  backend=None, num_threads: Union[str, int] = "auto", progress_bar: bool = False,
-                  generator_style: bool = False):
+    def run_batch(self, batch_kwargs, *, backend=None, num_threads: Union[str, int] = "auto",
+                  progress_bar: bool = False, generator_style: bool = False, **sampling):
+        sampling, unknown = _split_sampling(sampling)
+        if unknown:
+            raise TypeError(f"run_batch() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError(f"run_batch expects a list of argument dicts, got {type(batch_kwargs).__name__}.")
         if not batch_kwargs:
             return []
         batch = [self._arguments_of(item) for item in batch_kwargs]
-        defaults = _defaults(locals())
-        return run_program_batch(self, backend or global_config.default_backend, batch, defaults,
+        return run_program_batch(self, backend or global_config.default_backend, batch, _defaults(sampling),
                                  num_threads, progress_bar, generator_style)
 
     def _arguments_of(self, item) -> Dict[str, Any]:
@@ -97,8 +97,29 @@ class SglFunction:
         return f"SglFunction({self.__name__})"
 
 
-def _defaults(run_locals: Dict[str, Any]) -> SamplingParams:
-    values = {k: run_locals[k] for k in _RUN_SAMPLING_KEYS}
+def _split_sampling(kwargs: Dict[str, Any]):
+    """(sampling keywords, the rest)."""
+    sampling = {k: v for k, v in kwargs.items() if k in RUN_SAMPLING_DEFAULTS}
+    return sampling, {k: v for k, v in kwargs.items() if k not in RUN_SAMPLING_DEFAULTS}
+
+
+def _with_sampling_keywords(fn: Callable, keep_var_keyword: bool) -> None:
+    """Show RUN_SAMPLING_DEFAULTS as keyword-only parameters in `fn`'s signature (its
+    `**kwargs` stays only where it also takes other keywords: run's program arguments)."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind != p.VAR_KEYWORD]
+    at = next((i for i, p in enumerate(params) if p.kind == p.KEYWORD_ONLY), len(params))
+    extra = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v) for k, v in RUN_SAMPLING_DEFAULTS.items()]
+    tail = [p for p in sig.parameters.values() if p.kind == p.VAR_KEYWORD and keep_var_keyword]
+    fn.__signature__ = sig.replace(parameters=params[:at] + extra + params[at:] + tail)
+
+
+_with_sampling_keywords(SglFunction.run, keep_var_keyword=True)
+_with_sampling_keywords(SglFunction.run_batch, keep_var_keyword=False)
+
+
+def _defaults(sampling: Dict[str, Any]) -> SamplingParams:
+    values = {**RUN_SAMPLING_DEFAULTS, **sampling}
     for k in ("stop", "stop_token_ids", "stop_regex"):
         values[k] = values[k] if values[k] is not None else ()
     return DEFAULT_SAMPLING_PARAMS.merged(SamplingParams(**values))
