@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from lmprog_runtime.constrained.budget import check_regex_budget
 from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
 from lmprog_runtime.constrained.index import CompiledIndex, token_bytes
 from lmprog_runtime.constrained.json_schema import build_regex_from_schema
@@ -155,6 +156,7 @@ class OutlinesBackend(GrammarBackend):
 
     def compile(self, kind: str, spec: str) -> OutlinesGrammar:
         regex = ascii_shorthands(self.to_regex(kind, spec))
+        check_regex_budget(kind, regex, self.config.max_states)
         try:
             index = CompiledIndex(regex, self.trie, self.table, self.eos_token_ids, self.vocab_size)
         except Exception as exc:  # noqa: BLE001 - outlines-core raises plain ValueError/RuntimeError
