@@ -59,7 +59,8 @@ def _one_or_list(item: dict, max_items: int) -> dict:
 
 
 def _token_id(lim: Limits) -> dict:
-    return {"type": "integer", "minimum": 0, "maximum": lim.vocab_size - 1}
+    return {"type": "integer", "minimum": 0, "maximum": lim.vocab_size - 1,
+            "description": f"a token id in [0, {lim.vocab_size - 1}] (the vocabulary)"}
 
 
 def _token_ids(lim: Limits, min_items: int = 0) -> dict:
@@ -73,7 +74,7 @@ def _stops(lim: Limits) -> dict:
 def _logit_bias(lim: Limits) -> dict:
     return {"type": "object", "maxProperties": lim.max_logit_bias,
             "propertyNames": {"type": "string", "pattern": r"^[0-9]{1,10}$",
-                              "description": "a token id written as a decimal string"},
+                              "description": "a token id written as a decimal string (a key)"},
             "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_BOUND,
                                      "maximum": LOGIT_BIAS_BOUND}}
 
@@ -97,8 +98,8 @@ def sampling_schema(lim: Limits) -> dict:
     return {"type": "object", "additionalProperties": False, "properties": {
         "max_new_tokens": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
         "min_new_tokens": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
-        "clamp_max_new_tokens": {**_BOOL, "description": "cut max_new_tokens to what the server can "
-                                                          "hold instead of answering 400"},
+        "clamp_max_new_tokens": {**_BOOL, "x-note": "cut max_new_tokens to what the server can "
+                                                     "hold instead of answering 400"},
         "stop": _stops(lim), "stop_regex": _stops(lim),
         "stop_token_ids": {**_token_ids(lim), "maxItems": 1024},
         **_sampling_numbers(),
@@ -147,8 +148,8 @@ def _openai_common(lim: Limits) -> Dict[str, dict]:
         "stream": _BOOL, "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
         **_sampling_numbers(),
         "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
-        "clamp_max_tokens": {**_BOOL, "description": "cut max_tokens to what the server can hold "
-                                                      "instead of answering 400"},
+        "clamp_max_tokens": {**_BOOL, "x-note": "cut max_tokens to what the server can hold "
+                                                 "instead of answering 400"},
         "seed": _INT64, "stop": _stops(lim), "stop_token_ids": {**_token_ids(lim), "maxItems": 1024},
         "ignore_eos": _BOOL, "skip_special_tokens": _BOOL, "no_stop_trim": _BOOL,
         "logit_bias": _logit_bias(lim),

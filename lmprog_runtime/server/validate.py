@@ -143,9 +143,11 @@ def validate(value: Any, schema: dict, path: str = "") -> None:
 def _any_of(value, schema: dict, path: str) -> None:
     branches = schema["anyOf"]
     typed = [b for b in branches if "type" not in b or _type_ok(value, b)]
-    if len(typed) > 1 and isinstance(value, list) and value:  # lists: the first item picks
-        by_item = [b for b in typed if "type" not in b.get("items", {}) or _type_ok(value[0], b["items"])]
-        typed = by_item or typed
+    if len(typed) > 1 and isinstance(value, list):  # lists: the first item picks (an empty one: the first)
+        by_item = [b for b in typed if value and ("type" not in b.get("items", {}) or _type_ok(value[0], b["items"]))]
+        if value and not by_item:
+            raise SchemaError(f"{path}[0]", " or ".join(describe(b.get("items", {})) for b in typed), value[0])
+        typed = by_item or typed[:1]
     if len(typed) == 1:  # the value's type picks the branch: report its deeper error
         return validate(value, typed[0], path)
     for branch in typed:
@@ -223,7 +225,7 @@ def _object(value: dict, schema: dict, path: str) -> None:
 
 def describe(schema: dict) -> str:
     """Words for what `schema` accepts: 'an integer in [0, 49151]'."""
-    if "description" in schema and "type" not in schema:
+    if "description" in schema:
         return schema["description"]
     if "anyOf" in schema:
         return " or ".join(describe(b) for b in schema["anyOf"])
