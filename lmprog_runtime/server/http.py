@@ -165,6 +165,7 @@ async def error_middleware(request: web.Request, handler):
 async def generate(request: web.Request) -> web.StreamResponse:
     rt = request.app[RUNTIME]
     obj = await read_request(request, "/generate")
+    _check_per_item(obj)
     check_prompt_size(rt, obj.get("text"))
     sampling = obj.get("sampling_params")
     dicts = [d or {} for d in (sampling if isinstance(sampling, list) else [sampling])]
@@ -176,6 +177,20 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if job.stream:
         return await write_sse(request, rt.tm.generate_stream(obj, job))
     return web.json_response(await rt.tm.generate(obj, job))
+
+
+_PER_ITEM = ("return_logprob", "logprob_start_len", "top_logprobs_num", "cache_salt", "extra_key")
+
+
+def _check_per_item(obj: dict) -> None:
+    """Lists of per-prompt values belong to batches only (the scheduler hashes cache_salt)."""
+    text, ids = obj.get("text"), obj.get("input_ids")
+    if isinstance(text, list) or (isinstance(ids, list) and ids and isinstance(ids[0], list)):
+        return
+    for key in _PER_ITEM:
+        if isinstance(obj.get(key), list):
+            raise SchemaError(key, "a single value for a single prompt (lists give one value per prompt "
+                                   "of a batch)", obj[key])
 
 
 async def health(request: web.Request) -> web.Response:
