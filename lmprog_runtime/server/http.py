@@ -20,7 +20,7 @@ from aiohttp import web, web_protocol
 from lmprog_runtime.config import HEALTH_CHECK_TIMEOUT_S
 from lmprog_runtime.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from lmprog_runtime.server.metrics import HEALTH_CHECK_PREFIX
-from lmprog_runtime.server.limits import check_output_room, check_prompt_size
+from lmprog_runtime.server.limits import check_fanout, check_output_room, check_prompt_size
 from lmprog_runtime.server.validate import SchemaError, decompress, parse_body, validate
 from lmprog_runtime.tokenizer_manager import RequestError
 
@@ -171,12 +171,20 @@ async def generate(request: web.Request) -> web.StreamResponse:
     dicts = [d or {} for d in (sampling if isinstance(sampling, list) else [sampling])]
     clamp = [bool(d.pop("clamp_max_new_tokens", False)) for d in dicts]  # boundary-only flag
     explicit = [d.get("max_new_tokens") is not None for d in dicts]
+    check_fanout(rt, _prompt_count(obj), max(d.get("n") or 1 for d in dicts), "sampling_params.n")
     job = await off_loop(rt, rt.tm.parse, obj)
     check_output_room(rt, job, explicit, clamp, "sampling_params.max_new_tokens",
                       "sampling_params.clamp_max_new_tokens")
     if job.stream:
         return await write_sse(request, rt.tm.generate_stream(obj, job))
     return web.json_response(await rt.tm.generate(obj, job))
+
+
+def _prompt_count(obj: dict) -> int:
+    text, ids = obj.get("text"), obj.get("input_ids")
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        return len(ids)
+    return len(text) if isinstance(text, list) else 1
 
 
 _PER_ITEM = ("return_logprob", "logprob_start_len", "top_logprobs_num", "cache_salt", "extra_key")

@@ -24,6 +24,14 @@ def check_prompt_size(rt, text) -> None:
                               f"{len(t)} characters (at least {len(t.encode('utf-8', 'surrogatepass')) // rt.max_token_bytes} tokens)")
 
 
+def check_fanout(rt, prompts: int, n: int, field: str) -> None:
+    """prompts x n requests in one call stay within --max-batch-size."""
+    limit = rt.args.max_batch_size
+    if prompts * n > limit:
+        raise SchemaError(field, f"at most {limit} sequences per request (prompts x n, --max-batch-size)",
+                          None, f"{prompts} prompt(s) x n={n}")
+
+
 def output_room(rt, prompt_len: int) -> int:
     """The most tokens a request with a `prompt_len`-token prompt can ever generate here:
     the scheduler's own cut (context length, then the KV pool in whole pages)."""

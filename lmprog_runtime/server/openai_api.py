@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 from aiohttp import web
 
 from lmprog_runtime.server.http import RUNTIME, off_loop, read_request, write_sse
-from lmprog_runtime.server.limits import check_output_room, check_prompt_size
+from lmprog_runtime.server.limits import check_fanout, check_output_room, check_prompt_size
 from lmprog_runtime.server.validate import SchemaError
 from lmprog_runtime.tokenizer_manager import RequestError
 
@@ -170,9 +170,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
     rt = request.app[RUNTIME]
     body = await _openai_body(request, "/v1/completions")
     prompt = body["prompt"]
+    batch = isinstance(prompt, list) and isinstance(prompt[0], (str, list))
+    check_fanout(rt, len(prompt) if batch else 1, body.get("n") or 1, "n")
     check_prompt_size(rt, prompt if isinstance(prompt, str) or isinstance(prompt[0], str) else None)
     max_tokens = body.get("max_tokens")
-    obj = _base_request(body, _sampling(body, 16 if max_tokens is None else max_tokens, rt.args.max_grammar_bytes), bool(body.get("stream")))
+    sampling = _sampling(body, 16 if max_tokens is None else max_tokens, rt.args.max_grammar_bytes)
+    obj = _base_request(body, sampling, bool(body.get("stream")))
     prompt_texts = await off_loop(rt, _set_prompt, rt, obj, prompt)
     logprobs, echo = body.get("logprobs"), bool(body.get("echo"))
     if logprobs is not None:
