@@ -67,8 +67,8 @@ def _token_ids(lim: Limits, min_items: int = 0) -> dict:
     return {"type": "array", "items": _token_id(lim), "minItems": min_items}
 
 
-def _stops(lim: Limits) -> dict:
-    return _one_or_list(_string(MAX_STOP_BYTES), lim.max_stop_strings)
+def _stops(lim: Limits, **kw) -> dict:
+    return _one_or_list(_string(MAX_STOP_BYTES, **kw), lim.max_stop_strings)
 
 
 def _logit_bias(lim: Limits) -> dict:
@@ -100,11 +100,11 @@ def sampling_schema(lim: Limits) -> dict:
         "min_new_tokens": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
         "clamp_max_new_tokens": {**_BOOL, "x-note": "cut max_new_tokens to what the server can "
                                                      "hold instead of answering 400"},
-        "stop": _stops(lim), "stop_regex": _stops(lim),
+        "stop": _stops(lim), "stop_regex": _stops(lim, format="regex"),
         "stop_token_ids": {**_token_ids(lim), "maxItems": 1024},
         **_sampling_numbers(),
         "n": {"type": "integer", "minimum": 1, "maximum": lim.max_n},
-        "json_schema": {"anyOf": [grammar, _OBJECT]}, "regex": grammar, "ebnf": grammar,
+        "json_schema": {"anyOf": [grammar, _OBJECT]}, "regex": {**grammar, "format": "regex"}, "ebnf": grammar,
         "structural_tag": grammar,
         "ignore_eos": _BOOL, "skip_special_tokens": _BOOL, "spaces_between_special_tokens": _BOOL,
         "no_stop_trim": _BOOL,
@@ -154,7 +154,7 @@ def _openai_common(lim: Limits) -> Dict[str, dict]:
         "ignore_eos": _BOOL, "skip_special_tokens": _BOOL, "no_stop_trim": _BOOL,
         "logit_bias": _logit_bias(lim),
         "min_tokens": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
-        "regex": grammar, "ebnf": grammar, "json_schema": {"anyOf": [grammar, _OBJECT]},
+        "regex": {**grammar, "format": "regex"}, "ebnf": grammar, "json_schema": {"anyOf": [grammar, _OBJECT]},
         "response_format": {"type": "object", "properties": {
             "type": {"type": "string", "enum": ["text", "json_object", "json_schema", "structural_tag"]},
             "json_schema": _OBJECT}},

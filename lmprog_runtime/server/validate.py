@@ -4,7 +4,7 @@ Schemas are plain JSON Schema dicts (the subset below), so the same tables that 
 request are published in `/openapi.json`. Supported keywords: type (one name or a list),
 enum, minimum, maximum, exclusiveMinimum, minLength, maxLength, pattern, minItems,
 maxItems, items, properties, required, additionalProperties (bool or schema),
-propertyNames, maxProperties, anyOf. A property whose value is JSON null counts as unset.
+propertyNames, maxProperties, anyOf, format: regex (Python `re` syntax). A property whose value is JSON null counts as unset.
 
 Every violation raises `SchemaError` (a 400 RequestError) whose message names the field
 (a JSON path such as `sampling_params.logit_bias["5"]`), what was expected and what came.
@@ -180,6 +180,11 @@ def _string(value: str, schema: dict, path: str) -> None:
     pattern = schema.get("pattern")
     if pattern is not None and not re.search(pattern, value):
         raise SchemaError(path, schema.get("description") or f"a string matching {pattern}", value)
+    if schema.get("format") == "regex":  # the dialect we accept: Python's `re` syntax
+        try:
+            re.compile(value)
+        except (re.error, RecursionError, OverflowError) as e:
+            raise SchemaError(path, "a valid Python regular expression", value, f"{show(value)} ({e})") from None
 
 
 def _array(value: list, schema: dict, path: str) -> None:
@@ -217,8 +222,8 @@ def _object(value: dict, schema: dict, path: str) -> None:
             if item is not None:
                 validate(item, props[key], _join(path, key))
         elif extra is False:
-            known = ", ".join(sorted(props))
-            raise SchemaError(_join(path, key), f"no such field (known: {known})", item, "a value")
+            known = ", ".join(sorted(k for k, v in props.items() if "type" in v or "anyOf" in v))
+            raise SchemaError(_join(path, key), f"a known field ({known})", item, "an unknown field")
         elif isinstance(extra, dict):
             validate(item, extra, _join(path, key))
 

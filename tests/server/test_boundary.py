@@ -215,7 +215,15 @@ def test_booleans_are_booleans(live_server, path, body, field):
 
 @pytest.mark.parametrize("regex", ["a**", r"\p{L}+", "(", "[z-a]"])
 def test_regex_dialect_is_python(live_server, regex):
-    assert_envelope(post(live_server, "/generate", gen({"regex": regex})), fragment="regular expression")
+    assert_envelope(post(live_server, "/generate", gen({"regex": regex})), field="sampling_params.regex",
+                    fragment="a valid Python regular expression")
+    assert_envelope(post(live_server, "/v1/completions", {"prompt": "hi", "regex": regex}), field="regex")
+
+
+def test_unknown_generate_field_named(live_server):
+    r = post(live_server, "/generate", {"text": "hi", "sampling_parms": {}})
+    assert_envelope(r, field="sampling_parms", fragment="got an unknown field")
+    assert "lora_path" not in r.json()["error"]["message"]  # accepted-and-ignored fields are not advertised
 
 
 def test_health_check_prefix_reserved(live_server):
