@@ -69,6 +69,7 @@ class ServerArgs:
     max_batch_size: int = 256                  # prompts per request, and prompts x n
     max_logit_bias: int = 1024                 # logit_bias entries
     max_grammar_bytes: int = 65536             # regex / json_schema / ebnf text
+    scheduler_restart: int = 0                 # restarts of a dead scheduler before exiting (code 3)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):

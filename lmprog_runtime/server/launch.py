@@ -7,8 +7,9 @@ Start-up: listen first (a taken port fails before any loading; every route answe
 "loading" with its progress until the model is in), spawn the scheduler, load the
 tokenizer meanwhile, print a progress line until the child sends `SchedulerReady` (or
 `SchedulerFailed`). The child is watched through its process sentinel: if it dies, every
-open request fails with a 503, every route answers 503, and the server exits with code 3
-for a supervisor to restart it. SIGINT/SIGTERM stop the listener, tell the scheduler to
+open request fails with a 503, every route answers 503, and the server either starts a new
+scheduler (at most --scheduler-restart times; counted in `lmprog:scheduler_restarts`) or
+exits with code 3 for a supervisor to restart it. SIGINT/SIGTERM stop the listener, tell the scheduler to
 shut down, join (then terminate) it and remove the IPC files.
 """
 
@@ -105,6 +106,9 @@ class ServerRuntime:
         self.max_token_bytes = 1
         self.tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")  # one: the tokenizer is shared
         self.on_dead: Callable[[str], None] = lambda message: None  # serve() exits non-zero
+        self.restarts = 0  # scheduler restarts so far (bounded by --scheduler-restart)
+        self.restarting = False
+        self._restart_task: Optional[asyncio.Task] = None
 
     @property
     def dead(self) -> Optional[str]:
@@ -115,6 +119,9 @@ class ServerRuntime:
         if self.tm is None:
             return (f"The server is loading the model ({time.monotonic() - self.load_started:.0f}s so far); "
                     "retry when /health answers 200.")
+        if self.restarting:
+            return (f"The scheduler is restarting ({self.restarts}/{self.args.scheduler_restart}) after: "
+                    f"{self.tm.dead}")
         return f"The scheduler is not running: {self.tm.dead}"
 
     def state_fields(self) -> Dict[str, Any]:
@@ -122,7 +129,7 @@ class ServerRuntime:
         if self.tm is None:
             return {"status": "loading", "progress": {"elapsed_s": round(time.monotonic() - self.load_started, 1),
                                                       "message": self.load_status}}
-        return {"status": "dead"}
+        return {"status": "restarting" if self.restarting else "dead", "restarts": self.restarts}
 
     def progress(self, line: str) -> None:
         self.load_status = line.strip()
@@ -135,10 +142,7 @@ class ServerRuntime:
 
         self.paths = IpcPaths.create()
         self.channel = ServerChannel(self.paths)
-        ctx = multiprocessing.get_context("spawn")
-        self.process = ctx.Process(target=run_scheduler_process, args=(self.args, self.paths),
-                                   name="lmprog-scheduler", daemon=True)
-        self.process.start()
+        self._spawn()
         loop = asyncio.get_running_loop()
         tokenizer = loop.run_in_executor(None, _load_tokenizer, self.args)
         try:
@@ -155,6 +159,12 @@ class ServerRuntime:
                                    self.channel.send, on_finish=self.metrics.on_finish)
         self._recv_task = asyncio.create_task(self.channel.receive_loop(self._on_message))
         loop.add_reader(self.process.sentinel, self._on_child_exit)
+
+    def _spawn(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.process = ctx.Process(target=run_scheduler_process, args=(self.args, self.paths),
+                                   name="lmprog-scheduler", daemon=True)
+        self.process.start()
 
     async def _wait_ready(self) -> Dict[str, Any]:
         t0 = time.monotonic()
@@ -181,8 +191,7 @@ class ServerRuntime:
     def _on_message(self, obj) -> None:
         if isinstance(obj, SchedulerFailed):
             logger.error("scheduler failed: %s", obj.message)
-            self.tm.fail_all(obj.message)
-            self.on_dead(obj.message)
+            self._scheduler_down(obj.message)
             return
         self.last_output_time = time.monotonic()
         self.tm.handle_output(obj)
@@ -194,9 +203,43 @@ class ServerRuntime:
             return
         message = f"the scheduler process exited unexpectedly (exit code {self.process.exitcode})"
         logger.error(message)
+        self._scheduler_down(message)
+
+    def _scheduler_down(self, message: str) -> None:
+        """Fail every open request (503), then restart the scheduler while --scheduler-restart
+        allows, else tell serve() to exit non-zero."""
         if not self.tm.dead:
             self.tm.fail_all(message)
-        self.on_dead(self.tm.dead)
+        if self.restarting or self.stopping:
+            return
+        if self.restarts < self.args.scheduler_restart:
+            self.restarting = True
+            self._restart_task = asyncio.create_task(self._restart())
+        else:
+            self.on_dead(self.tm.dead)
+
+    async def _restart(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.restarts += 1
+        self.metrics.scheduler_restarts.labels(self.metrics.model_name).inc()
+        loop.remove_reader(self.process.sentinel)
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+            await asyncio.gather(self._recv_task, return_exceptions=True)
+        await loop.run_in_executor(None, _reap, self.process, 5.0)  # no second peer on the sockets
+        self.progress(f"Restarting the scheduler ({self.restarts}/{self.args.scheduler_restart})...")
+        self._spawn()
+        try:
+            self.info.update(await self._wait_ready())
+        except Exception as e:  # noqa: BLE001 - a restart that fails ends the server
+            self.restarting = False
+            self.on_dead(f"the scheduler restart failed: {e}")
+            return
+        self.tm.control_waiters.clear()  # futures of the dead scheduler, already failed
+        self.tm.dead = None
+        self.restarting = False
+        self._recv_task = asyncio.create_task(self.channel.receive_loop(self._on_message))
+        loop.add_reader(self.process.sentinel, self._on_child_exit)
 
     def server_info(self) -> Dict[str, Any]:
         info = self.args.to_dict()
@@ -237,8 +280,8 @@ def _redacted_command(argv) -> str:
     return " ".join(out)
 
 
-def _reap(process: multiprocessing.Process) -> None:
-    process.join(SHUTDOWN_GRACE_S)
+def _reap(process: multiprocessing.Process, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    process.join(grace_s)
     if process.is_alive():
         process.terminate()
         process.join(5)

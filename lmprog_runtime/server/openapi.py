@@ -37,11 +37,12 @@ _ERROR = {"type": "object", "required": ["error"], "properties": {
     "error": {"type": "object", "required": ["message", "type", "code"], "properties": {
         "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
         "code": {"type": "integer"}}},
-    "status": {"type": "string", "enum": ["loading", "dead"]}, "progress": {"type": "object"}}}
+    "status": {"type": "string", "enum": ["loading", "restarting", "dead"]}, "progress": {"type": "object"}}}
 _ERRORS = {
     "400": "Bad request: the message names the field, what was expected and what came",
     "404": "No such route or model", "405": "Method not allowed", "413": "Body over --max-request-bytes",
-    "503": "Loading (status: loading, with progress) or the scheduler is not running (status: dead)",
+    "503": "Loading (status: loading, with progress), or the scheduler is not running "
+           "(status: restarting or dead)",
 }
 
 

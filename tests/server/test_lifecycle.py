@@ -147,3 +147,41 @@ def test_scheduler_death_fails_then_exits(doomed):
         assert r.status_code == 503 and r.json()["status"] == "dead", (path, r.text)
     assert doomed.proc.wait(30) == EXIT_SCHEDULER_DIED, doomed.log_tail()
     assert not pid_alive(pid)
+
+
+def _kill_scheduler_mid_stream(url: str) -> int:
+    pid = requests.get(url + "/get_server_info", timeout=30).json()["scheduler_pid"]
+    resp = requests.post(url + "/generate", stream=True, timeout=60, json={
+        "text": "long", "stream": True, "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}})
+    lines = resp.iter_lines()
+    next(line for line in lines if line.startswith(b"data: "))
+    os.kill(pid, signal.SIGKILL)
+    rest = [line for line in lines if line.startswith(b"data: ")]
+    assert json.loads(rest[-2][len(b"data: "):])["error"]["code"] == 503 and rest[-1] == b"data: [DONE]"
+    return pid
+
+
+def test_scheduler_restart_then_exit(tiny_model_path, tmp_path):
+    srv = LiveServer(tiny_model_path, tmp_path, ["--scheduler-restart", "1"]).start()
+    try:
+        old = _kill_scheduler_mid_stream(srv.url)
+        deadline, states = time.monotonic() + 180, set()
+        while time.monotonic() < deadline:  # 503 "restarting" (or "dead" for an instant), then 200
+            r = requests.get(srv.url + "/health", timeout=30)
+            if r.status_code == 200:
+                break
+            states.add(r.json()["status"])
+            time.sleep(0.2)
+        assert r.status_code == 200 and states <= {"restarting", "dead"}, (states, srv.log_tail())
+        info = requests.get(srv.url + "/get_server_info", timeout=30).json()
+        assert info["scheduler_pid"] != old and not pid_alive(old)
+        out = requests.post(srv.url + "/generate", timeout=60, json={"text": "hi", "sampling_params": {
+            "max_new_tokens": 3, "temperature": 0}}).json()
+        assert out["meta_info"]["completion_tokens"] == 3
+        metrics = requests.get(srv.url + "/metrics", timeout=30).text
+        assert 'lmprog:scheduler_restarts_total{model_name=' in metrics
+        assert [ln for ln in metrics.splitlines() if ln.startswith("lmprog:scheduler_restarts_total")][0].endswith(" 1.0")
+        _kill_scheduler_mid_stream(srv.url)  # the restart budget is spent: exit 3
+        assert srv.proc.wait(30) == EXIT_SCHEDULER_DIED, srv.log_tail()
+    finally:
+        srv.stop(signal.SIGKILL)
