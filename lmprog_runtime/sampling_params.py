@@ -199,7 +199,8 @@ class SamplingParams:
             try:  # the accepted dialect: Python's `re` syntax (no \p{..} classes, no `a**`)
                 re.compile(self.regex)
             except (re.error, RecursionError, OverflowError) as e:
-                raise ValueError(f"regex must be a valid Python regular expression: {e}") from None
+                raise ValueError(f"Failed to compile regex grammar: regex must be a valid Python regular "
+                                 f"expression (the accepted dialect): {e}") from None
 
     def normalize(self, tokenizer) -> None:
         """Resolve stop strings to a list and measure their longest token length."""

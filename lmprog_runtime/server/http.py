@@ -243,7 +243,7 @@ async def flush_cache(request: web.Request) -> web.Response:
     reply = await control(request.app[RUNTIME], "flush_cache")
     if reply.success:
         return web.Response(text=FLUSH_OK)
-    return web.Response(status=400, text=reply.message)
+    return error_response(reply.message, 400)
 
 
 async def abort_request(request: web.Request) -> web.Response:
@@ -267,7 +267,7 @@ async def tokenize(request: web.Request) -> web.Response:
     prompt = obj.get("prompt")
     if prompt is None:
         raise SchemaError("prompt", "a string or a non-empty list of strings (or give messages)", None, "nothing")
-    check_prompt_size(rt, prompt)
+    check_prompt_size(rt, prompt, "prompt")
     texts = [prompt] if isinstance(prompt, str) else prompt
     tokens = await off_loop(rt, lambda: [rt.tokenizer.encode(t, add_special_tokens=add_special) for t in texts])
     if isinstance(prompt, str):

@@ -8,7 +8,7 @@ from typing import List, Sequence
 from lmprog_runtime.server.validate import SchemaError
 
 
-def check_prompt_size(rt, text) -> None:
+def check_prompt_size(rt, text, field: str = "text") -> None:
     """Reject a text prompt that cannot fit the context before spending time tokenizing it.
 
     Each token covers at most `rt.max_token_bytes` bytes of UTF-8, so a text of B bytes has
@@ -18,10 +18,13 @@ def check_prompt_size(rt, text) -> None:
     texts = [text] if isinstance(text, str) else text
     limit = rt.tm.context_len * rt.max_token_bytes
     for i, t in enumerate(texts):
-        if len(t) > limit // 4 and len(t.encode("utf-8", "surrogatepass")) > limit:
-            path = "text" if isinstance(text, str) else f"text[{i}]"
+        if len(t) <= limit // 4:  # a character is at most 4 bytes: cannot be over
+            continue
+        size = len(t.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            path = field if isinstance(text, str) else f"{field}[{i}]"
             raise SchemaError(path, f"a prompt of at most {rt.tm.context_len} tokens (context length)", t,
-                              f"{len(t)} characters (at least {len(t.encode('utf-8', 'surrogatepass')) // rt.max_token_bytes} tokens)")
+                              f"{len(t)} characters (at least {size // rt.max_token_bytes} tokens)")
 
 
 def check_fanout(rt, prompts: int, n: int, field: str) -> None:

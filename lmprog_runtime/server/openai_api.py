@@ -172,7 +172,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prompt = body["prompt"]
     batch = isinstance(prompt, list) and isinstance(prompt[0], (str, list))
     check_fanout(rt, len(prompt) if batch else 1, body.get("n") or 1, "n")
-    check_prompt_size(rt, prompt if isinstance(prompt, str) or isinstance(prompt[0], str) else None)
+    check_prompt_size(rt, prompt if isinstance(prompt, str) or isinstance(prompt[0], str) else None, "prompt")
     max_tokens = body.get("max_tokens")
     sampling = _sampling(body, 16 if max_tokens is None else max_tokens, rt.args.max_grammar_bytes)
     obj = _base_request(body, sampling, bool(body.get("stream")))

@@ -16,7 +16,7 @@ import json
 import math
 import re
 import zlib
-from typing import Any, Optional
+from typing import Any
 
 from lmprog_runtime.tokenizer_manager import RequestError
 
@@ -259,9 +259,3 @@ def _join(path: str, key: str) -> str:
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
         return f"{path}.{key}" if path else key
     return f"{path}[{show(key)}]"
-
-
-def get_bool(body: dict, key: str, default: Optional[bool] = None) -> Optional[bool]:
-    """A validated boolean field (None = unset)."""
-    value = body.get(key)
-    return default if value is None else value

@@ -165,7 +165,8 @@ def test_huge_prompt_rejected_before_tokenizing(live_server):
     r = post(live_server, "/generate", {"text": "hello " * 900_000})  # 5.4 MB
     assert_envelope(r, field="text", fragment="context length")
     r = post(live_server, "/v1/completions", {"prompt": "hello " * 900_000})
-    assert_envelope(r, field="text", fragment="context length")
+    assert_envelope(r, field="prompt", fragment="context length")
+    assert_envelope(post(live_server, "/tokenize", {"prompt": ["hi", "hello " * 900_000]}), field="prompt[1]")
     assert time.monotonic() - t0 < 15
 
 
