@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 RUNTIME = web.AppKey("runtime", object)
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")  # never behind --api-key
 PROBE_PATHS = ("/health", "/health_generate", "/ready")  # answer while loading / dead
+INLINE_BODY_BYTES = 256 * 1024  # smaller bodies are parsed and checked on the event loop
 FLUSH_OK = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or "
             "waiting requests, the operation will not be performed.)\n")
 
@@ -60,7 +61,14 @@ async def read_request(request: web.Request, endpoint: str) -> dict:
     """The body of `request`, decoded and checked against the schema of `endpoint`."""
     rt = request.app[RUNTIME]
     raw = await request.read()  # aiohttp enforces --max-request-bytes (413)
-    raw = decompress(raw, request.headers.get("Content-Encoding", ""), rt.args.max_request_bytes)
+    if len(raw) < INLINE_BODY_BYTES:
+        return _decode_and_check(rt, raw, request.headers.get("Content-Encoding", ""), endpoint)
+    return await asyncio.get_running_loop().run_in_executor(  # big bodies: off the event loop
+        None, _decode_and_check, rt, raw, request.headers.get("Content-Encoding", ""), endpoint)
+
+
+def _decode_and_check(rt, raw: bytes, encoding: str, endpoint: str) -> dict:
+    raw = decompress(raw, encoding, rt.args.max_request_bytes)
     obj = parse_body(raw, rt.args.max_json_depth)
     validate(obj, rt.schemas[endpoint])
     return obj
