@@ -150,6 +150,7 @@ HEALTH_CHECK_TIMEOUT_S = env_int("LMPROG_HEALTH_CHECK_TIMEOUT", 20)
 GRAMMAR_COMPILE_TIMEOUT_S = env_int("LMPROG_GRAMMAR_COMPILE_TIMEOUT", 60)
 GRAMMAR_MAX_SPEC_BYTES = env_int("LMPROG_GRAMMAR_MAX_SPEC_BYTES", 65536)
 GRAMMAR_MAX_STATES = env_int("LMPROG_GRAMMAR_MAX_STATES", 100_000)
+GRAMMAR_COMPILE_MEMORY_MB = env_int("LMPROG_GRAMMAR_COMPILE_MEMORY_MB", 4096)  # 0: compile in-process
 # Derived artifacts (e.g. the config and tokenizer converted from a GGUF file).
 CACHE_DIR = os.environ.get("LMPROG_CACHE_DIR") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lmprog")

@@ -16,6 +16,8 @@ from typing import Dict, List, Optional, Union
 TOP_K_ALL = 1 << 30
 MAX_STOP_STRINGS = 32
 LOGIT_BIAS_BOUND = 100.0                      # OpenAI's documented range
+# logits / penalty must stay finite in float32 (1e-300 made inf -> nan probabilities)
+MIN_REPETITION_PENALTY = 1e-6
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # torch.Generator.manual_seed takes 64 bits; + n - 1 stays inside
 _GREEDY_EPS = 1e-6
 
@@ -174,6 +176,9 @@ class SamplingParams:
         if not 0 < self.repetition_penalty <= 2:
             raise ValueError(
                 f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {self.repetition_penalty}.")
+        if self.repetition_penalty < MIN_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be at least {MIN_REPETITION_PENALTY:g} (smaller values "
+                             f"overflow the logits), got {self.repetition_penalty}.")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:

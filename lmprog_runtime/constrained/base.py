@@ -25,7 +25,8 @@ from typing import Optional
 
 import torch
 
-from lmprog_runtime.config import GRAMMAR_COMPILE_TIMEOUT_S, GRAMMAR_MAX_SPEC_BYTES, GRAMMAR_MAX_STATES
+from lmprog_runtime.config import (GRAMMAR_COMPILE_MEMORY_MB, GRAMMAR_COMPILE_TIMEOUT_S, GRAMMAR_MAX_SPEC_BYTES,
+                                   GRAMMAR_MAX_STATES)
 
 GRAMMAR_KINDS = ("json", "regex", "ebnf", "structural_tag")
 
@@ -44,6 +45,7 @@ class GrammarBackendConfig:
     compile_timeout_s: float = GRAMMAR_COMPILE_TIMEOUT_S  # a compile still running after this fails
     max_spec_bytes: int = GRAMMAR_MAX_SPEC_BYTES   # regex / schema / EBNF text
     max_states: int = GRAMMAR_MAX_STATES           # NFA positions after unrolling repetitions
+    compile_memory_mb: int = GRAMMAR_COMPILE_MEMORY_MB  # data size of the compile worker; 0: in-process
     whitespace_pattern: Optional[str] = None  # None: [ \t\n\r]{0,16}
     max_recursion_depth: int = 3           # $ref recursion bound
     any_depth: int = 3                     # nesting bound of unconstrained values

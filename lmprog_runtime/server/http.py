@@ -202,6 +202,9 @@ def _check_per_item(obj: dict) -> None:
     """Lists of per-prompt values belong to batches only (the scheduler hashes cache_salt)."""
     text, ids = obj.get("text"), obj.get("input_ids")
     if isinstance(text, list) or (isinstance(ids, list) and ids and isinstance(ids[0], list)):
+        tids, count = obj.get("token_ids_logprob"), _prompt_count(obj)
+        if tids and isinstance(tids[0], list) and len(tids) != count:
+            raise SchemaError("token_ids_logprob", f"one list per prompt ({count})", None, f"{len(tids)} lists")
         return
     for key in _PER_ITEM:
         if isinstance(obj.get(key), list):

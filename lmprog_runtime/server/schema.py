@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Dict
 
+from lmprog_runtime.sampling_params import MIN_REPETITION_PENALTY
 from lmprog_runtime.server.metrics import HEALTH_CHECK_PREFIX
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -88,7 +89,7 @@ def _sampling_numbers() -> Dict[str, dict]:
         "min_p": {"type": "number", "minimum": 0, "maximum": 1},
         "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
         "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-        "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 2},
+        "repetition_penalty": {"type": "number", "minimum": MIN_REPETITION_PENALTY, "maximum": 2},
     }
 
 

@@ -89,6 +89,13 @@ def test_skip_special_tokens_not_bool(live_server, value):
                     field="skip_special_tokens")
 
 
+@pytest.mark.parametrize("penalty", [1e-300, 0, -1])
+def test_repetition_penalty_too_small(live_server, penalty):
+    """1e-300 divided logits into inf: nan probabilities crashed torch.multinomial."""
+    r = post(live_server, "/generate", gen({"repetition_penalty": penalty}, text="hello hello hello"))
+    assert_envelope(r, field="sampling_params.repetition_penalty")
+
+
 # -- requests that used to be 500s --------------------------------------------------------------
 def test_deep_json(live_server):
     for depth in (100, 100_000):
@@ -105,6 +112,8 @@ def test_bad_input_ids(live_server, ids):
 def test_token_ids_logprob_scalar(live_server):
     r = post(live_server, "/generate", gen(token_ids_logprob=5, return_logprob=True))
     assert_envelope(r, field="token_ids_logprob")
+    r = post(live_server, "/generate", {"text": ["a", "b"], "token_ids_logprob": [[1]], "return_logprob": True})
+    assert_envelope(r, field="token_ids_logprob", fragment="one list per prompt (2)")
 
 
 @pytest.mark.parametrize("path, body, field", [
