@@ -59,7 +59,7 @@ def _audit(url) -> dict:
 
 def test_fuzz_quick(live_server):
     tally = collections.Counter()
-    _run(live_server, examples=int(os.environ.get("LMPROG_FUZZ_EXAMPLES", "150")), seed_fixed=True, tally=tally)
+    _run(live_server, examples=int(os.environ.get("LMPROG_FUZZ_EXAMPLES", "400")), seed_fixed=True, tally=tally)
     _audit(live_server)
     assert tally["cases"] > 0 and tally["5xx"] == 0
 
