@@ -135,3 +135,11 @@ def test_compile_budget():
     check_regex_budget("json", "a**", 100_000)  # our own translation's dialect: not judged by Python's
     with pytest.raises(GrammarError, match="65536 bytes"):
         check_spec_size("json", json.dumps({"enum": ["x" * 70_000]}), 65536)
+
+
+def test_engine_path_refuses_unhashable_cache_salt(tiny_engine):
+    """In-process callers skip the HTTP schema; the TokenizerManager still refuses these."""
+    for key in ("cache_salt", "extra_key"):
+        with pytest.raises(RequestError, match=key):
+            tiny_engine.generate("hi", {"max_new_tokens": 1}, **{key: ["a"]})
+    assert tiny_engine.generate("hi", {"max_new_tokens": 1}, cache_salt="a")["meta_info"]["completion_tokens"] == 1
