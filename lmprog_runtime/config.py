@@ -62,6 +62,14 @@ class ServerArgs:
     log_level: str = "info"
     enable_metrics: bool = True
     watchdog_timeout: float = 300.0  # seconds one scheduler step may run before its stacks are logged; 0 = off
+    # request limits at the HTTP boundary (docs/reliability.md)
+    max_request_bytes: int = 32 * 1024 * 1024  # body size, also after decompression
+    max_json_depth: int = 64                   # nesting of the body
+    max_n: int = 64                            # samples per prompt
+    max_batch_size: int = 256                  # prompts per request, and prompts x n
+    max_logit_bias: int = 1024                 # logit_bias entries
+    max_grammar_bytes: int = 65536             # regex / json_schema / ebnf text
+    scheduler_restart: int = 0                 # restarts of a dead scheduler before exiting (code 3)
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
@@ -134,7 +142,12 @@ def env_flag(name: str) -> bool:
 
 
 HEALTH_CHECK_TIMEOUT_S = env_int("LMPROG_HEALTH_CHECK_TIMEOUT", 20)
+# The grammar compile budget (single source: GrammarBackendConfig's defaults and the
+# scheduler's grammar-queue wait both read these).
 GRAMMAR_COMPILE_TIMEOUT_S = env_int("LMPROG_GRAMMAR_COMPILE_TIMEOUT", 60)
+GRAMMAR_MAX_SPEC_BYTES = env_int("LMPROG_GRAMMAR_MAX_SPEC_BYTES", 65536)
+GRAMMAR_MAX_STATES = env_int("LMPROG_GRAMMAR_MAX_STATES", 100_000)
+GRAMMAR_COMPILE_MEMORY_MB = env_int("LMPROG_GRAMMAR_COMPILE_MEMORY_MB", 4096)  # 0: compile in-process
 # Derived artifacts (e.g. the config and tokenizer converted from a GGUF file).
 CACHE_DIR = os.environ.get("LMPROG_CACHE_DIR") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lmprog")

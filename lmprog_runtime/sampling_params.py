@@ -15,6 +15,10 @@ from typing import Dict, List, Optional, Union
 
 TOP_K_ALL = 1 << 30
 MAX_STOP_STRINGS = 32
+LOGIT_BIAS_BOUND = 100.0                      # OpenAI's documented range
+# logits / penalty must stay finite in float32 (1e-300 made inf -> nan probabilities)
+MIN_REPETITION_PENALTY = 1e-6
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # torch.Generator.manual_seed takes 64 bits; + n - 1 stays inside
 _GREEDY_EPS = 1e-6
 
 
@@ -101,10 +105,7 @@ class SamplingParams:
             ):
                 raise ValueError(f"stop_token_ids must be a list of integers, got {ids!r}.")
             self.stop_token_ids = sorted(set(ids))
-        if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
-            raise ValueError(f"logit_bias must be an object mapping token ids to floats, got {self.logit_bias!r}.")
-        if self.sampling_seed is not None and (isinstance(self.sampling_seed, bool) or not isinstance(self.sampling_seed, int)):
-            raise ValueError(f"sampling_seed must be an integer, got {self.sampling_seed!r}.")
+        self._check_scheduler_inputs()
         for name in ("json_schema", "regex", "ebnf", "structural_tag"):
             value = getattr(self, name)
             if isinstance(value, dict) and name == "json_schema":
@@ -112,6 +113,29 @@ class SamplingParams:
                 self.json_schema = json.dumps(value)
             elif value is not None and not isinstance(value, str):
                 raise ValueError(f"{name} must be a string, got {type(value).__name__}.")
+
+    def _check_scheduler_inputs(self):
+        """Values the scheduler uses without a second look (a bad one would crash its loop)."""
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}.")
+        bias = self.logit_bias
+        if bias is not None:
+            if not isinstance(bias, dict):
+                raise ValueError(f"logit_bias must be an object mapping token ids to floats, got {bias!r}.")
+            for key, value in bias.items():
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                        math.isfinite(value) and abs(value) <= LOGIT_BIAS_BOUND):
+                    raise ValueError(f"logit_bias[{key!r}] must be a finite number in "
+                                     f"[-{LOGIT_BIAS_BOUND:g}, {LOGIT_BIAS_BOUND:g}], got {value!r}.")
+        seed = self.sampling_seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX):
+            raise ValueError(f"sampling_seed must be an integer in [{SEED_MIN}, {SEED_MAX}], got {seed!r}.")
+        si = self.stream_interval
+        if si is not None and (isinstance(si, bool) or not isinstance(si, int) or si < 1):
+            raise ValueError(f"stream_interval must be an integer of at least 1, got {si!r}.")
+        if self.custom_params is not None and not isinstance(self.custom_params, dict):
+            raise ValueError(f"custom_params must be an object, got {self.custom_params!r}.")
 
     def _post_init(self):
         for name in ("json_schema", "regex", "ebnf", "structural_tag"):
@@ -152,6 +176,9 @@ class SamplingParams:
         if not 0 < self.repetition_penalty <= 2:
             raise ValueError(
                 f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {self.repetition_penalty}.")
+        if self.repetition_penalty < MIN_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be at least {MIN_REPETITION_PENALTY:g} (smaller values "
+                             f"overflow the logits), got {self.repetition_penalty}.")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
@@ -173,6 +200,12 @@ class SamplingParams:
                 raise ValueError(f"stop_token_ids must be in [0, {vocab_size - 1}], got {token}.")
         if sum(x is not None for x in (self.json_schema, self.regex, self.ebnf, self.structural_tag)) > 1:
             raise ValueError("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
+        if self.regex is not None:
+            try:  # the accepted dialect: Python's `re` syntax (no \p{..} classes, no `a**`)
+                re.compile(self.regex)
+            except (re.error, RecursionError, OverflowError) as e:
+                raise ValueError(f"Failed to compile regex grammar: regex must be a valid Python regular "
+                                 f"expression (the accepted dialect): {e}") from None
 
     def normalize(self, tokenizer) -> None:
         """Resolve stop strings to a list and measure their longest token length."""

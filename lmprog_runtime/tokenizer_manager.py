@@ -118,6 +118,9 @@ class TokenizerManager:
         rids = self._rids(obj.get("rid"), count, is_batch)
         per = {k: self._per_item(obj.get(k), count, k, is_batch) for k in
                ("return_logprob", "logprob_start_len", "top_logprobs_num", "cache_salt", "extra_key")}
+        for key in ("cache_salt", "extra_key"):  # hashed in the radix tree: strings only
+            if any(v is not None and not isinstance(v, str) for v in per[key]):
+                raise RequestError(f"{key} must be a string (one per prompt in a batch).")
         tid = obj.get("token_ids_logprob")
         tids = tid if (is_batch and tid and isinstance(tid[0], list)) else [tid] * count
         for ids in tids:

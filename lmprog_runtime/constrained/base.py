@@ -25,6 +25,9 @@ from typing import Optional
 
 import torch
 
+from lmprog_runtime.config import (GRAMMAR_COMPILE_MEMORY_MB, GRAMMAR_COMPILE_TIMEOUT_S, GRAMMAR_MAX_SPEC_BYTES,
+                                   GRAMMAR_MAX_STATES)
+
 GRAMMAR_KINDS = ("json", "regex", "ebnf", "structural_tag")
 
 
@@ -38,7 +41,11 @@ class GrammarBackendConfig:
 
     cache_size: int = 256                  # compiled grammars kept (LRU)
     compile_workers: int = 2               # background compile threads
-    compile_timeout_s: float = 60.0        # a compile still running after this fails
+    # compile budget (budget.py); the defaults are the environment's, read in config.py
+    compile_timeout_s: float = GRAMMAR_COMPILE_TIMEOUT_S  # a compile still running after this fails
+    max_spec_bytes: int = GRAMMAR_MAX_SPEC_BYTES   # regex / schema / EBNF text
+    max_states: int = GRAMMAR_MAX_STATES           # NFA positions after unrolling repetitions
+    compile_memory_mb: int = GRAMMAR_COMPILE_MEMORY_MB  # data size of the compile worker; 0: in-process
     whitespace_pattern: Optional[str] = None  # None: [ \t\n\r]{0,16}
     max_recursion_depth: int = 3           # $ref recursion bound
     any_depth: int = 3                     # nesting bound of unconstrained values
@@ -113,6 +120,12 @@ class GrammarBackend(abc.ABC):
         if "\x00" in spec:
             outer.set_exception(GrammarError(f"Failed to compile {kind} grammar: spec contains a NUL byte"))
             return outer
+        from lmprog_runtime.constrained.budget import check_spec_size
+        try:
+            check_spec_size(kind, spec, self.config.max_spec_bytes)
+        except GrammarError as exc:
+            outer.set_exception(exc)
+            return outer
         inner = self._executor.submit(self._compile_checked, kind, spec)
         timer = threading.Timer(self.config.compile_timeout_s, _expire, (outer, kind, self.config))
         timer.daemon = True
@@ -164,4 +177,5 @@ def _settle(fut: Future, result=None, exc=None) -> None:
 
 def _expire(fut: Future, kind: str, config: GrammarBackendConfig) -> None:
     _settle(fut, exc=GrammarError(
-        f"Failed to compile {kind} grammar: compile timed out after {config.compile_timeout_s:g} s"))
+        f"Failed to compile {kind} grammar: compile timed out after {config.compile_timeout_s:g} s "
+        "(the compile budget, LMPROG_GRAMMAR_COMPILE_TIMEOUT)"))

@@ -11,11 +11,12 @@ import re
 import threading
 from collections import OrderedDict
 from functools import lru_cache
+from typing import Optional
 
 import numpy as np
-import outlines_core
 import torch
 
+from lmprog_runtime.constrained.dfa_build import build_tables
 from lmprog_runtime.constrained.trie_walk import MAX_TOKEN_BYTES, TokenTrie
 
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -65,16 +66,6 @@ def token_bytes(tokenizer) -> list[bytes | None]:
     return [b if b else None for b in out]
 
 
-@lru_cache(maxsize=1)
-def _byte_vocabulary() -> outlines_core.Vocabulary:
-    """One token per byte value (ids 0..255, EOS 256): the index over it is the byte DFA."""
-    return outlines_core.Vocabulary(256, {bytes([b]): [b] for b in range(256)})
-
-
-_SENTINEL = 0x02
-_SENTINEL_RE = r"\x02"
-
-
 class ByteDFA:
     """A regex's DFA over UTF-8 bytes, as a dense table (outlines-core builds it).
 
@@ -85,39 +76,18 @@ class ByteDFA:
     indexes slow.
     """
 
-    def __init__(self, regex: str):
-        # The builder also determinizes an unanchored start (".*?R"), which can blow up
-        # (an open JSON object: 27 s and GBs). A sentinel byte first keeps that copy
-        # the size of the anchored one; matching starts after the sentinel.
-        index = outlines_core.Index(_SENTINEL_RE + "(?:" + regex + ")", _byte_vocabulary())
-        edges = index.get_transitions()
-        finals = set(index.get_final_states())
-        start = edges.get(index.get_initial_state(), {}).get(_SENTINEL)
-        if start is None:
-            raise ValueError("the regex matches no string")
-        ids = {start: 0}
-        for s in sorted(set(edges) | finals | {t for e in edges.values() for t in e.values()}):
-            ids.setdefault(s, len(ids))
-        self.n_states = len(ids)
+    def __init__(self, regex: str, tables: Optional[dict] = None):
+        """`tables`: `dfa_build.build_tables(regex)` when already built (e.g. by a compile
+        worker); built here otherwise."""
+        t = build_tables(regex) if tables is None else tables
+        self.n_states = t["n_states"]
         self.dead = self.n_states
-        trans = np.full((self.n_states + 1, 256), self.dead, dtype=np.int32)
-        src, byte, dst = [], [], []
-        for s, e in edges.items():
-            row = ids[s]
-            for b, t in e.items():
-                if b < 256:
-                    src.append(row)
-                    byte.append(b)
-                    dst.append(ids[t])
-        trans[src, byte] = dst
-        # bytes no state tells apart share a column: the table shrinks ~256/n_classes times
-        _, first, classes = np.unique(trans.T, axis=0, return_index=True, return_inverse=True)
-        self.byte_class = classes.reshape(-1).astype(np.uint8)
+        self.byte_class = t["byte_class"]
         self._cls = self.byte_class.tolist()  # python ints for the scalar walks
-        self.n_classes = len(first)
-        self.trans = np.ascontiguousarray(trans[:, first]).reshape(-1)
+        self.n_classes = t["n_classes"]
+        self.trans = t["trans"]
         self.initial = 0
-        self.finals = frozenset(ids[s] for s in finals)
+        self.finals = t["finals"]
 
     def step(self, state: int, byte: int) -> int:
         return int(self.trans[state * self.n_classes + self._cls[byte]])
@@ -162,9 +132,9 @@ class CompiledIndex:
     MASK_CACHE_STATES = 256  # bool rows of `vocab_size` bytes each (49k tokens: 12.6 MB)
 
     def __init__(self, regex: str, trie: TokenTrie, table: list[bytes | None],
-                 eos_token_ids: list[int], vocab_size: int):
+                 eos_token_ids: list[int], vocab_size: int, dfa: Optional[ByteDFA] = None):
         self.regex = regex
-        self.dfa = ByteDFA(regex)
+        self.dfa = ByteDFA(regex) if dfa is None else dfa
         self.trie = trie
         self.table = table
         self.eos_token_ids = list(eos_token_ids)

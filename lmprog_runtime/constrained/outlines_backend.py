@@ -3,12 +3,15 @@ lazy token index over the tokenizer's real bytes (index.py, trie_walk.py)."""
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Optional, Sequence
 
 import torch
 
+from lmprog_runtime.constrained.budget import check_regex_budget
 from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
-from lmprog_runtime.constrained.index import CompiledIndex, token_bytes
+from lmprog_runtime.constrained.dfa_build import IsolatedBuilder
+from lmprog_runtime.constrained.index import ByteDFA, CompiledIndex, token_bytes
 from lmprog_runtime.constrained.json_schema import build_regex_from_schema
 from lmprog_runtime.constrained.regex_fragments import ascii_shorthands
 from lmprog_runtime.constrained.trie_walk import TokenTrie
@@ -136,6 +139,12 @@ class OutlinesBackend(GrammarBackend):
             if e < len(self.table):
                 self.table[e] = None
         self.trie = TokenTrie(self.table)
+        self._builder = IsolatedBuilder()
+        weakref.finalize(self, self._builder.close)  # no worker outlives its backend
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._builder.close()
 
     def to_regex(self, kind: str, spec: str) -> str:
         if kind == "regex":
@@ -155,8 +164,14 @@ class OutlinesBackend(GrammarBackend):
 
     def compile(self, kind: str, spec: str) -> OutlinesGrammar:
         regex = ascii_shorthands(self.to_regex(kind, spec))
+        check_regex_budget(kind, regex, self.config.max_states)
+        cfg = self.config
         try:
-            index = CompiledIndex(regex, self.trie, self.table, self.eos_token_ids, self.vocab_size)
+            tables = None
+            if cfg.compile_memory_mb > 0:  # the DFA is built in a capped, killable worker
+                tables = self._builder.build(regex, cfg.compile_timeout_s, cfg.compile_memory_mb)
+            dfa = ByteDFA(regex, tables)
+            index = CompiledIndex(regex, self.trie, self.table, self.eos_token_ids, self.vocab_size, dfa=dfa)
         except Exception as exc:  # noqa: BLE001 - outlines-core raises plain ValueError/RuntimeError
             raise GrammarError(f"Failed to compile {kind} grammar: {exc}") from exc
         return OutlinesGrammar(_Shared(index))

@@ -3,11 +3,14 @@
     server process (this one)                     scheduler process (spawned)
     aiohttp app + TokenizerManager   <── ipc ──>  build_scheduler(args).run_forever(...)
 
-Start-up: spawn the scheduler, load the tokenizer meanwhile, print a progress line until
-the child sends `SchedulerReady` (or `SchedulerFailed`), then listen. The child is
-watched through its process sentinel: if it dies, every open request fails with a 503 and
-`/health` answers 503. SIGINT/SIGTERM stop the listener, tell the scheduler to shut
-down, join (then terminate) it and remove the IPC files.
+Start-up: listen first (a taken port fails before any loading; every route answers 503
+"loading" with its progress until the model is in), spawn the scheduler, load the
+tokenizer meanwhile, print a progress line until the child sends `SchedulerReady` (or
+`SchedulerFailed`). The child is watched through its process sentinel: if it dies, every
+open request fails with a 503, every route answers 503, and the server either starts a new
+scheduler (at most --scheduler-restart times; counted in `lmprog:scheduler_restarts`) or
+exits with code 3 for a supervisor to restart it. SIGINT/SIGTERM stop the listener, tell the scheduler to
+shut down, join (then terminate) it and remove the IPC files.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Optional
 
 from lmprog_runtime.config import ServerArgs, add_cli_args, from_cli_namespace
@@ -30,6 +34,7 @@ logger = logging.getLogger("lmprog_runtime.server")
 
 PROGRESS_EVERY_S = 5.0
 SHUTDOWN_GRACE_S = 10.0
+EXIT_SCHEDULER_DIED = 3  # the exit code after the scheduler process died
 
 
 # -- the scheduler process --------------------------------------------------------------------
@@ -82,7 +87,7 @@ class ServerRuntime:
 
     def __init__(self, args: ServerArgs, progress: Callable[[str], None] = print):
         self.args = args
-        self.progress = progress
+        self._print = progress
         self.paths: Optional[IpcPaths] = None
         self.channel: Optional[ServerChannel] = None
         self.process: Optional[multiprocessing.Process] = None
@@ -95,21 +100,49 @@ class ServerRuntime:
         self.last_output_time = 0.0
         self.stopping = False
         self._recv_task: Optional[asyncio.Task] = None
+        self.load_started = time.monotonic()
+        self.load_status = "starting"  # the last progress line while loading
+        self.schemas: Dict[str, dict] = {}
+        self.max_token_bytes = 1
+        self.tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")  # one: the tokenizer is shared
+        self.on_dead: Callable[[str], None] = lambda message: None  # serve() exits non-zero
+        self.restarts = 0  # scheduler restarts so far (bounded by --scheduler-restart)
+        self.restarting = False
+        self._restart_task: Optional[asyncio.Task] = None
 
     @property
     def dead(self) -> Optional[str]:
-        return self.tm.dead if self.tm is not None else "starting"
+        """None when serving; otherwise why not ("loading" while the model loads)."""
+        return self.tm.dead if self.tm is not None else "loading"
+
+    def unavailable_message(self) -> str:
+        if self.tm is None:
+            return (f"The server is loading the model ({time.monotonic() - self.load_started:.0f}s so far); "
+                    "retry when /health answers 200.")
+        if self.restarting:
+            return (f"The scheduler is restarting ({self.restarts}/{self.args.scheduler_restart}) after: "
+                    f"{self.tm.dead}")
+        return f"The scheduler is not running: {self.tm.dead}"
+
+    def state_fields(self) -> Dict[str, Any]:
+        """Top-level keys of a 503 envelope: the state, and while loading its progress."""
+        if self.tm is None:
+            return {"status": "loading", "progress": {"elapsed_s": round(time.monotonic() - self.load_started, 1),
+                                                      "message": self.load_status}}
+        return {"status": "restarting" if self.restarting else "dead", "restarts": self.restarts}
+
+    def progress(self, line: str) -> None:
+        self.load_status = line.strip()
+        self._print(line)
 
     async def start(self) -> None:
         from lmprog_runtime.server.metrics import ServerMetrics
+        from lmprog_runtime.server.schema import Limits, request_schemas
         from lmprog_runtime.tokenizer_manager import TokenizerManager
 
         self.paths = IpcPaths.create()
         self.channel = ServerChannel(self.paths)
-        ctx = multiprocessing.get_context("spawn")
-        self.process = ctx.Process(target=run_scheduler_process, args=(self.args, self.paths),
-                                   name="lmprog-scheduler", daemon=True)
-        self.process.start()
+        self._spawn()
         loop = asyncio.get_running_loop()
         tokenizer = loop.run_in_executor(None, _load_tokenizer, self.args)
         try:
@@ -120,10 +153,18 @@ class ServerRuntime:
         self.tokenizer = await tokenizer
         self.model_info = self.info["model_info"]
         self.metrics = ServerMetrics(self.model_info["served_model_name"])
+        self.schemas = request_schemas(Limits.of(self.args, self.info["vocab_size"]))
+        self.max_token_bytes = _max_token_bytes(self.tokenizer)
         self.tm = TokenizerManager(self.tokenizer, self.info["vocab_size"], self.info["context_len"],
                                    self.channel.send, on_finish=self.metrics.on_finish)
         self._recv_task = asyncio.create_task(self.channel.receive_loop(self._on_message))
         loop.add_reader(self.process.sentinel, self._on_child_exit)
+
+    def _spawn(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.process = ctx.Process(target=run_scheduler_process, args=(self.args, self.paths),
+                                   name="lmprog-scheduler", daemon=True)
+        self.process.start()
 
     async def _wait_ready(self) -> Dict[str, Any]:
         t0 = time.monotonic()
@@ -150,7 +191,7 @@ class ServerRuntime:
     def _on_message(self, obj) -> None:
         if isinstance(obj, SchedulerFailed):
             logger.error("scheduler failed: %s", obj.message)
-            self.tm.fail_all(obj.message)
+            self._scheduler_down(obj.message)
             return
         self.last_output_time = time.monotonic()
         self.tm.handle_output(obj)
@@ -162,8 +203,43 @@ class ServerRuntime:
             return
         message = f"the scheduler process exited unexpectedly (exit code {self.process.exitcode})"
         logger.error(message)
+        self._scheduler_down(message)
+
+    def _scheduler_down(self, message: str) -> None:
+        """Fail every open request (503), then restart the scheduler while --scheduler-restart
+        allows, else tell serve() to exit non-zero."""
         if not self.tm.dead:
             self.tm.fail_all(message)
+        if self.restarting or self.stopping:
+            return
+        if self.restarts < self.args.scheduler_restart:
+            self.restarting = True
+            self._restart_task = asyncio.create_task(self._restart())
+        else:
+            self.on_dead(self.tm.dead)
+
+    async def _restart(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.restarts += 1
+        self.metrics.scheduler_restarts.labels(self.metrics.model_name).inc()
+        loop.remove_reader(self.process.sentinel)
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+            await asyncio.gather(self._recv_task, return_exceptions=True)
+        await loop.run_in_executor(None, _reap, self.process, 5.0)  # no second peer on the sockets
+        self.progress(f"Restarting the scheduler ({self.restarts}/{self.args.scheduler_restart})...")
+        self._spawn()
+        try:
+            self.info.update(await self._wait_ready())
+        except Exception as e:  # noqa: BLE001 - a restart that fails ends the server
+            self.restarting = False
+            self.on_dead(f"the scheduler restart failed: {e}")
+            return
+        self.tm.control_waiters.clear()  # futures of the dead scheduler, already failed
+        self.tm.dead = None
+        self.restarting = False
+        self._recv_task = asyncio.create_task(self.channel.receive_loop(self._on_message))
+        loop.add_reader(self.process.sentinel, self._on_child_exit)
 
     def server_info(self) -> Dict[str, Any]:
         info = self.args.to_dict()
@@ -193,6 +269,7 @@ class ServerRuntime:
         if self.channel is not None:
             self.channel.close()
             self.channel = None
+        self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _redacted_command(argv) -> str:
@@ -203,14 +280,23 @@ def _redacted_command(argv) -> str:
     return " ".join(out)
 
 
-def _reap(process: multiprocessing.Process) -> None:
-    process.join(SHUTDOWN_GRACE_S)
+def _reap(process: multiprocessing.Process, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    process.join(grace_s)
     if process.is_alive():
         process.terminate()
         process.join(5)
     if process.is_alive():
         process.kill()
         process.join(5)
+
+
+def _max_token_bytes(tokenizer) -> int:
+    """Bytes of the longest token (byte-level vocabularies spell one byte per character;
+    x4 covers vocabularies that spell real UTF-8 characters)."""
+    try:
+        return max(4 * max(len(t) for t in tokenizer.get_vocab()), 16)
+    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: no early length check
+        return 1 << 20
 
 
 def _load_tokenizer(args: ServerArgs):
@@ -220,31 +306,40 @@ def _load_tokenizer(args: ServerArgs):
 
 
 # -- serving --------------------------------------------------------------------------------
-async def serve(args: ServerArgs, progress: Callable[[str], None] = print) -> None:
-    """Run until SIGINT/SIGTERM; raises RuntimeError when the model cannot be loaded."""
-    from aiohttp import web
-
-    from lmprog_runtime.server.http import create_app
+async def serve(args: ServerArgs, progress: Callable[[str], None] = print) -> int:
+    """Listen first (503 "loading" until the model is in), then serve until SIGINT/SIGTERM
+    (exit code 0) or until the scheduler dies (in-flight requests fail with 503, then exit
+    code 3 so that a supervisor restarts the server). OSError when the port is taken,
+    RuntimeError when the model cannot be loaded."""
+    from lmprog_runtime.server.http import EnvelopeAppRunner, create_app
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    exit_code = [0]
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     runtime = ServerRuntime(args, progress)
-    runner = None
+
+    def on_dead(message: str) -> None:
+        progress(f"The scheduler died ({message}); failing open requests and exiting.")
+        exit_code[0] = EXIT_SCHEDULER_DIED
+        stop.set()
+
+    runtime.on_dead = on_dead
+    runner = EnvelopeAppRunner(create_app(runtime), handler_cancellation=True, access_log=None,
+                               shutdown_timeout=SHUTDOWN_GRACE_S)
     try:
+        await runner.setup()
+        await web_site(runner, args).start()  # before loading: a taken port fails now
+        progress(f"Listening on http://{args.host}:{args.port} (503 'loading' until the model is ready)")
         starting = asyncio.create_task(runtime.start())
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():  # a signal while loading
             starting.cancel()
             progress("Interrupted while loading; shutting down.")
-            return
+            return 0
         starting.result()
-        runner = web.AppRunner(create_app(runtime), handler_cancellation=True, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, args.host, args.port)
-        await site.start()
         progress(f"Serving {runtime.model_info['served_model_name']!r} on http://{args.host}:{args.port} "
                  "(Ctrl-C to stop)")
         await stopping
@@ -253,11 +348,17 @@ async def serve(args: ServerArgs, progress: Callable[[str], None] = print) -> No
         if runtime.tm is not None and not runtime.tm.dead:  # end open streams now, not after a timeout
             runtime.tm.abort(abort_all=True)
             runtime.tm.fail_all("the server is shutting down")
-        if runner is not None:
-            await runner.cleanup()
+        await runner.cleanup()
         await runtime.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+    return exit_code[0]
+
+
+def web_site(runner, args: ServerArgs):
+    from aiohttp import web
+
+    return web.TCPSite(runner, args.host, args.port)
 
 
 def _setup_logging(level: str) -> None:
@@ -290,14 +391,13 @@ def main(argv=None) -> int:
     _setup_logging(args.log_level)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        asyncio.run(serve(args, progress=lambda line: print(line, flush=True)))
+        return asyncio.run(serve(args, progress=lambda line: print(line, flush=True)))
     except RuntimeError as e:
         print(f"lmprog-runtime: {e}", file=sys.stderr, flush=True)
         return 1
-    except OSError as e:  # e.g. the port is taken
+    except OSError as e:  # e.g. the port is taken: found before the model loads
         print(f"lmprog-runtime: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr, flush=True)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -71,6 +71,9 @@ class ServerMetrics:
                              buckets=_ITL_BUCKETS, registry=reg)
         self.e2e = Histogram("sglang:e2e_request_latency_seconds", "Request latency, arrival to finish.",
                              labels, buckets=_E2E_BUCKETS, registry=reg)
+        self.scheduler_restarts = Counter("lmprog:scheduler_restarts", "Scheduler processes restarted after "
+                                          "dying (--scheduler-restart).", labels, registry=reg)
+        self.scheduler_restarts.labels(model_name)  # exported as 0 from the start
         self.gauges = _SchedulerGauges(model_name)
         reg.register(self.gauges)
 

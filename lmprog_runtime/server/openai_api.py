@@ -12,66 +12,42 @@ import json
 import os
 import time
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from aiohttp import web
 
-from lmprog_runtime.server.http import RUNTIME, read_json, write_sse
+from lmprog_runtime.server.http import RUNTIME, off_loop, read_request, write_sse
+from lmprog_runtime.server.limits import check_fanout, check_output_room, check_prompt_size
+from lmprog_runtime.server.validate import SchemaError
 from lmprog_runtime.tokenizer_manager import RequestError
 
-_NUM = (int, float)
-# Field types we check before translating (None always means "unset"; unknown fields are ignored).
-_COMMON = {
-    "model": str, "n": int, "stream": bool, "stream_options": dict, "temperature": _NUM, "top_p": _NUM,
-    "top_k": int, "min_p": _NUM, "frequency_penalty": _NUM, "presence_penalty": _NUM,
-    "repetition_penalty": _NUM, "seed": int, "stop": (str, list), "stop_token_ids": list,
-    "ignore_eos": bool, "skip_special_tokens": bool, "no_stop_trim": bool, "logit_bias": dict,
-    "min_tokens": int, "regex": str, "ebnf": str, "json_schema": (str, dict), "response_format": dict,
-    "rid": str, "cache_salt": str, "extra_key": str, "user": str, "max_tokens": int,
-}
-COMPLETION_FIELDS = {**_COMMON, "prompt": (str, list), "logprobs": int, "echo": bool, "suffix": str,
-                     "best_of": int}
-CHAT_FIELDS = {**_COMMON, "messages": list, "max_completion_tokens": int, "logprobs": bool,
-               "top_logprobs": int, "tools": list, "tool_choice": (str, dict), "continue_final_message": bool,
-               "chat_template_kwargs": dict, "input_ids": list}
 _SAMPLING_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
                   "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
                   "repetition_penalty": "repetition_penalty", "stop": "stop", "stop_token_ids": "stop_token_ids",
                   "ignore_eos": "ignore_eos", "skip_special_tokens": "skip_special_tokens",
                   "no_stop_trim": "no_stop_trim", "n": "n", "logit_bias": "logit_bias", "seed": "sampling_seed",
                   "min_tokens": "min_new_tokens", "regex": "regex", "ebnf": "ebnf", "json_schema": "json_schema"}
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "a list",
-               dict: "an object"}
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 # -- request translation ------------------------------------------------------------------------
-async def _openai_body(request: web.Request, fields: Dict[str, Any]) -> dict:
+async def _openai_body(request: web.Request, endpoint: str) -> dict:
     if request.content_type != "application/json":
-        raise RequestError("Unsupported Media Type: Only 'application/json' is allowed")
-    body = await read_json(request)
-    for key, types in fields.items():
-        value = body.get(key)
-        if value is None:
-            continue
-        types = types if isinstance(types, tuple) else (types,)
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            names = " or ".join(_TYPE_NAMES[t] for t in types if not (t is int and float in types))
-            raise RequestError(f"{key} must be {names}, got {json.dumps(value)[:80]}.")
-    if body.get("n") is not None and body["n"] < 1:
-        raise RequestError(f"n must be at least 1, got {body['n']}.")
-    return body
+        raise RequestError("Unsupported Media Type: Only 'application/json' is allowed", 415)
+    return await read_request(request, endpoint)
 
 
-def _sampling(body: dict, max_tokens: Optional[int]) -> dict:
-    if max_tokens is not None and max_tokens <= 0:
-        raise RequestError("max_tokens must be positive")
+def _sampling(body: dict, max_tokens: Optional[int], max_grammar_bytes: int) -> dict:
     sp = {ours: body[theirs] for theirs, ours in _SAMPLING_KEYS.items() if body.get(theirs) is not None}
     if max_tokens is not None:
         sp["max_new_tokens"] = max_tokens
     rf = body.get("response_format")
     if rf is not None:
         sp.update(_response_format(rf))
+        spec = sp.get("json_schema") or sp.get("structural_tag") or ""
+        if len(spec) > max_grammar_bytes:
+            raise SchemaError("response_format", f"a schema of at most {max_grammar_bytes} bytes of JSON "
+                                                 "(--max-grammar-bytes)", None, f"{len(spec)} bytes")
     return sp
 
 
@@ -192,18 +168,21 @@ def _envelope(rid: str, body: dict, rt, obj_type: str, choices: list) -> dict:
 # -- /v1/completions -------------------------------------------------------------------------
 async def completions(request: web.Request) -> web.StreamResponse:
     rt = request.app[RUNTIME]
-    body = await _openai_body(request, COMPLETION_FIELDS)
-    prompt = body.get("prompt")
-    if prompt is None or prompt == "" or prompt == []:
-        raise RequestError("Prompt cannot be empty")
-    obj = _base_request(body, _sampling(body, body.get("max_tokens", 16)), bool(body.get("stream")))
-    prompt_texts = _set_prompt(rt, obj, prompt)
+    body = await _openai_body(request, "/v1/completions")
+    prompt = body["prompt"]
+    batch = isinstance(prompt, list) and isinstance(prompt[0], (str, list))
+    check_fanout(rt, len(prompt) if batch else 1, body.get("n") or 1, "n")
+    check_prompt_size(rt, prompt if isinstance(prompt, str) or isinstance(prompt[0], str) else None, "prompt")
+    max_tokens = body.get("max_tokens")
+    sampling = _sampling(body, 16 if max_tokens is None else max_tokens, rt.args.max_grammar_bytes)
+    obj = _base_request(body, sampling, bool(body.get("stream")))
+    prompt_texts = await off_loop(rt, _set_prompt, rt, obj, prompt)
     logprobs, echo = body.get("logprobs"), bool(body.get("echo"))
     if logprobs is not None:
-        if logprobs < 0:
-            raise RequestError(f"logprobs must be at least 0, got {logprobs}.")
         obj.update(return_logprob=True, top_logprobs_num=logprobs, logprob_start_len=0 if echo else -1)
-    job = rt.tm.parse(obj)
+    job = await off_loop(rt, rt.tm.parse, obj)
+    check_output_room(rt, job, [max_tokens is not None], [bool(body.get("clamp_max_tokens"))], "max_tokens",
+                      "clamp_max_tokens")
     n = body.get("n") or 1
     if obj["stream"]:
         return await write_sse(request, _completion_stream(rt, body, obj, job, prompt_texts, n))
@@ -284,23 +263,23 @@ async def _completion_stream(rt, body, obj, job, prompt_texts, n):
 # -- /v1/chat/completions ----------------------------------------------------------------------
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     rt = request.app[RUNTIME]
-    body = await _openai_body(request, CHAT_FIELDS)
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    obj = _base_request(body, _sampling(body, max_tokens), bool(body.get("stream")))
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise RequestError("tool_choice 'required' or a named function is not supported yet.")
+    body = await _openai_body(request, "/v1/chat/completions")
+    max_tokens = body.get("max_completion_tokens")
+    max_tokens = body.get("max_tokens") if max_tokens is None else max_tokens
+    obj = _base_request(body, _sampling(body, max_tokens, rt.args.max_grammar_bytes), bool(body.get("stream")))
+    top = body.get("top_logprobs")
+    if top and not body.get("logprobs"):
+        raise SchemaError("top_logprobs", "0 or unset unless logprobs is true", top)
     if body.get("input_ids") is not None:
         obj["input_ids"] = body["input_ids"]
     else:
-        obj["input_ids"] = render_chat(rt, body.get("messages"), body)
-    top = body.get("top_logprobs")
-    if top is not None and not 0 <= top <= 20:
-        raise RequestError(f"top_logprobs must be in [0, 20], got {top}.")
-    if top and not body.get("logprobs"):
-        raise RequestError("top_logprobs requires logprobs to be true.")
+        obj["input_ids"] = await off_loop(rt, render_chat, rt, body["messages"], body)
     if body.get("logprobs"):
         obj.update(return_logprob=True, top_logprobs_num=top or 0)
-    job = rt.tm.parse(obj)
+    job = await off_loop(rt, rt.tm.parse, obj)
+    check_output_room(rt, job, [max_tokens is not None], [bool(body.get("clamp_max_tokens"))],
+                      "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens",
+                      "clamp_max_tokens")
     n = body.get("n") or 1
     if obj["stream"]:
         return await write_sse(request, _chat_stream(rt, body, obj, job, n))

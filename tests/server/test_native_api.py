@@ -137,9 +137,9 @@ def test_abort_request(live_server):
     ({"text": "hi", "sampling_params": "greedy"}, "sampling_params"),
     ({"text": "hi", "frobnicate": True}, "frobnicate"),
     ({"text": 42}, "text"),
-    ({"input_ids": []}, "empty"),
+    ({"input_ids": []}, "input_ids: expected at least 1 item"),
     ({"input_ids": ["a"]}, "input_ids"),
-    ({"input_ids": [10 ** 9]}, "vocab"),
+    ({"input_ids": [10 ** 9]}, "input_ids[0]: expected a token id in [0, 49151] (the vocabulary)"),
     ({"text": ""}, "empty"),
     ({"sampling_params": {}}, "text, input_ids"),
     ({"input_ids": [5] * 2000}, "context length"),
@@ -208,7 +208,12 @@ def test_openapi_lists_every_route(live_server):
         assert path in paths
     undocumented = [p for p, ops in paths.items() for op in ops.values() if op["summary"] == "(undocumented)"]
     assert not undocumented
-    assert "requestBody" in paths["/generate"]["post"]
+    # the published bodies are the very schemas the boundary checks with
+    body = paths["/generate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert "sampling_params" in body["properties"]
+    chat = paths["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert chat["required"] == ["messages"]
+    assert "400" in paths["/generate"]["post"]["responses"]
 
 
 def test_unknown_route_is_json_404(live_server):

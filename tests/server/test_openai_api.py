@@ -138,12 +138,12 @@ def test_response_format_json_schema_output_parses(client, model):
 
 
 @pytest.mark.parametrize("path, body, fragment", [
-    ("/v1/completions", {"prompt": "", "max_tokens": 2}, "Prompt cannot be empty"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens must be positive"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": "2"}, "max_tokens must be an integer"),
-    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, "temperature must be a number"),
+    ("/v1/completions", {"prompt": "", "max_tokens": 2}, "prompt: expected a non-empty string"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens: expected an integer in [1, "),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "2"}, "max_tokens: expected an integer"),
+    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, "temperature: expected a number"),
     ("/v1/completions", {"prompt": "hi", "top_p": 5}, "top_p"),
-    ("/v1/completions", {"prompt": "hi", "n": 0}, "n must be at least 1"),
+    ("/v1/completions", {"prompt": "hi", "n": 0}, "n: expected an integer in [1, 64], got 0"),
     ("/v1/completions", {"prompt": [1.5]}, "prompt"),
     ("/v1/completions", {"prompt": "x " * 3000, "max_tokens": 2}, "context length"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
@@ -161,7 +161,7 @@ def test_bad_openai_requests_are_400(live_server, path, body, fragment):
 def test_openai_requires_json_content_type(live_server):
     r = requests.post(live_server + "/v1/completions", data="prompt=hi", timeout=30,
                       headers={"Content-Type": "application/x-www-form-urlencoded"})
-    assert r.status_code == 400 and "application/json" in r.json()["error"]["message"]
+    assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
 
 
 def test_client_sees_bad_request(client, model):
