@@ -222,9 +222,10 @@ class Scheduler:
         """`compute()` → logits; None if it raised: then every request of the batch has
         failed (its slots of this step counted as its own, so release frees them)."""
         try:
+            logits = compute()  # waited for first: nothing may free slots the forward still writes
             if self.faults is not None:
                 self.faults.check_any(Stage.FORWARD, [it.req.rid for it in plan.items])
-            return compute()
+            return logits
         except Exception as e:
             for item in plan.items:
                 self.kv.commit(item.req, item.num_tokens)  # allocated for this step: freed on release
