@@ -185,7 +185,7 @@ class Scheduler:
             return self._idle_step()
         batch = build_forward_batch(plan, self.runner)
         t1 = time.perf_counter()
-        logits = self._forward(plan, lambda: self.runner.forward(batch))
+        logits = self._forward(plan, lambda: self._run_forward(plan, batch))
         mask = self.masks.build(plan.sampled_reqs())
         self.stats["forward_s"] += time.perf_counter() - t1
         if logits is not None:
@@ -205,7 +205,7 @@ class Scheduler:
             return self._idle_step()
         batch = build_forward_batch(plan, self.runner)
         t1 = time.perf_counter()
-        future = self._forward_pool.submit(self.runner.forward, batch)
+        future = self._forward_pool.submit(self._run_forward, plan, batch)
         self._flush()
         self._take_messages(block=False)
         mask = self.masks.build(plan.sampled_reqs())
@@ -222,15 +222,17 @@ class Scheduler:
         """`compute()` → logits; None if it raised: then every request of the batch has
         failed (its slots of this step counted as its own, so release frees them)."""
         try:
-            logits = compute()  # waited for first: nothing may free slots the forward still writes
-            if self.faults is not None:
-                self.faults.check_any(Stage.FORWARD, [it.req.rid for it in plan.items])
-            return logits
+            return compute()  # in the overlap loop: waits for the worker, so it writes no more
         except Exception as e:
             for item in plan.items:
                 self.kv.commit(item.req, item.num_tokens)  # allocated for this step: freed on release
                 fail_request(item.req, Stage.FORWARD, e)
             return None
+
+    def _run_forward(self, plan: StepPlan, batch):
+        if self.faults is not None:  # as a failing forward would: nothing computed
+            self.faults.check_any(Stage.FORWARD, [it.req.rid for it in plan.items])
+        return self.runner.forward(batch)
 
     def _idle_step(self) -> bool:
         self._release_finished()
