@@ -78,7 +78,7 @@ class Scheduler:
         policy = SchedulePolicy(server_args.schedule_policy, self.kv.cache_enabled)
         self.admission = Admission(self.limits, self.kv, policy, faults)
         self.grammars = GrammarQueue(grammar_factory, GRAMMAR_COMPILE_TIMEOUT_S)
-        self.masks = MaskBuilder(cfg.vocab_size, self.stats)
+        self.masks = MaskBuilder(cfg.vocab_size, self.stats, faults)
         self.outbox = Outbox(server_args.stream_interval, faults)
         jump = None if server_args.disable_jump_forward else JumpForward(self.tokenizer, self.kv, self.stats,
                                                                          faults)

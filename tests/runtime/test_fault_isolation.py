@@ -96,6 +96,7 @@ CASES = [  # (stage, workload, streamed, checks of the victim let pass before th
     (Stage.FORWARD, "plain", True, 3),       # a decode batch fails
     (Stage.SAMPLING, "plain", False, 0),
     (Stage.SAMPLING, "plain", True, 3),
+    (Stage.GRAMMAR_MASK, "regex", False, 1),
     (Stage.GRAMMAR, "regex", False, 2),
     (Stage.JUMP_FORWARD, "regex", True, 0),
     (Stage.STOP_CHECK, "stop", False, 3),
