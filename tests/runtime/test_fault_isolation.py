@@ -164,3 +164,32 @@ def test_tokenizer_manager_detokenize_fails_only_its_request(rig, monkeypatch):
         [e for i, e in enumerate(expected) if i != VICTIM]
     assert not eng.tm.states
     eng.check_integrity()
+
+
+def test_real_faults_fail_only_their_request(tiny_model_path):
+    """Not injected: values the boundary may let through (today it does) that make torch
+    raise — a seed beyond 64 bits (on arrival), a string logit bias (in sampling) — fail
+    their own request; the scheduler, driven step by step here, finishes the others."""
+    from lmprog_runtime.config import ServerArgs
+    from lmprog_runtime.engine import build_scheduler
+    from lmprog_runtime.messages import TokenizedGenerateReq
+    from lmprog_runtime.sampling_params import SamplingParams
+
+    sched = build_scheduler(ServerArgs.from_kwargs(model_path=tiny_model_path, dtype="float32",
+                                                   max_total_tokens=4096))
+    sent = []
+    sched._send = sent.append
+    ids = sched.tokenizer.encode(PROMPTS[0])
+    params = {"good": SamplingParams(temperature=0, max_new_tokens=6),
+              "seed": SamplingParams(temperature=0, max_new_tokens=6, sampling_seed=2 ** 70),
+              "bias": SamplingParams(temperature=0, max_new_tokens=6, logit_bias={"5": "high"})}
+    for rid, sp in params.items():
+        sched.add_request(TokenizedGenerateReq(rid=rid, input_ids=ids, sampling_params=sp))
+    while not sched.is_idle():
+        sched.step()
+    sched._flush()
+    final = {o.rid: o.finished_reason for batch in sent for o in batch.outputs if o.finished_reason}
+    assert final["good"].type == "length"
+    assert final["seed"].status_code == 500 and "Internal error in admission" in final["seed"].message
+    assert final["bias"].status_code == 500 and "Internal error in sampling" in final["bias"].message
+    sched.check_integrity()
