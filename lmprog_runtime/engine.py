@@ -24,8 +24,9 @@ _GENERATE_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "to
                   "return_text_in_logprobs", "rid", "cache_salt", "extra_key", "return_prompt_token_ids")
 
 
-def build_scheduler(args: ServerArgs):
-    """Load the model and build the scheduler around it (used by Engine and the server's child)."""
+def build_scheduler(args: ServerArgs, faults=None):
+    """Load the model and build the scheduler around it (used by Engine and the server's child).
+    `faults`: a scheduler.faults.FaultInjector, for tests only."""
     from lmprog_runtime.model.runner import ModelRunner
     from lmprog_runtime.scheduler.scheduler import Scheduler
 
@@ -39,7 +40,7 @@ def build_scheduler(args: ServerArgs):
             whitespace_pattern=args.constrained_json_whitespace_pattern)
 
     use_grammars = args.grammar_backend != "none"
-    return Scheduler(args, runner, grammar_factory=grammar_factory if use_grammars else None)
+    return Scheduler(args, runner, grammar_factory=grammar_factory if use_grammars else None, faults=faults)
 
 
 def model_info(args: ServerArgs, runner) -> Dict[str, Any]:
@@ -74,9 +75,10 @@ def _model_name(model_path: str) -> str:
 
 
 class Engine:
-    def __init__(self, **kwargs):
+    def __init__(self, faults=None, **kwargs):
+        """`kwargs`: ServerArgs fields. `faults`: a FaultInjector (scheduler/faults.py), tests only."""
         self.server_args = ServerArgs.from_kwargs(**kwargs)
-        self.scheduler = build_scheduler(self.server_args)
+        self.scheduler = build_scheduler(self.server_args, faults)
         runner = self.scheduler.runner
         self.tokenizer = runner.tokenizer
         self._model_info = model_info(self.server_args, runner)

@@ -35,6 +35,7 @@ from typing import List, Optional, Sequence
 
 from lmprog_runtime.messages import FinishReason
 from lmprog_runtime.scheduler.batch import StepPlan
+from lmprog_runtime.scheduler.faults import Stage, fail_request
 from lmprog_runtime.scheduler.policy import SchedulePolicy, defer_shared_new_prefixes
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ class Admitted:
     plan: StepPlan
     admitted: List = field(default_factory=list)   # waiting → running, in this order
     retracted: List = field(default_factory=list)  # running → front of the waiting queue
+    failed: List = field(default_factory=list)     # waiting → finished with an error (KV given back)
 
 
 def _pending_decode_like(reqs) -> List:
@@ -101,10 +103,11 @@ class Admission:
     """Owns the new-token ratio; reads the pool through `kv` (a KVManager) and moves KV
     only through it."""
 
-    def __init__(self, limits: AdmissionLimits, kv, policy: SchedulePolicy):
+    def __init__(self, limits: AdmissionLimits, kv, policy: SchedulePolicy, faults=None):
         self.limits = limits
         self.kv = kv
         self.policy = policy
+        self.faults = faults  # FaultInjector (tests only) or None
         self.min_ratio = limits.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
         self.ratio_decay = (limits.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = limits.init_ratio
@@ -211,7 +214,11 @@ class Admission:
         for r in self._candidates(waiting):
             if len(running) >= self.limits.max_running or budget <= 0 or input_budget <= 0:
                 break
-            chunk = self._try_admit(r, running, budget)
+            try:
+                chunk = self._try_admit(r, running, budget)
+            except Exception as e:  # this request alone fails; the others are still admitted
+                self._give_back(r, e, decision)
+                continue
             if chunk is None:
                 break
             n, loc = chunk
@@ -225,6 +232,8 @@ class Admission:
         """Assign `r` a row and slots for its first chunk: (tokens, slots), None = no room."""
         if not self.kv.assign(r):
             return None
+        if self.faults is not None:
+            self.faults.check(Stage.KV_ASSIGN, r.rid)  # row and prefix lock held, no slots yet
         n = min(r.extend_len, budget)
         room = self.kv.available() - self._reserved_room(running)
         chunk = self.kv.pages_needed(r.kv_len, n) * self.limits.page_size
@@ -236,3 +245,12 @@ class Admission:
             self.kv.unassign(r)
             return None
         return n, loc
+
+    def _give_back(self, r, exc: Exception, decision: Admitted) -> None:
+        """`r` failed while being admitted: finish it and return its row and prefix lock
+        (nothing of it was computed, so its KV is exactly the locked prefix)."""
+        fail_request(r, Stage.KV_ASSIGN, exc)
+        if r.row is not None:
+            self.kv.release(r, cache=False)
+        r.kv_len = r.cache_protected_len = 0
+        decision.failed.append(r)

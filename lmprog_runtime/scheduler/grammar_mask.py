@@ -2,7 +2,9 @@
 
 `build(reqs)` needs only the grammar states after the previous step, so the overlap
 loop builds it while the forward runs. Rows of requests without a grammar (or whose
-grammar has terminated) allow everything.
+grammar has terminated) allow everything. A grammar that fails to write its mask fails
+its own request (faults.Stage.GRAMMAR_MASK; the row allows everything, and the request,
+now finished, is not sampled).
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ from typing import Optional
 import numpy as np
 import torch
 
+from lmprog_runtime.scheduler.faults import Stage, fail_request
+
 
 class MaskBuilder:
-    def __init__(self, vocab_size: int, stats: dict):
+    def __init__(self, vocab_size: int, stats: dict, faults=None):
+        self.faults = faults  # FaultInjector (tests only) or None
         self.vocab_size = vocab_size
         self.stats = stats  # adds mask_s (wall seconds) and mask_rows (constrained rows)
         self._bufs: list = [None, None]  # reused mask rows, alternating between steps
@@ -30,13 +35,22 @@ class MaskBuilder:
         rows, mask = self._buffer(len(reqs), self.vocab_size)  # numpy: torch fills of this size
         for i, r in enumerate(reqs):                              # fan out to the intra-op pool
             g = r.grammar
-            if g is not None and not g.is_terminated():
-                g.write_mask(rows[i])
+            if g is not None and not g.is_terminated() and not r.finished:
+                self._write(r, rows[i])
             else:
                 rows[i].fill(True)
         self.stats["mask_s"] += time.perf_counter() - t0
         self.stats["mask_rows"] += sum(r.grammar is not None for r in reqs)
         return mask
+
+    def _write(self, r, row: np.ndarray) -> None:
+        try:
+            if self.faults is not None:
+                self.faults.check(Stage.GRAMMAR_MASK, r.rid)
+            r.grammar.write_mask(row)
+        except Exception as e:
+            fail_request(r, Stage.GRAMMAR_MASK, e)
+            row.fill(True)
 
     def _buffer(self, n: int, vocab: int):
         """([n, vocab] numpy rows, the same memory as a torch tensor) from a buffer reused

@@ -3,19 +3,28 @@
 A delta carries what the client has not seen: output tokens from the lowest index
 rewritten since the last send (a jump-forward may rewrite the tail) and the new
 logprob entries. Building a delta advances the request's "sent" marks.
+
+A request whose delta cannot be built fails alone (`faults.Stage.OUTPUT`): a stream
+delta's failure is raised to `PostProcessor.on_token`, which finishes the request; a
+final delta's failure is replaced by a bare error output, so the client always hears.
 """
 
 from __future__ import annotations
 
-from typing import List
+import logging
+from typing import List, Tuple
 
-from lmprog_runtime.messages import ReqOutput
+from lmprog_runtime.messages import BatchOutput, FinishReason, ReqOutput
+from lmprog_runtime.scheduler.faults import Stage, error_reason, fail_request
+
+logger = logging.getLogger(__name__)
 
 
 class Outbox:
-    def __init__(self, stream_interval: int):
+    def __init__(self, stream_interval: int, faults=None):
         self.stream_interval = stream_interval  # server default; a request may set its own
         self.pending: List[ReqOutput] = []
+        self.faults = faults  # FaultInjector (tests only) or None
 
     def stream(self, r) -> None:
         """A running streamed request produced tokens: send every `interval`-th step."""
@@ -23,14 +32,53 @@ class Outbox:
             return
         interval = r.sampling.stream_interval or self.stream_interval
         if interval == 1 or len(r.output_ids) % interval == 1:
-            self.pending.append(delta(r))
+            self.pending.append(self._delta(r))
 
     def final(self, r) -> None:
-        self.pending.append(delta(r))
+        try:
+            self.pending.append(self._delta(r))
+        except Exception as e:
+            fail_request(r, Stage.OUTPUT, e)
+            self.error(r.rid, r.prompt_len, error_reason(Stage.OUTPUT, e))
+
+    def error(self, rid: str, prompt_tokens: int, reason: FinishReason) -> None:
+        """A bare final output: no tokens (offset 0 clears them), only the error."""
+        self.pending.append(error_output(rid, prompt_tokens, reason))
+
+    def send(self, send, outputs: List[ReqOutput], stats) -> List[Tuple[ReqOutput, Exception]]:
+        """`send(BatchOutput)` once; if the channel refuses it, each output alone (the gauges
+        with the first). Returns the outputs it still refused, with why."""
+        try:
+            if self.faults is not None:
+                self.faults.check_any(Stage.SEND, [o.rid for o in outputs], spend=False)
+            send(BatchOutput(outputs, stats))
+            return []
+        except Exception:
+            logger.exception("sending a batch of %d outputs failed; sending them one by one", len(outputs))
+        refused = []
+        for i, out in enumerate(outputs):
+            try:
+                if self.faults is not None:
+                    self.faults.check(Stage.SEND, out.rid)
+                send(BatchOutput([out], stats if i == 0 else None))
+            except Exception as e:
+                refused.append((out, e))
+        return refused
+
+    def _delta(self, r) -> ReqOutput:
+        if self.faults is not None:
+            self.faults.check(Stage.OUTPUT, r.rid)
+        return delta(r)
 
     def take(self) -> List[ReqOutput]:
         out, self.pending = self.pending, []
         return out
+
+
+def error_output(rid: str, prompt_tokens: int, reason: FinishReason) -> ReqOutput:
+    """A bare final output: no tokens (offset 0 clears them), only the error."""
+    return ReqOutput(rid=rid, output_offset=0, output_ids=[], finished_reason=reason,
+                     prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=0)
 
 
 def delta(r) -> ReqOutput:

@@ -4,19 +4,22 @@
     cache → sample → per request: append the token, its logprob, advance the grammar,
     check stops, jump forward, queue a streamed delta.
 
-Each sampled request goes through `on_token` alone, so its handling can fail (or later be
-isolated) without touching the others. KV moves only through `kv` (a KVManager).
+Each sampled request goes through `on_token` alone: an exception there finishes only that
+request, with an error naming the stage it was in (faults.py). A failure of the batched
+sampler is retried row by row, so only the request that fails it fails. KV moves only
+through `kv` (a KVManager).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 
 from lmprog_runtime.messages import FinishReason
+from lmprog_runtime.scheduler.faults import Stage, fail_request
 from lmprog_runtime.scheduler.logprobs import (realign_after_jump, record_input_logprobs,
                                                record_output_logprob)
 
@@ -28,17 +31,18 @@ class Sampled:
     """The sampler's decision for this step's sampled rows."""
 
     reqs: List
-    token_ids: List[int]
-    logprobs: Optional[torch.Tensor]  # float [len(reqs), vocab], when a request asked
+    token_ids: List[Optional[int]]  # None: that request failed in sampling (and is finished)
+    logprobs: Optional[Sequence[torch.Tensor]]  # float [len(reqs), vocab] rows, when a request asked
 
 
 class JumpForward:
     """Appends the tokens a grammar forces next (re-tokenized canonically with the output)."""
 
-    def __init__(self, tokenizer, kv, stats: dict):
+    def __init__(self, tokenizer, kv, stats: dict, faults=None):
         self.tokenizer = tokenizer
         self.kv = kv
         self.stats = stats  # adds num_jump_forward_tokens
+        self.faults = faults  # FaultInjector (tests only) or None
 
     def apply(self, r) -> None:
         from lmprog_runtime.constrained.jump_forward import jump_forward_retokenize
@@ -56,6 +60,8 @@ class JumpForward:
         r.first_changed = min(r.first_changed, keep)
         if r.detok is not None:
             r.detok.rewind(keep)
+        if self.faults is not None:  # the worst moment: tokens rewritten, their KV not yet dropped
+            self.faults.check(Stage.JUMP_FORWARD, r.rid)
         # KV computed for rewritten tokens is stale: drop it; the next step extends again.
         self.kv.truncate(r, r.prompt_len + keep)
         if r.return_logprob:
@@ -67,7 +73,9 @@ class JumpForward:
 
 
 class PostProcessor:
-    def __init__(self, kv, sampler, stops, jump: Optional[JumpForward], outbox, stats: dict):
+    def __init__(self, kv, sampler, stops, jump: Optional[JumpForward], outbox, stats: dict,
+                 faults=None):
+        self.faults = faults    # FaultInjector (tests only) or None
         self.kv = kv
         self.sampler = sampler
         self.stops = stops      # StopChecker
@@ -87,7 +95,7 @@ class PostProcessor:
         for i, r in enumerate(sampled.reqs):
             if r.finished:  # aborted during the step
                 continue
-            lp = sampled.logprobs[i] if r.return_logprob else None
+            lp = sampled.logprobs[i] if r.return_logprob else None  # r.finished covers failed sampling
             self.on_token(r, sampled.token_ids[i], lp)
 
     def _after_compute(self, r, num_tokens: int) -> None:
@@ -101,33 +109,65 @@ class PostProcessor:
         if not items:
             return None
         reqs = [it.req for it in items]
-        rows = logits[[it.sample_row for it in items]]
+        picked = [it.sample_row for it in items]
+        rows = logits[picked]  # a copy: the sampler edits it in place
         if mask is not None and mask.shape[-1] < rows.shape[-1]:  # padded vocab rows stay banned
             pad = torch.zeros((mask.shape[0], rows.shape[-1] - mask.shape[-1]), dtype=torch.bool)
             mask = torch.cat([mask, pad], dim=-1)
         need_lp = any(r.return_logprob for r in reqs)
-        result = self.sampler(rows, reqs, mask, need_logprobs=need_lp)
-        self.stats["num_generated_tokens"] += len(reqs)
-        return Sampled(reqs, result.token_ids, result.logprobs)
+        try:
+            if self.faults is not None:
+                self.faults.check_any(Stage.SAMPLING, [r.rid for r in reqs], spend=False)
+            result = self.sampler(rows, reqs, mask, need_logprobs=need_lp)
+            sampled = Sampled(reqs, result.token_ids, result.logprobs)
+        except Exception:
+            sampled = self._sample_alone(logits[picked], reqs, mask, need_lp)
+        self.stats["num_generated_tokens"] += sum(t is not None for t in sampled.token_ids)
+        return sampled
+
+    def _sample_alone(self, rows: torch.Tensor, reqs: List, mask, need_lp: bool) -> Sampled:
+        """The batched sampler failed: sample each request alone; those that fail finish."""
+        tokens, lps = [], []
+        for i, r in enumerate(reqs):
+            try:
+                if self.faults is not None:
+                    self.faults.check(Stage.SAMPLING, r.rid)
+                one = self.sampler(rows[i:i + 1], [r], None if mask is None else mask[i:i + 1],
+                                   need_logprobs=need_lp)
+                tokens.append(one.token_ids[0])
+                lps.append(one.logprobs[0] if need_lp else None)
+            except Exception as e:
+                fail_request(r, Stage.SAMPLING, e)
+                tokens.append(None)
+                lps.append(None)
+        return Sampled(reqs, tokens, lps if need_lp else None)
 
     def on_token(self, r, token: int, lp_row: Optional[torch.Tensor]) -> None:
-        """Everything one sampled token does to its request."""
-        r.output_ids.append(token)
-        if lp_row is not None:
-            record_output_logprob(r, lp_row, token)
-        if r.grammar is not None:
-            self._advance_grammar(r, token)
-        if not r.finished:
-            reason = self.stops.check(r, token)
-            if reason is not None:
-                r.finish(reason)
-        if not r.finished and r.grammar is not None and self.jump is not None:
-            self.jump.apply(r)
-        self.outbox.stream(r)
-
-    @staticmethod
-    def _advance_grammar(r, token: int) -> None:
+        """Everything one sampled token does to its request; an exception at any stage
+        finishes this request alone (its KV freed on release, not cached)."""
+        stage = Stage.SAMPLING  # appending the token and its logprob
         try:
-            r.grammar.accept_token(token)
+            r.output_ids.append(token)
+            if lp_row is not None:
+                record_output_logprob(r, lp_row, token)
+            if r.grammar is not None:
+                stage = Stage.GRAMMAR
+                self._check(stage, r)
+                r.grammar.accept_token(token)
+            if not r.finished:
+                stage = Stage.STOP_CHECK
+                self._check(stage, r)
+                reason = self.stops.check(r, token)
+                if reason is not None:
+                    r.finish(reason)
+            if not r.finished and r.grammar is not None and self.jump is not None:
+                stage = Stage.JUMP_FORWARD
+                self.jump.apply(r)
+            stage = Stage.OUTPUT
+            self.outbox.stream(r)
         except Exception as e:
-            r.finish(FinishReason.error(500, f"grammar rejected token {token}: {e}"))
+            fail_request(r, stage, e)
+
+    def _check(self, stage: Stage, r) -> None:
+        if self.faults is not None:
+            self.faults.check(stage, r.rid)

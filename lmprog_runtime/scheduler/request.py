@@ -46,6 +46,7 @@ class Req:
         self.last_node = None
         self.cached_tokens = 0  # reported: prompt tokens served from the cache, first admission
         self.num_retractions = 0
+        self.kv_suspect = False  # failed mid-step (faults.fail_request): free its KV, never cache it
         # output bookkeeping
         self.sent_output_len = 0  # output tokens the client has seen
         self.first_changed = 0  # lowest output index rewritten since the last send

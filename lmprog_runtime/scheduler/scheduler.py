@@ -19,6 +19,11 @@ Parts and their contracts (each gets its collaborators explicitly):
     Outbox         (outbox.py)      deltas for the tokenizer manager, sent once per step
 Two loops share these parts: `step` (plain) and `step_overlapped`, where the forward runs
 on a worker thread while this one sends, takes in messages and builds the masks.
+
+Fault isolation (faults.py): an exception while handling one request — on arrival, in
+admission, sampling, `on_token`, building or sending its output — finishes that request
+with an error 500 naming the stage; a failed forward fails the requests of its batch.
+The loop goes on. An exception in the loop's own bookkeeping still ends `run_forever`.
 """
 
 from __future__ import annotations
@@ -36,9 +41,10 @@ from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, Finish
 from lmprog_runtime.model.sampler import Sampler
 from lmprog_runtime.scheduler.admission import Admission, AdmissionLimits
 from lmprog_runtime.scheduler.batch import StepPlan, build_forward_batch
+from lmprog_runtime.scheduler.faults import Stage, error_reason, fail_request
 from lmprog_runtime.scheduler.grammar_mask import MaskBuilder
 from lmprog_runtime.scheduler.grammars import GrammarQueue
-from lmprog_runtime.scheduler.outbox import Outbox
+from lmprog_runtime.scheduler.outbox import Outbox, error_output
 from lmprog_runtime.scheduler.output import JumpForward, PostProcessor
 from lmprog_runtime.scheduler.policy import SchedulePolicy
 from lmprog_runtime.scheduler.request import Req
@@ -58,8 +64,10 @@ def _new_stats() -> dict:
 
 
 class Scheduler:
-    def __init__(self, server_args: ServerArgs, runner, tree=None, grammar_factory=None):
+    def __init__(self, server_args: ServerArgs, runner, tree=None, grammar_factory=None, faults=None):
+        """`faults`: a `faults.FaultInjector`, for tests only (no flag reaches it)."""
         self.args = server_args
+        self.faults = faults
         self.runner = runner
         self.tokenizer = runner.tokenizer
         cfg = runner.model_config
@@ -68,14 +76,15 @@ class Scheduler:
         self.kv = self._build_kv(runner, tree)
         self.stats = _new_stats()
         policy = SchedulePolicy(server_args.schedule_policy, self.kv.cache_enabled)
-        self.admission = Admission(self.limits, self.kv, policy)
+        self.admission = Admission(self.limits, self.kv, policy, faults)
         self.grammars = GrammarQueue(grammar_factory, GRAMMAR_COMPILE_TIMEOUT_S)
-        self.masks = MaskBuilder(cfg.vocab_size, self.stats)
-        self.outbox = Outbox(server_args.stream_interval)
-        jump = None if server_args.disable_jump_forward else JumpForward(self.tokenizer, self.kv, self.stats)
+        self.masks = MaskBuilder(cfg.vocab_size, self.stats, faults)
+        self.outbox = Outbox(server_args.stream_interval, faults)
+        jump = None if server_args.disable_jump_forward else JumpForward(self.tokenizer, self.kv, self.stats,
+                                                                         faults)
         sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, seed=server_args.random_seed)
         self.post = PostProcessor(self.kv, sampler, StopChecker(self.tokenizer, cfg.eos_token_ids),
-                                  jump, self.outbox, self.stats)
+                                  jump, self.outbox, self.stats, faults)
         self.waiting: deque = deque()
         self.running: List[Req] = []
         self.last_gen_throughput = 0.0
@@ -122,7 +131,22 @@ class Scheduler:
         return None
 
     def add_request(self, msg: TokenizedGenerateReq) -> None:
-        req = Req(msg)
+        """Queue a new request; one that cannot even be built or checked fails alone."""
+        try:
+            req = Req(msg)
+        except Exception as e:  # e.g. a sampling seed torch cannot take
+            logger.exception("request %s failed in %s", msg.rid, Stage.ADMISSION.value)
+            return self.outbox.error(msg.rid, len(msg.input_ids), error_reason(Stage.ADMISSION, e))
+        try:
+            self._arrive(req)
+        except Exception as e:
+            fail_request(req, Stage.ADMISSION, e)
+            self.grammars.remove_matching(lambda r: r is req)
+            self._fail(req, req.finished_reason)
+
+    def _arrive(self, req: Req) -> None:
+        if self.faults is not None:
+            self.faults.check(Stage.ADMISSION, req.rid)
         limit = self.args.max_queued_requests
         if limit is not None and len(self.waiting) + len(self.grammars) >= limit:
             return self._fail(req, FinishReason.error(503, "The request queue is full.", "BadRequest"))
@@ -161,10 +185,11 @@ class Scheduler:
             return self._idle_step()
         batch = build_forward_batch(plan, self.runner)
         t1 = time.perf_counter()
-        logits = self.runner.forward(batch)
+        logits = self._forward(plan, lambda: self._run_forward(plan, batch))
         mask = self.masks.build(plan.sampled_reqs())
         self.stats["forward_s"] += time.perf_counter() - t1
-        self.post.process(plan, logits, mask)
+        if logits is not None:
+            self.post.process(plan, logits, mask)
         self._release_finished()
         self._end_step(t0)
         self._flush()
@@ -180,17 +205,34 @@ class Scheduler:
             return self._idle_step()
         batch = build_forward_batch(plan, self.runner)
         t1 = time.perf_counter()
-        future = self._forward_pool.submit(self.runner.forward, batch)
+        future = self._forward_pool.submit(self._run_forward, plan, batch)
         self._flush()
         self._take_messages(block=False)
         mask = self.masks.build(plan.sampled_reqs())
-        logits = future.result()
+        logits = self._forward(plan, future.result)
         self.stats["forward_s"] += time.perf_counter() - t1
-        self.post.process(plan, logits, mask)
+        if logits is not None:
+            self.post.process(plan, logits, mask)
         self._release_finished()
         self._end_step(t0)
         self._flush()
         return True
+
+    def _forward(self, plan: StepPlan, compute: Callable):
+        """`compute()` → logits; None if it raised: then every request of the batch has
+        failed (its slots of this step counted as its own, so release frees them)."""
+        try:
+            return compute()  # in the overlap loop: waits for the worker, so it writes no more
+        except Exception as e:
+            for item in plan.items:
+                self.kv.commit(item.req, item.num_tokens)  # allocated for this step: freed on release
+                fail_request(item.req, Stage.FORWARD, e)
+            return None
+
+    def _run_forward(self, plan: StepPlan, batch):
+        if self.faults is not None:  # as a failing forward would: nothing computed
+            self.faults.check_any(Stage.FORWARD, [it.req.rid for it in plan.items])
+        return self.runner.forward(batch)
 
     def _idle_step(self) -> bool:
         self._release_finished()
@@ -205,6 +247,9 @@ class Scheduler:
                 self._fail(r, reason)
             self.waiting.extend(ready)
         decision = self.admission.admit(self.running, self.waiting)
+        for r in decision.failed:
+            self.waiting.remove(r)
+            self._fail(r, r.finished_reason)
         if decision.retracted:
             gone = {id(r) for r in decision.retracted}
             self.running = [r for r in self.running if id(r) not in gone]
@@ -226,7 +271,7 @@ class Scheduler:
         keep = []
         for r in self.running:
             if r.finished:
-                self.kv.release(r)
+                self.kv.release(r, cache=not r.kv_suspect)
                 self.outbox.final(r)
             else:
                 keep.append(r)
@@ -258,7 +303,16 @@ class Scheduler:
         if self._flushes % STATS_EVERY_STEPS == 0 or (outputs and self.is_idle()):
             stats = self.internal_state()
         if (outputs or stats is not None) and self._send is not None:
-            self._send(BatchOutput(outputs, stats))
+            self._send_outputs(outputs, stats)
+
+    def _send_outputs(self, outputs: list, stats: Optional[dict]) -> None:
+        """An output the channel refuses becomes its request's error; a request still
+        running stops too (released, KV freed, at the end of the next step)."""
+        for out, exc in self.outbox.send(self._send, outputs, stats):
+            for r in self.running:
+                if r.rid == out.rid:
+                    fail_request(r, Stage.SEND, exc)
+            self._send(BatchOutput([error_output(out.rid, out.prompt_tokens, error_reason(Stage.SEND, exc))]))
 
     # -- control --------------------------------------------------------------------------
     def flush_cache(self) -> ControlReply:
