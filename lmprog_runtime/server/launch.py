@@ -50,6 +50,7 @@ def run_scheduler_process(args: ServerArgs, paths: IpcPaths) -> None:
         scheduler = build_scheduler(args)
         runner = scheduler.runner
         info = {"model_info": model_info(args, runner), "context_len": scheduler.context_len,
+                "limits": scheduler.limits,
                 "vocab_size": runner.model_config.vocab_size, "pid": os.getpid(),
                 "device": str(getattr(runner, "device", "")), "dtype": str(getattr(runner, "dtype", "")),
                 **scheduler.internal_state()}

@@ -37,12 +37,8 @@ def check_fanout(rt, prompts: int, n: int, field: str) -> None:
 
 def output_room(rt, prompt_len: int) -> int:
     """The most tokens a request with a `prompt_len`-token prompt can ever generate here:
-    the scheduler's own cut (context length, then the KV pool in whole pages)."""
-    info, page = rt.info, rt.args.page_size
-    max_req_len = min(info["context_len"] - 1, info["max_total_num_tokens"] - 1)
-    pages = -(-prompt_len // page) * page
-    page_room = info["max_total_num_tokens"] - pages - page - 1
-    return max(0, min(max_req_len - prompt_len - 1, page_room))
+    the scheduler's own limits (sent in SchedulerReady), so both sides cut alike."""
+    return rt.info["limits"].output_room(prompt_len)
 
 
 def check_output_room(rt, job, explicit: Sequence[bool], clamp: Sequence[bool], field: str,

@@ -4,8 +4,8 @@ and prefill budgets, reserved decode room, retraction with page_size > 1."""
 import pytest
 
 from lmprog_runtime.config import ServerArgs
-from lmprog_runtime.scheduler.admission import (DECODE_LIKE_EXTEND, INPUT_HEADROOM, Admission,
-                                                AdmissionLimits)
+from lmprog_runtime.scheduler.admission import Admission
+from lmprog_runtime.scheduler.limits import DECODE_LIKE_EXTEND, INPUT_HEADROOM, AdmissionLimits
 from lmprog_runtime.scheduler.policy import SchedulePolicy
 from test_kv_manager import make_kv, make_req
 
