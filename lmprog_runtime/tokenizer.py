@@ -4,8 +4,8 @@
 `special_tokens_map.json`) and the chat template (`chat_template.jinja`,
 `chat_template.json`, `additional_chat_templates/*.jinja` or the config's entry), and sets
 the backend up as transformers' `TokenizersBackend` does: named special tokens missing from
-the vocabulary are added as special, a bos/eos post-processor is built when the config asks
-for one explicitly, no truncation or padding. `encode`, `decode` and `apply_chat_template`
+the vocabulary are added as special, `tokenizer.json`'s post-processor is kept, no
+truncation or padding. `encode`, `decode` and `apply_chat_template`
 then give the same ids and text as the transformers tokenizer of the same folder (tested in
 `tests/runtime/test_tokenizer.py`). The scheduler process keeps the transformers tokenizer:
 the grammar backends need it.
@@ -18,7 +18,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from tokenizers import AddedToken, processors
+from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
 
 from lmprog_runtime import chat_template as ct
@@ -26,6 +26,8 @@ from lmprog_runtime.model_paths import resolve_model_path, tokenizer_folder
 
 # transformers' named special tokens, the ones a chat template sees as variables.
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# Where a config lists special tokens beyond the named ones (new name, legacy name).
+_EXTRA_SPECIAL_KEYS = ("extra_special_tokens", "additional_special_tokens")
 # transformers' `clean_up_tokenization` (applied only when the config asks, never for BPE).
 _CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
@@ -95,7 +97,7 @@ class Tokenizer:
         config = _read_json(os.path.join(folder, "tokenizer_config.json"))
         if "added_tokens_decoder" not in config:  # legacy layout: the map fills in the names
             for name, value in _read_json(os.path.join(folder, "special_tokens_map.json")).items():
-                if name in SPECIAL_TOKEN_NAMES:
+                if name in SPECIAL_TOKEN_NAMES or name in _EXTRA_SPECIAL_KEYS:
                     config[name] = value
         backend = Backend.from_file(os.path.join(folder, "tokenizer.json"))
         return cls(backend, config, _read_chat_templates(folder, config))
@@ -106,21 +108,11 @@ class Tokenizer:
         b.no_padding()
         b.encode_special_tokens = bool(self.config.get("split_special_tokens", False))
         added = {t.content for t in b.get_added_tokens_decoder().values()}
-        missing = [AddedToken(t, special=True) for t in self.special_tokens_map.values() if t not in added]
+        missing = [AddedToken(t, special=True) for t in self.all_special_tokens if t not in added]
         if missing:
             b.add_special_tokens(missing)
-        if "add_bos_token" in self.config or "add_eos_token" in self.config or b.post_processor is None:
-            self._bos_eos_post_processor()
-
-    def _bos_eos_post_processor(self) -> None:
-        """transformers' `update_post_processor`: `[bos] $A [eos]` as the config says."""
-        bos, eos = self.bos_token, self.eos_token
-        add_bos = bool(self.config.get("add_bos_token", False)) and bos is not None
-        add_eos = bool(self.config.get("add_eos_token", False)) and eos is not None
-        single = f"{(bos + ':0 ') if add_bos else ''}$A:0{(' ' + eos + ':0') if add_eos else ''}"
-        pair = f"{single}{(' ' + bos + ':1') if add_bos else ''} $B:1{(' ' + eos + ':1') if add_eos else ''}"
-        special = ([(bos, self.bos_token_id)] if add_bos else []) + ([(eos, self.eos_token_id)] if add_eos else [])
-        self.backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+        # The post-processor (bos/eos around a text) is tokenizer.json's own: transformers 5
+        # does not rebuild it from the config's add_bos_token/add_eos_token either (tested).
 
     # -- vocabulary ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -151,9 +143,15 @@ class Tokenizer:
     pad_token_id = property(lambda self: self._named_id("pad_token"))
 
     @property
+    def all_special_tokens(self) -> List[str]:
+        """The named special tokens, then the config's extra ones, each once (transformers' order)."""
+        extra = [_token_text(t) for key in _EXTRA_SPECIAL_KEYS if isinstance(self.config.get(key), list)
+                 for t in self.config[key]]
+        return list(dict.fromkeys([*self.special_tokens_map.values(), *(t for t in extra if t is not None)]))
+
+    @property
     def all_special_ids(self) -> List[int]:
-        """Ids of every added token marked special (what `skip_special_tokens` drops)."""
-        return sorted(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
+        return [self.backend.token_to_id(t) for t in self.all_special_tokens]
 
     # -- text <-> ids -------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:

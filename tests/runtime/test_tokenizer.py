@@ -86,8 +86,7 @@ def test_vocabulary_and_special_tokens(pair):
     assert ours.special_tokens_map == hf.special_tokens_map
     assert (ours.eos_token_id, ours.bos_token_id, ours.pad_token_id) == (hf.eos_token_id, hf.bos_token_id,
                                                                         hf.pad_token_id)
-    assert set(ours.all_special_ids) <= set(hf.all_special_ids) | {i for i, t in hf.added_tokens_decoder.items()
-                                                                   if t.special}
+    assert ours.all_special_tokens == hf.all_special_tokens and ours.all_special_ids == hf.all_special_ids
     assert ours.chat_template == hf.chat_template
 
 
@@ -198,3 +197,57 @@ def test_loading_never_imports_torch_or_transformers_and_converts_in_a_child(tmp
          f"print(gguf_cache_dir({gguf!r}))"], env=env, capture_output=True, text=True).stdout.strip()
     assert env_cache.startswith(str(tmp_path)) and os.path.isfile(os.path.join(env_cache, "tokenizer", "tokenizer.json"))
     assert gguf_cache_dir(gguf) != env_cache
+
+
+def _variant_folder(tmp_path, name, edit_config, special_tokens_map=None):
+    """A copy of the converted tokenizer folder with its tokenizer_config.json edited."""
+    import shutil
+
+    src = tokenizer_folder(resolve_model_path("default"))
+    dst = tmp_path / name
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "tokenizer_config.json").read_text())
+    edit_config(config)
+    (dst / "tokenizer_config.json").write_text(json.dumps(config))
+    if special_tokens_map is not None:
+        (dst / "special_tokens_map.json").write_text(json.dumps(special_tokens_map))
+    return str(dst)
+
+
+@pytest.mark.parametrize("variant", ["bos_eos", "legacy_map", "no_chat_template_file"])
+def test_config_variants_match_transformers(tmp_path, variant):
+    """A config with add_bos_token/add_eos_token (transformers 5 keeps tokenizer.json's
+    post-processor, so must we); special tokens only in the legacy
+    special_tokens_map.json (as AddedToken dicts) plus an extra one missing from the
+    vocabulary; the chat template in the config instead of chat_template.jinja."""
+    from transformers import AutoTokenizer
+
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ eos_token }}{% endfor %}"
+
+    def edit(config):
+        if variant == "bos_eos":
+            config.update(add_bos_token=True, add_eos_token=True)
+        elif variant == "legacy_map":
+            for name in ("bos_token", "eos_token", "pad_token"):
+                config.pop(name, None)
+        else:
+            config["chat_template"] = template
+
+    stmap = {"bos_token": {"content": "<|im_start|>", "lstrip": False, "normalized": False, "rstrip": False,
+                           "single_word": False}, "eos_token": "<|endoftext|>",
+             "additional_special_tokens": ["<|my_tool|>"]} if variant == "legacy_map" else None
+    folder = _variant_folder(tmp_path, variant, edit, stmap)
+    if variant == "no_chat_template_file":
+        os.remove(os.path.join(folder, "chat_template.jinja"))
+    ours, hf = Tokenizer.from_folder(folder), AutoTokenizer.from_pretrained(folder)
+    assert ours.special_tokens_map == hf.special_tokens_map and len(ours) == len(hf)
+    assert (ours.bos_token_id, ours.eos_token_id) == (hf.bos_token_id, hf.eos_token_id)
+    for text in CORPUS + ["call <|my_tool|> now"]:
+        for add in (True, False):
+            ids = ours.encode(text, add_special_tokens=add)
+            assert ids == hf.encode(text, add_special_tokens=add), (variant, text[:40])
+            assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True)
+    for conv in CONVERSATIONS:
+        same_template_output(ours, hf, conv, tokenize=False, add_generation_prompt=True)
+    if variant == "no_chat_template_file":
+        assert ours.chat_template == template
