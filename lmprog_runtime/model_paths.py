@@ -81,10 +81,10 @@ def tokenizer_folder(path: str) -> str:
             return cached
     elif os.path.isfile(os.path.join(path, TOKENIZER_FILE)):
         return path
-    return _convert_in_child(path)
+    return convert_in_child(path)
 
 
-def _convert_in_child(path: str) -> str:
+def convert_in_child(path: str) -> str:
     """Run transformers' conversion in `python -m lmprog_runtime.model_paths PATH`; its last
     stdout line is the folder it wrote."""
     proc = subprocess.run([sys.executable, "-m", "lmprog_runtime.model_paths", path],

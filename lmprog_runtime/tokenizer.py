@@ -22,7 +22,7 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
 
 from lmprog_runtime import chat_template as ct
-from lmprog_runtime.model_paths import resolve_model_path, tokenizer_folder
+from lmprog_runtime.model_paths import convert_in_child, is_gguf, resolve_model_path, tokenizer_folder
 
 # transformers' named special tokens, the ones a chat template sees as variables.
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -37,6 +37,12 @@ def load_tokenizer(model_path: str) -> "Tokenizer":
     """The tokenizer of a model path as the server takes it ("default", a folder, a .gguf)."""
     path = resolve_model_path(model_path)
     folder = tokenizer_folder(path)
+    try:
+        return Tokenizer.from_folder(folder)
+    except Exception as e:
+        if not is_gguf(path):
+            raise ValueError(f"model {path!r}: cannot load its tokenizer from {folder!r}: {e}") from e
+    folder = convert_in_child(path)  # a stale or partial conversion cache: the child rebuilds it
     try:
         return Tokenizer.from_folder(folder)
     except Exception as e:

@@ -178,25 +178,27 @@ def test_named_templates_are_selected_like_transformers(pairs):
 
 
 def test_loading_never_imports_torch_or_transformers_and_converts_in_a_child(tmp_path):
-    """With an empty cache the GGUF tokenizer is converted by a child process; the loading
-    process itself never imports torch, transformers or numpy."""
+    """With an empty cache the GGUF tokenizer is converted by a child process, and a corrupt
+    cache is rebuilt the same way; the loading process itself never imports torch,
+    transformers or numpy."""
     code = ("import sys, json\n"
             "from lmprog_runtime.tokenizer import load_tokenizer\n"
+            "from lmprog_runtime.model_paths import gguf_cache_dir, resolve_model_path\n"
             "tok = load_tokenizer('default')\n"
-            "print(json.dumps({'ids': tok.encode('Hello 😀'), 'modules': sorted(m for m in "
-            "('torch', 'transformers', 'numpy') if m in sys.modules)}))\n")
+            "print(json.dumps({'ids': tok.encode('Hello 😀'), 'cache': gguf_cache_dir(resolve_model_path('default')),"
+            " 'modules': sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules)}))\n")
     env = {**os.environ, "LMPROG_CACHE_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["modules"] == []
-    assert result["ids"] == smollm2_tokenizer().encode("Hello 😀")
-    gguf = resolve_model_path("default")
-    env_cache = subprocess.run(  # the cache dir the child wrote is the one keyed for this file
-        [sys.executable, "-c", "import sys; from lmprog_runtime.model_paths import gguf_cache_dir; "
-         f"print(gguf_cache_dir({gguf!r}))"], env=env, capture_output=True, text=True).stdout.strip()
-    assert env_cache.startswith(str(tmp_path)) and os.path.isfile(os.path.join(env_cache, "tokenizer", "tokenizer.json"))
-    assert gguf_cache_dir(gguf) != env_cache
+    expected = smollm2_tokenizer().encode("Hello 😀")
+    for attempt in ("empty cache", "corrupt cache"):
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, (attempt, out.stderr[-2000:])
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["modules"] == [] and result["ids"] == expected, attempt
+        tokenizer_json = os.path.join(result["cache"], "tokenizer", "tokenizer.json")
+        assert result["cache"].startswith(str(tmp_path)) and os.path.getsize(tokenizer_json) > 1000
+        with open(tokenizer_json, "w") as f:  # for the second round
+            f.write("{ not json")
+    assert gguf_cache_dir(resolve_model_path("default")) != result["cache"]
 
 
 def _variant_folder(tmp_path, name, edit_config, special_tokens_map=None):
