@@ -253,3 +253,18 @@ def test_config_variants_match_transformers(tmp_path, variant):
         same_template_output(ours, hf, conv, tokenize=False, add_generation_prompt=True)
     if variant == "no_chat_template_file":
         assert ours.chat_template == template
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_incremental_detokenization_matches(pairs, skip):
+    """The server streams with IncrementalDetokenizer over this tokenizer: token by token it
+    yields what it yields over the transformers tokenizer."""
+    from lmprog_runtime.detokenize import IncrementalDetokenizer
+
+    ours, hf = pairs["converted"]
+    for text in CORPUS[6:14]:
+        ids = hf.encode(text)
+        a = IncrementalDetokenizer(ours, skip_special_tokens=skip, spaces_between_special_tokens=True)
+        b = IncrementalDetokenizer(hf, skip_special_tokens=skip, spaces_between_special_tokens=True)
+        for n in range(1, len(ids) + 1):
+            assert a.update(ids[:n]) == b.update(ids[:n]), (text, n)
