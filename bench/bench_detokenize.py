@@ -57,8 +57,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=4000)
     args = ap.parse_args()
-    from tiny_model import smollm2_tokenizer
-    tokenizer = smollm2_tokenizer()
+    from lmprog_runtime.tokenizer import load_tokenizer
+    tokenizer = load_tokenizer("default")  # the server process's tokenizer (torch-free)
     ids = tokenizer.encode(TEXT * (args.tokens // 20 + 1))[:args.tokens]
     marks = (args.tokens // 4, args.tokens // 2, args.tokens)
     tm = TokenizerManager(tokenizer, len(tokenizer), 1 << 20, send=lambda m: None)

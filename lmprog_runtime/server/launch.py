@@ -301,9 +301,9 @@ def _max_token_bytes(tokenizer) -> int:
 
 
 def _load_tokenizer(args: ServerArgs):
-    from lmprog_runtime.model.loader import load_tokenizer, resolve_model_path
+    from lmprog_runtime.tokenizer import load_tokenizer  # torch-free: this process runs no model code
 
-    return load_tokenizer(resolve_model_path(args.tokenizer_path or args.model_path))
+    return load_tokenizer(args.tokenizer_path or args.model_path)
 
 
 # -- serving --------------------------------------------------------------------------------
