@@ -9,17 +9,32 @@ from __future__ import annotations
 from typing import Sequence
 
 
-def jump_forward_retokenize(tokenizer, output_ids: Sequence[int], jump_str: str,
-                            prompt_tail_ids: Sequence[int] = ()) -> tuple[int, list[int]]:
-    """Re-tokenize `decode(output_ids) + jump_str` canonically.
+RETOKENIZE_WINDOW = 16  # trailing output tokens re-tokenized together with the forced text
+CONTEXT_TOKENS = 5       # tokens before the window given to the tokenizer as left context
 
-    Returns (keep, new_ids): the output becomes `output_ids[:keep] + new_ids`. The prompt's
-    tail gives the tokenizer its left context; if the output's first token would fuse
-    with the prompt, the output is tokenized on its own instead.
+
+def jump_forward_retokenize(tokenizer, output_ids: Sequence[int], jump_str: str,
+                            prompt_tail_ids: Sequence[int] = (),
+                            window: int = RETOKENIZE_WINDOW) -> tuple[int, list[int]]:
+    """Re-tokenize the output's last `window` tokens plus `jump_str` canonically.
+
+    Returns (keep, new_ids): the output becomes `output_ids[:keep] + new_ids`, with
+    keep >= len(output_ids) - window. Tokens before the window are never rewritten, so a
+    jump costs O(window + len(jump_str)), not O(output): pre-tokenization splits text at
+    spaces and punctuation, and a merge across more than `window` tokens does not occur
+    in practice. The tokens before the window (or the prompt's tail) give the tokenizer
+    its left context; if the window's first token would fuse with them, the window is
+    tokenized on its own instead.
     """
-    text = tokenizer.decode(list(output_ids), skip_special_tokens=False) + jump_str
+    start = max(0, len(output_ids) - window)
+    context = (list(prompt_tail_ids) + list(output_ids[:start]))[-CONTEXT_TOKENS:]
+    keep, new_ids = _retokenize(tokenizer, list(output_ids[start:]), jump_str, context)
+    return start + keep, new_ids
+
+
+def _retokenize(tokenizer, ids_in: list, jump_str: str, tail: list) -> tuple[int, list[int]]:
+    text = tokenizer.decode(ids_in, skip_special_tokens=False) + jump_str
     ids = None
-    tail = list(prompt_tail_ids)
     if tail:
         prefix = tokenizer.decode(tail, skip_special_tokens=False)
         joined = tokenizer.encode(prefix + text, add_special_tokens=False)
@@ -28,7 +43,7 @@ def jump_forward_retokenize(tokenizer, output_ids: Sequence[int], jump_str: str,
     if ids is None:
         ids = tokenizer.encode(text, add_special_tokens=False)
     keep = 0
-    for a, b in zip(output_ids, ids):
+    for a, b in zip(ids_in, ids):
         if a != b:
             break
         keep += 1

@@ -45,12 +45,12 @@ class JumpForward:
         self.faults = faults  # FaultInjector (tests only) or None
 
     def apply(self, r) -> None:
-        from lmprog_runtime.constrained.jump_forward import jump_forward_retokenize
+        from lmprog_runtime.constrained.jump_forward import CONTEXT_TOKENS, jump_forward_retokenize
         jump = r.grammar.jump_forward_str()
         if not jump:
             return
         keep, new_ids = jump_forward_retokenize(self.tokenizer, r.output_ids, jump,
-                                                r.origin_input_ids[-5:])
+                                                r.origin_input_ids[-CONTEXT_TOKENS:])
         if not new_ids and keep == len(r.output_ids):
             return
         old = r.output_ids

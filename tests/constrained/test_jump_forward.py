@@ -82,3 +82,33 @@ def test_no_jump_inside_multibyte_character(compact_backend, tokenizer):
         pytest.skip("no single-byte token for the lead byte")
     g.accept_token(first)
     assert g.jump_forward_str() is None
+
+
+class _CountingTokenizer:
+    """Counts the token ids and characters a retokenization touches."""
+
+    def __init__(self, tok):
+        self.tok, self.decoded, self.encoded = tok, 0, 0
+
+    def decode(self, ids, **kw):
+        self.decoded += len(ids)
+        return self.tok.decode(ids, **kw)
+
+    def encode(self, text, **kw):
+        self.encoded += len(text)
+        return self.tok.encode(text, **kw)
+
+
+@pytest.mark.parametrize("jump", ['", "kind": "', '"}', "lice", ' 1234', "\u00e9t\u00e9\"", "\n  "])
+def test_windowed_retokenize_matches_whole_output(tokenizer, jump):
+    """The window changes nothing: same result as re-tokenizing the whole output, at a
+    cost that does not grow with the output."""
+    body = '{"notes": "' + " ".join(f"item{i} = {i * 7}, ok;" for i in range(300)) + ' and A'
+    ids = tokenizer.encode(body, add_special_tokens=False)
+    whole = jump_forward_retokenize(tokenizer, ids, jump, window=len(ids))
+    counting = _CountingTokenizer(tokenizer)
+    windowed = jump_forward_retokenize(counting, ids, jump)
+    assert windowed == whole
+    keep, new = windowed
+    assert tokenizer.decode(ids[:keep] + new) == body + jump
+    assert len(ids) > 1000 and counting.decoded <= 32 and counting.encoded <= 200
