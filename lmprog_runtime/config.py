@@ -130,8 +130,7 @@ def from_cli_namespace(ns: argparse.Namespace) -> ServerArgs:
 
 
 # -- environment: read here, once, at import ---------------------------------------------
-# Still read elsewhere (to move here): attention/triton*.py (TRITON_INTERPRET, which Triton
-# itself reads too) and constrained/trie_walk.py (LMPROG_NO_C_WALK, CC).
+# (launch.py sets TOKENIZERS_PARALLELISM for its child processes; it reads nothing.)
 def env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return int(value) if value not in (None, "") else default
@@ -148,6 +147,11 @@ GRAMMAR_COMPILE_TIMEOUT_S = env_int("LMPROG_GRAMMAR_COMPILE_TIMEOUT", 60)
 GRAMMAR_MAX_SPEC_BYTES = env_int("LMPROG_GRAMMAR_MAX_SPEC_BYTES", 65536)
 GRAMMAR_MAX_STATES = env_int("LMPROG_GRAMMAR_MAX_STATES", 100_000)
 GRAMMAR_COMPILE_MEMORY_MB = env_int("LMPROG_GRAMMAR_COMPILE_MEMORY_MB", 4096)  # 0: compile in-process
+# Triton's own CPU interpreter (Triton reads it too); lets the triton backend run off-GPU.
+TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Small C kernels compiled at first use: the compiler, or none at all (numpy fallbacks).
+C_COMPILER = os.environ.get("CC") or None
+NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_WALK"))
 # Derived artifacts (e.g. the config and tokenizer converted from a GGUF file).
 CACHE_DIR = os.environ.get("LMPROG_CACHE_DIR") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lmprog")

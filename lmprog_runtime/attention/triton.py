@@ -11,13 +11,13 @@ slow, for tests), otherwise construction fails with a message that says so.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from lmprog_runtime.attention.base import AttentionBackend
+from lmprog_runtime.config import TRITON_INTERPRET
 from lmprog_runtime.model.forward_batch import ForwardBatch
 
 try:
@@ -46,7 +46,7 @@ class TritonAttnBackend(AttentionBackend):
                  scaling: Optional[float] = None, tuning: Optional[TritonTuning] = None):
         super().__init__(token_to_kv_pool, num_heads, num_kv_heads, head_dim, scaling)
         device = token_to_kv_pool.k.device
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        if device.type != "cuda" and not TRITON_INTERPRET:
             raise ValueError(f"the triton attention backend needs a CUDA device, but the KV pool is on "
                              f"{device}; use --attention-backend torch_native on the CPU "
                              f"(or TRITON_INTERPRET=1 to run the kernels in Triton's slow interpreter)")

@@ -24,14 +24,14 @@ IEEE fp32 dots (no TF32) so the fp32 path matches the reference closely.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from lmprog_runtime.config import TRITON_INTERPRET as INTERPRET
+
 LOG2E = 1.4426950408889634
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit

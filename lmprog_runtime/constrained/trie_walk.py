@@ -39,12 +39,14 @@ def _cache_dir() -> pathlib.Path:
 
 def _compile() -> Optional[ctypes.CDLL]:
     """Build (once per source version) and load the C walker; None if that is impossible."""
-    if os.environ.get("LMPROG_NO_C_WALK"):
+    from lmprog_runtime.config import C_COMPILER, NO_C_KERNELS
+
+    if NO_C_KERNELS:
         return None
     src = _SOURCE.read_bytes()
     out = _cache_dir() / f"trie_walk-{hashlib.sha256(src).hexdigest()[:16]}.so"
     if not out.exists():
-        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        cc = C_COMPILER or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
         if cc is None:
             logger.warning("no C compiler found: token masks use the slower numpy trie walk")
             return None

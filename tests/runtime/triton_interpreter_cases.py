@@ -77,7 +77,7 @@ def test_split_count_policy():
 
 
 def test_triton_backend_on_cpu_without_interpreter_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr("lmprog_runtime.attention.triton.TRITON_INTERPRET", False)  # config reads it at import
     pool = TokenToKVPool(16, 1, 1, 16, torch.float32)
     with pytest.raises(ValueError, match="needs a CUDA device.*torch_native"):
         create_attention_backend("triton", token_to_kv_pool=pool, num_heads=1, num_kv_heads=1, head_dim=16)
