@@ -17,8 +17,10 @@ from lmprog_runtime.attention import create_attention_backend
 from lmprog_runtime.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from lmprog_runtime.config import ServerArgs
 from lmprog_runtime.model.forward_batch import ForwardBatch
+from lmprog_runtime.model.probe import FormatChoice, select_formats
+from lmprog_runtime.model.quant import quantize_model
 from lmprog_runtime.model.loader import (
-    ModelConfig, iter_weights, load_model_config, load_tokenizer, resolve_model_path,
+    ModelConfig, gguf_is_quantized, iter_weights, load_model_config, load_tokenizer, resolve_model_path,
 )
 
 logger = logging.getLogger(__name__)
@@ -51,55 +53,13 @@ def default_attention_backend(device: torch.device) -> str:
     return "triton" if device.type == "cuda" else "torch_native"
 
 
-def measure_cpu_decode_dtype(config: ModelConfig, batches=(1, 32), reps: int = 5) -> torch.dtype:
-    """Time decode-step matmuls (this model's shapes, at a latency and a throughput batch size)
-    in float32 and bfloat16; pick the dtype with the smaller total.
-
-    Each dtype is warmed up first (oneDNN JITs its bf16/AMX kernels on first use) and the
-    two are timed interleaved, best of `reps`, so a busy machine biases neither.
-    Measured on the dev box (2-core Xeon with AMX-BF16, shared and loaded, SmolLM2-135M
-    shapes, 8 layers): batch 1 fp32 ~3.6 ms vs bf16 ~12.7 ms; batch 8 about equal (12 vs 13);
-    batch 32 fp32 ~35 ms vs bf16 ~14 ms; batch 64 fp32 ~50 ms vs bf16 ~15-24 ms.
-    So on AMX machines bf16 wins the (1, 32) total for SmolLM2; without AMX fp32 wins;
-    the tiny test model (hidden 64) gets fp32. Tests that compare logits pass dtype=float32.
-    """
-    c = config
-    shapes = [(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim),
-              (c.num_heads * c.head_dim, c.hidden_size),
-              (c.hidden_size, 2 * c.intermediate_size), (c.intermediate_size, c.hidden_size)]
-    layers = min(c.num_layers, 8)  # enough to time, cheap to allocate
-    dtypes = (torch.float32, torch.bfloat16)
-    weights = {d: [torch.randn(k, n, dtype=d) * 0.02 for k, n in shapes] for d in dtypes}
-    inputs = {d: [{k: torch.randn(b, k, dtype=d) for k, _ in shapes} for b in batches] for d in dtypes}
-
-    def step(dtype) -> float:
-        t0 = time.perf_counter()
-        for x in inputs[dtype]:
-            for _ in range(layers):
-                for w in weights[dtype]:
-                    x[w.shape[0]] @ w
-        return time.perf_counter() - t0
-
-    for d in dtypes:
-        step(d)  # warm-up
-    timings = {d: float("inf") for d in dtypes}
-    for _ in range(reps):
-        for d in dtypes:
-            timings[d] = min(timings[d], step(d))
-    choice = min(timings, key=timings.get)
-    logger.info("dtype auto: decode matmuls fp32 %.2f ms, bf16 %.2f ms -> %s",
-                timings[torch.float32] * 1e3, timings[torch.bfloat16] * 1e3, choice)
-    return choice
-
-
 def select_dtype(name: str, device: torch.device, config: ModelConfig) -> torch.dtype:
-    if name != "auto":
-        if device.type == "cpu" and name == "float16":
-            logger.warning("float16 on CPU is slow and poorly supported; prefer float32 or bfloat16")
-        return _DTYPES[name]
-    if device.type == "cuda":
+    """The dense dtype for `--dtype` with no quantization (CPU auto: measured, see probe.py)."""
+    if name == "auto" and device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return measure_cpu_decode_dtype(config)
+    if device.type == "cpu" and name == "float16":
+        logger.warning("float16 on CPU is slow and poorly supported; prefer float32 or bfloat16")
+    return select_formats(name, "none", device, config, False).dense_dtype
 
 
 def _available_host_bytes() -> int:
@@ -120,7 +80,9 @@ class ModelRunner:
         self.model_config = load_model_config(self.model_path, server_args.context_length)
         self.context_length = self.model_config.context_length
         self.tokenizer = load_tokenizer(resolve_model_path(server_args.tokenizer_path or server_args.model_path))
-        self.dtype = select_dtype(server_args.dtype, self.device, self.model_config)
+        self.formats = self._select_formats()
+        self.dtype = self.formats.dense_dtype
+        self.quantization = self.formats.quant or "none"
         self.model = self._load_model()
 
         self.page_size = server_args.page_size
@@ -137,13 +99,26 @@ class ModelRunner:
             num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim)
         self.model.attn_backend = self.attn_backend
 
+    def _select_formats(self) -> FormatChoice:
+        args, quantized = self.server_args, gguf_is_quantized(self.model_path)
+        if self.device.type == "cuda" and args.dtype == "auto" and args.quantization in ("auto", "none"):
+            return FormatChoice(select_dtype("auto", self.device, self.model_config), None, torch.float32, None)
+        return select_formats(args.dtype, args.quantization, self.device, self.model_config, quantized)
+
     def _load_model(self) -> torch.nn.Module:
         cls = _architecture_class(self.model_config.architecture)
         with torch.device("meta"):
             model = cls(self.model_config, max_positions=self.context_length)
         model = model.to_empty(device="cpu")
-        model.load_weights(iter_weights(self.model_path, self.model_config))
-        return model.to(device=self.device, dtype=self.dtype).eval()
+        f = self.formats
+        int4_sources = {} if f.quant == "int4" else None
+        model.load_weights(iter_weights(self.model_path, self.model_config, int4_sources=int4_sources))
+        model = model.to(device=self.device, dtype=self.dtype).eval()
+        if f.quant is not None:
+            n = quantize_model(model, f.quant, f.act_dtype, f.dense_rows, int4_sources)
+            logger.info("weights: %d projections in %s (kernels in %s, dense from %s rows)",
+                        n, f.quant, f.act_dtype, f.dense_rows)
+        return model
 
     def _kv_pool_size(self) -> int:
         """KV slots: `max_total_tokens` if given, else what the memory budget allows, in whole pages."""

@@ -139,6 +139,7 @@ class LlamaForCausalLM(nn.Module):
         # rounds it; it follows the activations' device on first use.
         self.rope_table = rope_cos_sin_table(config, max_positions or config.context_length)
         self.attn_backend = None
+        self.quant_head = None  # a QuantLinear for the logits when the weights are quantized
 
     def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(forward_batch.input_ids)  # [T, hidden]
@@ -152,6 +153,8 @@ class LlamaForCausalLM(nn.Module):
         if rows is None:
             rows = forward_batch.last_token_indices()
         x = self.norm(x[rows])  # [L, hidden]
+        if self.quant_head is not None:
+            return self.quant_head(x).float()  # [L, vocab]
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, head).float()  # [L, vocab]
 
@@ -170,6 +173,14 @@ class LlamaForCausalLM(nn.Module):
             q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
             return [(0, q), (q, kv), (q + kv, kv)][shard]
         return shard * c.intermediate_size, c.intermediate_size
+
+    def hf_shard_names(self, param: str) -> Tuple[str, ...]:
+        """The HF weight names stacked (in row order) into our parameter `param`."""
+        for hf_part, (ours, _) in self._FUSED.items():
+            if f".{ours}." in f".{param}":
+                shards = [h for h, (o, _) in self._FUSED.items() if o == ours]
+                return tuple("model." + param.replace(ours, h) for h in shards)
+        return ("model." + param,)
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into our (partly fused) parameters; every parameter must be set."""
