@@ -339,11 +339,27 @@ def _llama_row_heads(config: ModelConfig, gguf_name: str) -> Optional[int]:
 
 
 def gguf_is_quantized(path: str) -> bool:
-    """Whether a GGUF file holds quantized (non-float) tensors; False for HF folders."""
+    """Whether a GGUF file holds quantized (non-float) tensors; False for HF folders.
+
+    The answer is kept in the file's cache folder: parsing a GGUF header (its vocabulary
+    included) takes seconds.
+    """
     if not is_gguf(path):
         return False
-    floats = ("F32", "F16", "BF16", "F64")
-    return any(t.tensor_type.name not in floats for t in _open_gguf(path).tensors)
+    marker = os.path.join(_gguf_cache_dir(path), "tensor_types.json")
+    try:
+        with open(marker) as f:
+            types = json.load(f)
+    except (OSError, ValueError):
+        types = sorted({t.tensor_type.name for t in _open_gguf(path).tensors})
+        try:
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            with open(marker + ".tmp", "w") as f:
+                json.dump(types, f)
+            os.replace(marker + ".tmp", marker)
+        except OSError:
+            pass
+    return any(t not in ("F32", "F16", "BF16", "F64") for t in types)
 
 
 def gguf_int4_tensor_types() -> Tuple[str, ...]:

@@ -18,6 +18,7 @@ from lmprog_runtime.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from lmprog_runtime.config import ServerArgs
 from lmprog_runtime.model.forward_batch import ForwardBatch
 from lmprog_runtime.model.probe import FormatChoice, select_formats
+from lmprog_runtime.model import weight_cache
 from lmprog_runtime.model.quant import quantize_model
 from lmprog_runtime.model.loader import (
     ModelConfig, gguf_is_quantized, iter_weights, load_model_config, load_tokenizer, resolve_model_path,
@@ -105,20 +106,35 @@ class ModelRunner:
             return FormatChoice(select_dtype("auto", self.device, self.model_config), None, torch.float32, None)
         return select_formats(args.dtype, args.quantization, self.device, self.model_config, quantized)
 
-    def _load_model(self) -> torch.nn.Module:
-        cls = _architecture_class(self.model_config.architecture)
+    def _build_model(self, quantized_structure: bool) -> torch.nn.Module:
+        """The model on the meta device (with empty QuantLinears when `quantized_structure`)."""
+        cls, f = _architecture_class(self.model_config.architecture), self.formats
         with torch.device("meta"):
             model = cls(self.model_config, max_positions=self.context_length)
-        model = model.to_empty(device="cpu")
-        f = self.formats
+            if quantized_structure and f.quant is not None:
+                model = model.to(self.dtype)
+                quantize_model(model, f.quant, f.act_dtype, f.dense_rows, empty=True)
+        return model
+
+    def _load_model(self) -> torch.nn.Module:
+        """Weights from the converted-weights cache when present, else converted and cached."""
+        t0, f = time.perf_counter(), self.formats
+        cache = weight_cache.cache_file(self.model_path, f, self.dtype)
+        model = weight_cache.load(lambda: self._build_model(True), cache)
+        if model is not None:
+            logger.info("weights: %s from %s in %.2f s", self.quantization, cache, time.perf_counter() - t0)
+            return model.to(self.device)
+        model = self._build_model(False).to_empty(device="cpu")
         int4_sources = {} if f.quant == "int4" else None
         model.load_weights(iter_weights(self.model_path, self.model_config, int4_sources=int4_sources))
-        model = model.to(device=self.device, dtype=self.dtype).eval()
+        model = model.to(dtype=self.dtype).eval()
         if f.quant is not None:
             n = quantize_model(model, f.quant, f.act_dtype, f.dense_rows, int4_sources)
             logger.info("weights: %d projections in %s (kernels in %s, dense from %s rows)",
                         n, f.quant, f.act_dtype, f.dense_rows)
-        return model
+        weight_cache.save(model, cache)
+        logger.info("weights: converted in %.2f s", time.perf_counter() - t0)
+        return model.to(self.device)
 
     def _kv_pool_size(self) -> int:
         """KV slots: `max_total_tokens` if given, else what the memory budget allows, in whole pages."""

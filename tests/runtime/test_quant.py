@@ -141,3 +141,36 @@ def test_smollm2_int4_greedy_agreement():
     lw, lg = _teacher_forced_logits(ref, ids), _teacher_forced_logits(runner, ids)
     assert (lg.argmax(-1) == lw.argmax(-1)).float().mean() >= 0.85
     assert (lg - lw).abs().max() <= 3.0  # logits span ~[-20, 40] here
+
+
+# -- converted-weights cache ---------------------------------------------------------------------------
+def test_weight_cache_round_trip_is_exact(tiny_model_path, tmp_path):
+    from lmprog_runtime.model import weight_cache
+    args = dict(model_path=tiny_model_path, max_total_tokens=1024, max_running_requests=4, dtype="float32")
+    runner = ModelRunner(ServerArgs(quantization="int4", **args))
+    ids = runner.tokenizer("a cached model answers the same")["input_ids"]
+    want = _teacher_forced_logits(runner, ids)
+    path = str(tmp_path / "w.safetensors")
+    weight_cache.save(runner.model, path)
+    runner.model = weight_cache.load(lambda: runner._build_model(True), path)
+    runner.model.attn_backend = runner.attn_backend
+    assert sum(isinstance(m, QuantLinear) for m in runner.model.modules()) == 9
+    torch.testing.assert_close(_teacher_forced_logits(runner, ids), want, rtol=0, atol=0)
+    with open(path, "r+b") as fh:  # a truncated file is ignored, not half-loaded
+        fh.truncate(100)
+    assert weight_cache.load(lambda: runner._build_model(True), path) is None
+
+
+@pytest.mark.slow
+def test_gguf_warm_start_reads_cached_weights(tmp_path, monkeypatch):
+    import lmprog_runtime.config as config
+
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    args = ServerArgs(quantization="int4", max_total_tokens=1024, max_running_requests=4)
+    cold = ModelRunner(args)
+    ids = cold.tokenizer("The capital of France is")["input_ids"]
+    want = _teacher_forced_logits(cold, ids)
+    files = list(tmp_path.glob("gguf-*/weights-*.safetensors"))
+    assert len(files) == 1
+    warm = ModelRunner(args)
+    torch.testing.assert_close(_teacher_forced_logits(warm, ids), want, rtol=0, atol=0)
