@@ -24,10 +24,10 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from lmprog_runtime.config import ServerArgs  # noqa: E402  (before torch: sets OpenMP's wait policy)
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from lmprog_runtime.config import ServerArgs  # noqa: E402
 from lmprog_runtime.model.forward_batch import ForwardBatch  # noqa: E402
 from lmprog_runtime.model.runner import ModelRunner  # noqa: E402
 

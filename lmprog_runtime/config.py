@@ -147,3 +147,10 @@ GRAMMAR_COMPILE_TIMEOUT_S = env_int("LMPROG_GRAMMAR_COMPILE_TIMEOUT", 60)
 # Derived artifacts (e.g. the config and tokenizer converted from a GGUF file).
 CACHE_DIR = os.environ.get("LMPROG_CACHE_DIR") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lmprog")
+
+# OpenMP worker threads sleep as soon as a parallel region ends instead of spinning. libgomp
+# reads this when torch loads, so it takes effect where this module is imported before torch
+# (the server and Engine entry points; the scheduler child inherits it). Measured on a shared
+# 2-core machine with both cores busy elsewhere: batch-1 decode step median 864 ms spinning vs
+# 41 ms passive (2 threads; 1 thread: 39 ms). Set OMP_WAIT_POLICY=ACTIVE to spin again.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

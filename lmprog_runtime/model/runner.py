@@ -40,6 +40,14 @@ def _architecture_class(arch: str):
     return {"llama": LlamaForCausalLM, "qwen2": LlamaForCausalLM}[arch]
 
 
+def default_num_threads() -> int:
+    """The cores this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def select_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -74,7 +82,7 @@ class ModelRunner:
         self.server_args = server_args
         self.device = select_device(server_args.device)
         if self.device.type == "cpu":
-            torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
+            torch.set_num_threads(server_args.num_threads or default_num_threads())
         torch.manual_seed(server_args.random_seed)
 
         self.model_path = resolve_model_path(server_args.model_path)
