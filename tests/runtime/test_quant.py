@@ -93,6 +93,12 @@ def test_choose_picks_fastest_batch1_and_the_crossover():
     assert forced.quant == "int8" and forced.dense_rows == 1
 
 
+def test_probe_consistency_check():
+    quiet = {("none", "float32"): {1: 10, 4: 11, 16: 30}, ("int4", "bfloat16"): {1: 5, 4: 20}}
+    busy = {("none", "float32"): {1: 10, 4: 90, 16: 30}, ("int4", "bfloat16"): {1: 5}}
+    assert probe.consistent(quiet) and not probe.consistent(busy)
+
+
 def test_auto_keeps_float32_for_unquantized_weights(tiny_model_path):
     runner = ModelRunner(ServerArgs(model_path=tiny_model_path, max_total_tokens=1024, max_running_requests=4))
     assert runner.quantization == "none"
