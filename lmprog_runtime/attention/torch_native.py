@@ -6,6 +6,8 @@
   grouped per KV head ([B, kv_heads, group * positions, D]) so GQA needs no repeated
   K/V. When they all share a long cached prefix (same KV slots), the prefix is read
   once for all of them (cascade) instead of once per request.
+- Pure decodes (one token each, float32 K/V, no shared prefix) read K/V in place through the
+  compiled kernel of `paged_decode.py` (no gather), where a C compiler is available.
 - Long extends (prefill chunks over a cached prefix): one SDPA per request, causal
   with the prefix offset.
 """
@@ -17,6 +19,7 @@ from typing import List
 import torch
 import torch.nn.functional as F
 
+from lmprog_runtime.attention import paged_decode
 from lmprog_runtime.attention.base import AttentionBackend
 from lmprog_runtime.model.forward_batch import ForwardBatch
 
@@ -44,6 +47,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         if short:
             self._init_short(rows[short], [seq_lens[i] for i in short], [extend_lens[i] for i in short],
                              [starts[i] for i in short])
+            self._init_paged(fb, short, seq_lens)
         self.extends = []  # (slots [s], mask [e, s] or None for plain causal, start, e)
         for i, (s, e) in enumerate(zip(seq_lens, extend_lens)):
             if e <= SHORT_EXTEND:
@@ -76,6 +80,17 @@ class TorchNativeAttnBackend(AttentionBackend):
         # rows of the attention are (kv head, group member, position): [B, 1, G*E, S]
         self.mask = mask[:, None, None].expand(B, 1, G, E, mask.shape[-1]).reshape(B, 1, G * E, -1)
 
+    def _init_paged(self, fb: ForwardBatch, short: List[int], seq_lens: List[int]) -> None:
+        """Pure one-token decodes without a shared prefix read K/V in place (paged_decode.c)."""
+        self.paged = None
+        if self.short_E != 1 or self.shared or fb.req_to_token.device.type != "cpu":
+            return
+        if not (fb.req_to_token.is_contiguous() and paged_decode.available()):
+            return
+        idx = torch.tensor(short, dtype=torch.int64)
+        self.paged = (fb.req_to_token, fb.req_pool_indices.index_select(0, idx),
+                      torch.tensor([seq_lens[i] for i in short], dtype=torch.int64))
+
     @staticmethod
     def _shared_prefix_len(rows: torch.Tensor, prefix_lens: List[int]) -> int:
         """Length of the KV prefix that every request of the batch reads from the same slots
@@ -98,6 +113,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         self._extend(q, k_cache, v_cache, out)
         if self.short_tokens is not None:
             attend = self._short_cascade if self.shared else self._short
+            if self.paged is not None and k_cache.dtype == torch.float32 and k_cache.is_contiguous():
+                attend = self._short_paged
             out[self.short_tokens] = attend(q, k_cache, v_cache)
         return out.view(T, H * D)
 
@@ -130,6 +147,13 @@ class TorchNativeAttnBackend(AttentionBackend):
         qs = self._queries(q).to(keys.dtype)  # [B, KV, G*E, D]
         out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=self.mask, scale=self.scaling)
         return self._unpad(out).to(q.dtype)
+
+    def _short_paged(self, q, k_cache, v_cache) -> torch.Tensor:
+        """One query token per request, K/V read in place: [B, H, D] in short_tokens order."""
+        table, rows, seq_lens = self.paged
+        qs = q.index_select(0, self.q_index).float()  # [B, H, D]
+        out = paged_decode.paged_decode(qs, k_cache, v_cache, table, rows, seq_lens, self.scaling)
+        return out.to(q.dtype)
 
     def _short_cascade(self, q, k_cache, v_cache) -> torch.Tensor:
         """Attention split in two: the batch's shared prefix is read once for all queries,
