@@ -87,11 +87,12 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, forward_batch: ForwardBatch, attn_backend) -> torch.Tensor:
         # x [T, hidden]
-        T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(T, self.num_heads, self.head_dim), cos, sin)  # [T, H, D]
-        k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)  # [T, KV, D]
-        v = v.view(T, self.num_kv_heads, self.head_dim)  # [T, KV, D]
+        T, H, KV, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)  # [T, (H + 2 KV) * D]
+        # q and k rotated in one pass (elementwise, so bit-identical to rotating them apart)
+        qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(T, H + KV, D), cos, sin)  # [T, H+KV, D]
+        q, k = qk[:, :H].contiguous(), qk[:, H:]  # [T, H, D], [T, KV, D]
+        v = qkv[:, self.q_size + self.kv_size:].view(T, KV, D)  # [T, KV, D]
         out = attn_backend.forward(q, k, v, self.layer_id, forward_batch)  # [T, H * D]
         return self.o_proj(out)  # [T, hidden]
 
