@@ -109,9 +109,11 @@ class ModelRunner:
         self.model.attn_backend = self.attn_backend
 
     def _select_formats(self) -> FormatChoice:
-        args, quantized = self.server_args, gguf_is_quantized(self.model_path)
+        args = self.server_args
         if self.device.type == "cuda" and args.dtype == "auto" and args.quantization in ("auto", "none"):
             return FormatChoice(select_dtype("auto", self.device, self.model_config), None, torch.float32, None)
+        # only `auto` with `--dtype auto` asks whether the file's weights arrive quantized
+        quantized = args.quantization == "auto" and args.dtype == "auto" and gguf_is_quantized(self.model_path)
         return select_formats(args.dtype, args.quantization, self.device, self.model_config, quantized)
 
     def _build_model(self, quantized_structure: bool) -> torch.nn.Module:

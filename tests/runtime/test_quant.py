@@ -180,3 +180,19 @@ def test_gguf_warm_start_reads_cached_weights(tmp_path, monkeypatch):
     assert len(files) == 1
     warm = ModelRunner(args)
     torch.testing.assert_close(_teacher_forced_logits(warm, ids), want, rtol=0, atol=0)
+
+
+def test_select_formats_rules(tiny_model_path, tmp_path, monkeypatch):
+    import lmprog_runtime.config as config
+    from lmprog_runtime.model.loader import load_model_config
+
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    cfg, cpu = load_model_config(tiny_model_path), torch.device("cpu")
+    fp32 = probe.select_formats("float32", "auto", cpu, cfg, source_quantized=True)
+    assert fp32.quant is None and fp32.dense_dtype == torch.float32  # an explicit fp32 stays fp32
+    assert probe.select_formats("auto", "auto", cpu, cfg, source_quantized=False).quant is None
+    forced = probe.select_formats("float32", "int8", cpu, cfg, source_quantized=False)
+    assert forced.quant == "int8" and forced.dense_dtype == torch.float32
+    assert list(tmp_path.glob("probe/formats-*.json"))  # the timings were cached
+    with pytest.raises(ValueError, match="CPU only"):
+        probe.select_formats("auto", "int4", torch.device("cuda"), cfg, source_quantized=True)
