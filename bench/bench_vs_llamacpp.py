@@ -132,15 +132,20 @@ async def run_conversations(args, convs: List[List[str]], output_len: int, concu
     send = bench_serving.SENDERS[args.backend]
     limit = asyncio.Semaphore(concurrency)
     records: List[bench_serving.RequestRecord] = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+    # a fresh connection per request: llama-server closes streamed ones, and reusing them fails
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), connector=connector) as session:
         t0 = time.perf_counter()
 
         async def conversation(prompts):
             async with limit:
                 for p in prompts:
                     rec = bench_serving.RequestRecord()
-                    await send(session, args.base_url, Request(p, len(p.split()), output_len), args, rec)
-                    rec.ok = True
+                    try:
+                        await send(session, args.base_url, Request(p, len(p.split()), output_len), args, rec)
+                        rec.ok = True
+                    except Exception as e:  # noqa: BLE001 — counted as failed, like bench_serving
+                        rec.error = f"{type(e).__name__}: {e}"
                     records.append(rec)
 
         await asyncio.gather(*(conversation(c) for c in convs))

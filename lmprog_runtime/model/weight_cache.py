@@ -22,6 +22,7 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 CACHE_VERSION = 1  # bump when the module layout or the packing changes
+KEEP_FILES = 2  # converted-weight files kept per model file (most recently used first)
 
 
 def cache_file(model_path: str, formats, dtype: torch.dtype) -> Optional[str]:
@@ -30,8 +31,9 @@ def cache_file(model_path: str, formats, dtype: torch.dtype) -> Optional[str]:
 
     if not is_gguf(model_path):
         return None  # safetensors checkpoints already load memory-mapped
+    # dense_rows itself is a runtime threshold; only whether dense copies exist shapes the file
     key = repr((CACHE_VERSION, torch.__version__, formats.quant, str(formats.act_dtype),
-                formats.dense_rows, str(dtype)))
+                formats.dense_rows is not None, str(dtype)))
     name = "weights-" + hashlib.sha256(key.encode()).hexdigest()[:16] + ".safetensors"
     return os.path.join(_gguf_cache_dir(model_path), name)
 
@@ -50,6 +52,10 @@ def load(build_meta, path: Optional[str]) -> Optional[nn.Module]:
     except Exception as e:  # stale or partial: convert again and overwrite
         logger.warning("ignoring cached weights %s: %s", path, e)
         return None
+    try:
+        os.utime(path)  # most recently used: kept by _prune
+    except OSError:
+        pass
     return model.eval()
 
 
@@ -72,9 +78,21 @@ def save(model: nn.Module, path: Optional[str]) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         save_file(state, tmp)
         os.replace(tmp, path)
+        _prune(os.path.dirname(path))
     except OSError as e:
         logger.info("not caching converted weights at %s: %s", path, e)
         try:
             os.remove(tmp)
+        except OSError:
+            pass
+
+
+def _prune(folder: str) -> None:
+    """Delete all but the KEEP_FILES most recently used converted-weight files (hundreds of MB each)."""
+    files = sorted((os.path.join(folder, f) for f in os.listdir(folder)
+                    if f.startswith("weights-") and f.endswith(".safetensors")), key=os.path.getmtime, reverse=True)
+    for stale in files[KEEP_FILES:]:
+        try:
+            os.remove(stale)
         except OSError:
             pass
