@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import os
 import pathlib
 import shutil
 import subprocess
@@ -56,8 +57,6 @@ def _compile() -> Optional[ctypes.CDLL]:
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         try:
-            import os
-
             os.close(fd)
             subprocess.run([cc, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"], check=True, capture_output=True,
                            timeout=120)
