@@ -172,6 +172,8 @@ def test_gguf_warm_start_reads_cached_weights(tmp_path, monkeypatch):
     import lmprog_runtime.config as config
 
     monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    # a busy machine must not re-probe into another format between the two starts
+    monkeypatch.setattr(probe, "consistent", lambda timings: True)
     args = ServerArgs(quantization="int4", max_total_tokens=1024, max_running_requests=4)
     cold = ModelRunner(args)
     ids = cold.tokenizer("The capital of France is")["input_ids"]
@@ -179,6 +181,8 @@ def test_gguf_warm_start_reads_cached_weights(tmp_path, monkeypatch):
     files = list(tmp_path.glob("gguf-*/weights-*.safetensors"))
     assert len(files) == 1
     warm = ModelRunner(args)
+    assert warm.formats == cold.formats
+    assert list(tmp_path.glob("gguf-*/weights-*.safetensors")) == files  # read, not converted again
     torch.testing.assert_close(_teacher_forced_logits(warm, ids), want, rtol=0, atol=0)
 
 
