@@ -71,3 +71,49 @@ def test_backend_decode_equals_the_gather_path():
         finally:
             pd.enabled = True
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("prefix_len", [300, 1100])  # one and three 512-key prefix chunks
+def test_kernel_with_shared_prefix_matches_sdpa(threads, prefix_len):
+    """Cascade: the first `prefix_len` keys of every request come from one shared slot list."""
+    torch.manual_seed(2)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        B, H, KV, D, slots = 5, 9, 3, 64, 6000
+        k, v = torch.randn(slots, KV, D), torch.randn(slots, KV, D)
+        table = torch.randint(1, slots, (7, 2400))
+        prefix = torch.randint(1, slots, (prefix_len,))
+        rows = torch.tensor([6, 1, 3, 2, 4])
+        table[rows, :prefix_len] = prefix  # the shared prefix, as the radix cache lays it out
+        seq_lens = torch.tensor([1, 600, 1, 1030, 300]) + prefix_len  # own tails of 1..2 chunks
+        q = torch.randn(B, H, D)
+        got = pd.paged_decode(q, k, v, table, rows, seq_lens, D ** -0.5, prefix=prefix)
+        torch.testing.assert_close(got, _reference(q, k, v, table, rows, seq_lens, D ** -0.5),
+                                   rtol=1e-4, atol=1e-5)
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_backend_cascade_decode_uses_the_kernel_and_equals_the_gather_path():
+    torch.manual_seed(3)
+    H, KV, D, L, shared = 4, 2, 16, 3, 700
+    pool = TokenToKVPool(8000, L, KV, D, torch.float32)
+    pool.k.normal_(), pool.v.normal_()
+    table = torch.zeros(8, 1024, dtype=torch.int64)
+    table[1:] = torch.randperm(7999)[:7 * 1024].view(7, 1024) + 1
+    table[2:7, :shared] = table[1, :shared]  # requests 1..6 share a 700-slot prefix
+    fb = _decode_batch(8000, [701, 900, 760, 1000, 705, 720], table)
+    q, k, v = torch.randn(6, H, D), torch.randn(6, KV, D), torch.randn(6, KV, D)
+    backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
+    outs = []
+    for use_kernel in (True, False):
+        pd.enabled = use_kernel
+        try:
+            backend.init_forward_metadata(fb)
+            assert backend.shared == shared and (backend.paged is not None) == use_kernel
+            outs.append(backend.forward(q, k, v, 1, fb))
+        finally:
+            pd.enabled = True
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
