@@ -12,24 +12,41 @@
  * accumulator acc) per query head; the parts of one (request, head) are merged exactly
  * afterwards (common max, summed denominators). Scratch: B * KV * parts * G * (D + 2) floats,
  * parts = prefix chunks + own chunks; one part is [m G][l G][acc G * D].
+ * K/V may instead be bfloat16 (kv_bf16 = 1): each key/value row is widened to float32 exactly
+ * (bf16 is the top half of a float32) before the same float32 arithmetic.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+#define MAX_D 512
+
+/* Row `row` of a [*, D] K or V buffer as float32: in place, or widened into buf. */
+static inline const float *kv_row(const void *base, int64_t row, int D, int bf16, float *buf) {
+    if (!bf16) return (const float *)base + row * D;
+    const uint16_t *src = (const uint16_t *)base + row * D;
+    for (int d = 0; d < D; d++) {
+        uint32_t bits = (uint32_t)src[d] << 16;
+        memcpy(buf + d, &bits, 4);
+    }
+    return buf;
+}
 
 /* Keys s0..s1 of `slots` against the G query heads of kv head kvh of nb requests; request i's
  * queries start at q + i * qstride, its part at m + i * pstride (l, acc follow). */
-static void chunk_attend(const float *q, int64_t qstride, int nb, const float *k, const float *v,
+static void chunk_attend(const float *q, int64_t qstride, int nb, const void *k, const void *v, int bf16,
                          const int64_t *slots, int64_t s0, int64_t s1, int KV, int G, int D, int kvh,
                          float scale, float *m, int64_t pstride) {
+    float kbuf[MAX_D], vbuf[MAX_D];
     for (int i = 0; i < nb; i++) {
         float *mi = m + i * pstride, *li = mi + G, *ai = li + G;
         for (int g = 0; g < G; g++) { mi[g] = -INFINITY; li[g] = 0.f; }
         for (int x = 0; x < G * D; x++) ai[x] = 0.f;
     }
     for (int64_t s = s0; s < s1; s++) {
-        const float *kr = k + (slots[s] * KV + kvh) * D;
-        const float *vr = v + (slots[s] * KV + kvh) * D;
+        const float *kr = kv_row(k, slots[s] * KV + kvh, D, bf16, kbuf);
+        const float *vr = kv_row(v, slots[s] * KV + kvh, D, bf16, vbuf);
         for (int i = 0; i < nb; i++) {
             float *mi = m + i * pstride, *li = mi + G, *ai = li + G;
             for (int g = 0; g < G; g++) {
@@ -78,7 +95,7 @@ static void merge_parts(const float *base, int64_t parts, int64_t per_task, int 
     }
 }
 
-void lm_paged_decode(const float *q, const float *k, const float *v, const int64_t *prefix, int64_t P,
+void lm_paged_decode(const float *q, const void *k, const void *v, int kv_bf16, const int64_t *prefix, int64_t P,
                      const int64_t *table, int64_t ld, const int64_t *rows, const int64_t *seq_lens,
                      int B, int H, int KV, int D, float scale, int64_t chunk, int nthreads,
                      float *scratch, float *out) {
@@ -97,7 +114,7 @@ void lm_paged_decode(const float *q, const float *k, const float *v, const int64
         if (t < pre_tasks) {  /* shared prefix chunk c of kv head kvh, every request */
             int kvh = (int)(t / pre_chunks);
             int64_t c = t % pre_chunks, s0 = c * chunk, s1 = s0 + chunk < P ? s0 + chunk : P;
-            chunk_attend(q + (int64_t)kvh * G * D, (int64_t)H * D, B, k, v, prefix, s0, s1, KV, G, D, kvh,
+            chunk_attend(q + (int64_t)kvh * G * D, (int64_t)H * D, B, k, v, kv_bf16, prefix, s0, s1, KV, G, D, kvh,
                          scale, scratch + ((int64_t)kvh * parts + c) * per_task, pstride);
             continue;
         }
@@ -107,7 +124,7 @@ void lm_paged_decode(const float *q, const float *k, const float *v, const int64
         int64_t s0 = P + c * chunk, s1 = s0 + chunk;
         if (s1 > seq_lens[b]) s1 = seq_lens[b];
         if (s0 >= s1) { empty_part(m, G); continue; }
-        chunk_attend(q + ((int64_t)b * H + (int64_t)kvh * G) * D, 0, 1, k, v, table + rows[b] * ld, s0, s1,
+        chunk_attend(q + ((int64_t)b * H + (int64_t)kvh * G) * D, 0, 1, k, v, kv_bf16, table + rows[b] * ld, s0, s1,
                      KV, G, D, kvh, scale, m, 0);
     }
 #pragma omp parallel for num_threads(nthreads)

@@ -8,7 +8,8 @@ read once for the whole batch. The work is split by (kv head, chunk of prefix ke
 every thread (chunks merged exactly). The kernel is paged_decode.c, compiled with the
 system C compiler into the cache directory at first use (keyed by source, flags and CPU);
 `available()` is False where that is impossible and callers keep the gather path.
-float32 only; torch_native is the oracle (tests/runtime/test_paged_decode.py).
+Query float32, K/V float32 or bfloat16 (widened exactly, float32 math); torch_native is the
+oracle (tests/runtime/test_paged_decode.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ _SOURCE = pathlib.Path(__file__).with_name("paged_decode.c")
 # -ffast-math minus finite-math (the kernel uses -inf): lets the dot products vectorize.
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
           "-fassociative-math", "-fno-signed-zeros", "-shared", "-fPIC"]
+KV_DTYPES = (torch.float32, torch.bfloat16)  # K/V the kernel reads (the query is float32)
+MAX_D = 512  # head_dim limit (paged_decode.c)
 CHUNK = 512  # keys per task: long contexts split into this many-key pieces across threads
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] | bool = None
@@ -69,7 +72,7 @@ def _compile() -> Optional[ctypes.CDLL]:
             return None
     lib = ctypes.CDLL(str(out))
     p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-    lib.lm_paged_decode.argtypes = [p, p, p, p, i64, p, i64, p, p, i32, i32, i32, i32, f32, i64, i32, p, p]
+    lib.lm_paged_decode.argtypes = [p, p, p, i32, p, i64, p, i64, p, p, i32, i32, i32, i32, f32, i64, i32, p, p]
     lib.lm_paged_decode.restype = None
     return lib
 
@@ -89,7 +92,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  prefix: Optional[torch.Tensor] = None, max_seq_len: Optional[int] = None) -> torch.Tensor:
     """q [B, H, D]; k_cache, v_cache [slots, KV, D]; table int64 [R, L]; rows, seq_lens int64 [B];
     prefix int64 [P] (every seq_len > P) or None; max_seq_len = max(seq_lens) if the caller knows it."""
-    assert available() and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+    assert available() and q.dtype == torch.float32 and k_cache.dtype == v_cache.dtype in KV_DTYPES
+    assert q.shape[-1] <= MAX_D
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and table.is_contiguous()
     q, rows, seq_lens = q.contiguous(), rows.contiguous(), seq_lens.contiguous()
     B, H, D = q.shape
@@ -100,7 +104,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     own_chunks = max(0 if P else 1, ((max_seq_len or int(seq_lens.max())) - P + CHUNK - 1) // CHUNK)
     scratch = torch.empty(B * KV * (pre_chunks + own_chunks) * (H // KV) * (D + 2), dtype=torch.float32)
     out = torch.empty_like(q)
-    _lib.lm_paged_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), prefix.data_ptr(), P,
+    _lib.lm_paged_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
+                         prefix.data_ptr(), P,
                          table.data_ptr(), table.stride(0), rows.data_ptr(), seq_lens.data_ptr(), B, H, KV, D,
                          scale, CHUNK, torch.get_num_threads(), scratch.data_ptr(), out.data_ptr())
     return out

@@ -6,7 +6,7 @@
   grouped per KV head ([B, kv_heads, group * positions, D]) so GQA needs no repeated
   K/V. When they all share a long cached prefix (same KV slots), the prefix is read
   once for all of them (cascade) instead of once per request.
-- Pure decodes (one token each, float32 K/V) read K/V in place through the compiled kernel
+- Pure decodes (one token each, float32 or bfloat16 K/V) read K/V in place through the compiled kernel
   of `paged_decode.py` (no gather), where a C compiler is available; a shared prefix (the
   cascade case) is read there once per kv head for the whole batch.
 - Long extends (prefill chunks over a cached prefix): one SDPA per request, causal
@@ -125,7 +125,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             self._extend(q, k_cache, v_cache, out)
             return out.view(T, H * D)
         attend = self._short_cascade if self.shared else self._short
-        if self.paged is not None and k_cache.dtype == torch.float32 and k_cache.is_contiguous():
+        if self.paged is not None and k_cache.dtype in paged_decode.KV_DTYPES and k_cache.is_contiguous():
             attend = self._short_paged
         if self.all_short:  # no extends, and the short rows are all T rows in order
             return attend(q, k_cache, v_cache).reshape(T, H * D)
