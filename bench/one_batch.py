@@ -4,10 +4,12 @@ Measures the machine first (matmul peak in fp32/bf16, memory-copy bandwidth), th
 prefill tokens/s for one prompt and decode tokens/s at several batch sizes through
 `ModelRunner.forward`, and relates them to the machine:
 - prefill as % of matmul peak (FLOPs ~ 2 x params x tokens + attention),
-- batch-1 decode step vs the floor "weight bytes / bandwidth",
+- each decode step vs its floor "bytes of weights that step reads / copy bandwidth" (with
+  `--quantization`, small batches read the packed weights, large ones the kept dense copy),
 - the batch-32 / batch-1 decode throughput ratio.
 
     python bench/one_batch.py --dtype float32 --batch-sizes 1 8 32 64 --input-len 512 --output-len 16
+    python bench/one_batch.py --quantization auto --batch-sizes 1 8 32 --quick
 Writes bench/results/one_batch.json and bench/results/one_batch.png.
 """
 
@@ -22,10 +24,10 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from lmprog_runtime.config import ServerArgs  # noqa: E402  (before torch: sets OpenMP's wait policy)
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from lmprog_runtime.config import ServerArgs  # noqa: E402
 from lmprog_runtime.model.forward_batch import ForwardBatch  # noqa: E402
 from lmprog_runtime.model.runner import ModelRunner  # noqa: E402
 
@@ -59,6 +61,28 @@ def copy_gbps(mbytes: int = 256) -> float:
     return 2 * src.numel() / best_time(lambda: dst.copy_(src)) / 1e9  # read + write
 
 
+def step_weight_bytes(model: torch.nn.Module, batch: int) -> int:
+    """Bytes of weights one forward over `batch` rows reads: a QuantLinear's packed buffers below
+    its `dense_rows`, else its dense copy; every other parameter once, except the embedding
+    table (only `batch` rows are gathered) unless it is also the logits head."""
+    from lmprog_runtime.model.quant import QuantLinear
+
+    total, seen = 0, set()
+    for mod in model.modules():
+        if isinstance(mod, QuantLinear):
+            use_dense = mod.dense is not None and batch >= mod.dense_rows
+            names = ["dense"] if use_dense else [n for n in ("qweight", "scales", "scale_zeros") if hasattr(mod, n)]
+            bufs = [getattr(mod, n) for n in names] + ([mod.bias] if mod.bias is not None else [])
+            total += sum(b.numel() * b.element_size() for b in bufs)
+            seen.update(id(b) for b in mod.buffers())
+    head_is_embedding = getattr(model, "lm_head", None) is None and getattr(model, "quant_head", None) is None
+    for name, p in model.named_parameters():
+        if id(p) in seen or (name == "embed_tokens.weight" and not head_is_embedding):
+            continue
+        total += p.numel() * p.element_size()
+    return total
+
+
 class Batches:
     """Hand-built ForwardBatches: request i owns table row i+1 and a contiguous run of slots."""
 
@@ -89,23 +113,28 @@ def main():
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--num-threads", type=int, default=None)
+    ap.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"])
+    ap.add_argument("--quick", action="store_true", help="batch sizes 1 8 32, a 128-token prompt, fewer repetitions")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of one decode step")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--attention-backend", default=None, choices=["torch_native", "triton", "flashinfer"],
                     help="default: the runner's per-device default")
     ap.add_argument("--results-dir", default=RESULTS)
     args = ap.parse_args()
+    if args.quick:
+        args.batch_sizes, args.input_len, args.output_len = [1, 8, 32], 128, 8
 
     max_bs, max_len = max(args.batch_sizes), args.input_len + args.output_len + 1
     global DEVICE
     runner = ModelRunner(ServerArgs(model_path=args.model_path, dtype=args.dtype, num_threads=args.num_threads,
+                                    quantization=args.quantization,
                                     device=args.device, attention_backend=args.attention_backend,
                                     max_total_tokens=max_bs * max_len + 16, max_running_requests=max_bs,
                                     context_length=max(max_len, 1024)))
     DEVICE = runner.device
     c = runner.model_config
-    params = sum(p.numel() for p in runner.model.parameters())
-    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    params = sum(p.numel() for p in runner.model.parameters()) + sum(
+        m.out_features * m.in_features for m in runner.model.modules() if hasattr(m, "qweight"))
     steps = len(args.batch_sizes) + 3
     bar = tqdm(total=steps, desc="bench")
 
@@ -123,7 +152,8 @@ def main():
     prefill_flops = 2 * params * n + attn_flops
     dtype_name = str(runner.dtype).replace("torch.", "")
     result = {
-        "model": args.model_path, "dtype": dtype_name, "threads": torch.get_num_threads(), "params": params,
+        "model": args.model_path, "dtype": dtype_name, "quantization": runner.quantization,
+        "formats": str(runner.formats), "cpu_flags": cpu_flags(), "threads": torch.get_num_threads(), "params": params,
         "device": str(runner.device), "attention_backend": runner.attention_backend_name,
         "matmul_peak_gflops": peak, "copy_bandwidth_gbps": bandwidth,
         "prefill": {"input_len": n, "seconds": t_prefill, "tokens_per_s": n / t_prefill,
@@ -133,14 +163,15 @@ def main():
     for bs in args.batch_sizes:
         # each step attends over n cached tokens (their values do not change the timing)
         t = best_time(lambda: runner.forward(batches.make(bs, n, 1)), reps=max(3, args.output_len // 4))
-        result["decode"][str(bs)] = {"step_ms": 1e3 * t, "tokens_per_s": bs / t}
+        floor_ms = 1e3 * step_weight_bytes(runner.model, bs) / (bandwidth / 2 * 1e9)  # weights read once
+        result["decode"][str(bs)] = {"step_ms": 1e3 * t, "tokens_per_s": bs / t, "floor_ms": floor_ms,
+                                     "over_floor": 1e3 * t / floor_ms}
         bar.update()
     bar.close()
 
     d1 = result["decode"].get("1")
     if d1:
-        floor_ms = 1e3 * weight_bytes / (bandwidth / 2 * 1e9)  # weights read once per step
-        result["decode_b1_vs_bandwidth_floor"] = {"floor_ms": floor_ms, "ratio": d1["step_ms"] / floor_ms}
+        result["decode_b1_vs_bandwidth_floor"] = {"floor_ms": d1["floor_ms"], "ratio": d1["over_floor"]}
     if d1 and "32" in result["decode"]:
         result["decode_b32_over_b1_throughput"] = result["decode"]["32"]["tokens_per_s"] / d1["tokens_per_s"]
     report(result)
@@ -154,15 +185,27 @@ def main():
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
+def cpu_flags() -> str:
+    """The vector extensions that decide which CPU kernels win (AVX2 / AVX-512 / AMX)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
+    return " ".join(w for w in wanted if w in flags) or "none of avx2/avx512/amx"
+
+
 def report(r: dict) -> None:
-    print(f"\nmodel {r['model']} ({r['params'] / 1e6:.0f}M params), {r['dtype']}, {r['threads']} threads")
+    print(f"\nmodel {r['model']} ({r['params'] / 1e6:.0f}M params), {r['dtype']}, "
+          f"weights {r['quantization']}, {r['threads']} threads; CPU {r['cpu_flags']}")
     print(f"matmul peak: fp32 {r['matmul_peak_gflops']['float32']:.0f} GFLOP/s, "
           f"bf16 {r['matmul_peak_gflops']['bfloat16']:.0f} GFLOP/s; copy bandwidth {r['copy_bandwidth_gbps']:.1f} GB/s")
     p = r["prefill"]
     print(f"prefill {p['input_len']} tokens: {p['tokens_per_s']:.0f} tok/s ({p['pct_of_matmul_peak']:.0f}% of peak)")
-    print(f"{'batch':>6} {'step ms':>9} {'tok/s':>9}")
+    print(f"{'batch':>6} {'step ms':>9} {'tok/s':>9} {'floor ms':>9} {'x floor':>8}")
     for bs, d in r["decode"].items():
-        print(f"{bs:>6} {d['step_ms']:>9.2f} {d['tokens_per_s']:>9.1f}")
+        print(f"{bs:>6} {d['step_ms']:>9.2f} {d['tokens_per_s']:>9.1f} {d['floor_ms']:>9.2f} {d['over_floor']:>8.1f}")
     if "decode_b1_vs_bandwidth_floor" in r:
         f = r["decode_b1_vs_bandwidth_floor"]
         print(f"batch-1 step vs weight-bytes/bandwidth floor {f['floor_ms']:.2f} ms: {f['ratio']:.1f}x")

@@ -19,6 +19,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("outlines", "llguidance", "xgrammar", "none")
+# Weight-only quantization on the CPU (model/quant.py). auto: only for weights that arrive
+# quantized (GGUF) with --dtype auto, and only where start-up measures a faster decode step.
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class ServerArgs:
     # kernels
     attention_backend: Optional[str] = None
     num_threads: Optional[int] = None
+    quantization: str = "auto"
     # constrained decoding
     grammar_backend: str = "outlines"
     disable_jump_forward: bool = False
@@ -76,6 +80,7 @@ class ServerArgs:
         _check_choice("device", self.device, DEVICES)
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         _check_choice("grammar_backend", self.grammar_backend, GRAMMAR_BACKENDS)
+        _check_choice("quantization", self.quantization, QUANTIZATIONS)
         if self.attention_backend is not None:
             _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         if self.page_size < 1:
@@ -120,6 +125,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         choices = {
             "dtype": DTYPES, "device": DEVICES, "schedule_policy": SCHEDULE_POLICIES,
             "grammar_backend": GRAMMAR_BACKENDS, "attention_backend": ATTENTION_BACKENDS,
+            "quantization": QUANTIZATIONS,
         }.get(f.name)
         parser.add_argument(flag, type=kind, default=default, choices=choices)
 
@@ -155,3 +161,10 @@ NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_WALK"))
 # Derived artifacts (e.g. the config and tokenizer converted from a GGUF file).
 CACHE_DIR = os.environ.get("LMPROG_CACHE_DIR") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lmprog")
+
+# OpenMP worker threads sleep as soon as a parallel region ends instead of spinning. libgomp
+# reads this when torch loads, so it takes effect where this module is imported before torch
+# (the server and Engine entry points; the scheduler child inherits it). Measured on a shared
+# 2-core machine with both cores busy elsewhere: batch-1 decode step median 864 ms spinning vs
+# 41 ms passive (2 threads; 1 thread: 39 ms). Set OMP_WAIT_POLICY=ACTIVE to spin again.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -6,17 +6,22 @@
   grouped per KV head ([B, kv_heads, group * positions, D]) so GQA needs no repeated
   K/V. When they all share a long cached prefix (same KV slots), the prefix is read
   once for all of them (cascade) instead of once per request.
+- Pure decodes (one token each, float32 or bfloat16 K/V) read K/V in place through the compiled kernel
+  of `paged_decode.py` (no gather), where a C compiler is available; a shared prefix (the
+  cascade case) is read there once per kv head for the whole batch.
 - Long extends (prefill chunks over a cached prefix): one SDPA per request, causal
   with the prefix offset.
 """
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import List
 
 import torch
 import torch.nn.functional as F
 
+from lmprog_runtime.attention import paged_decode
 from lmprog_runtime.attention.base import AttentionBackend
 from lmprog_runtime.model.forward_batch import ForwardBatch
 
@@ -34,17 +39,22 @@ class TorchNativeAttnBackend(AttentionBackend):
         seq_lens = fb.seq_lens_cpu or fb.seq_lens.tolist()
         extend_lens = fb.extend_lens_cpu or fb.extend_lens.tolist()
         rows = fb.req_to_token[fb.req_pool_indices]  # [B, max_context]
-        starts = [0]
-        for e in extend_lens[:-1]:
-            starts.append(starts[-1] + e)
+        starts = [0, *accumulate(extend_lens[:-1])]
         # Requests adding a few tokens (decodes, jump-forward runs) are attended together,
         # padded to the longest; longer extends (prefill chunks) one by one.
-        short = [i for i, e in enumerate(extend_lens) if e <= SHORT_EXTEND]
+        self.all_short = max(extend_lens) <= SHORT_EXTEND  # then short_tokens is every row, in order
+        short = list(range(len(extend_lens))) if self.all_short else [
+            i for i, e in enumerate(extend_lens) if e <= SHORT_EXTEND]
         self.short_tokens = None
+        self.extends = []  # (slots [s], mask [e, s] or None for plain causal, start, e)
+        if self.all_short:
+            self._init_short(rows, seq_lens, extend_lens, starts)
+            self._init_paged(fb, short, seq_lens)
+            return
         if short:
             self._init_short(rows[short], [seq_lens[i] for i in short], [extend_lens[i] for i in short],
                              [starts[i] for i in short])
-        self.extends = []  # (slots [s], mask [e, s] or None for plain causal, start, e)
+            self._init_paged(fb, short, seq_lens)
         for i, (s, e) in enumerate(zip(seq_lens, extend_lens)):
             if e <= SHORT_EXTEND:
                 continue
@@ -76,6 +86,22 @@ class TorchNativeAttnBackend(AttentionBackend):
         # rows of the attention are (kv head, group member, position): [B, 1, G*E, S]
         self.mask = mask[:, None, None].expand(B, 1, G, E, mask.shape[-1]).reshape(B, 1, G * E, -1)
 
+    def _init_paged(self, fb: ForwardBatch, short: List[int], seq_lens: List[int]) -> None:
+        """Pure one-token decodes read K/V in place (paged_decode.c), a shared prefix once."""
+        self.paged = None
+        if self.short_E != 1 or fb.req_to_token.device.type != "cpu":
+            return
+        if not (fb.req_to_token.is_contiguous() and paged_decode.available()):
+            return
+        if self.all_short:  # every request, in order: the batch's own tensors
+            self.paged = (fb.req_to_token, fb.req_pool_indices.contiguous(), fb.seq_lens.contiguous(),
+                          max(seq_lens))
+            return
+        idx = torch.tensor(short, dtype=torch.int64)
+        lens = [seq_lens[i] for i in short]
+        self.paged = (fb.req_to_token, fb.req_pool_indices.index_select(0, idx),
+                      torch.tensor(lens, dtype=torch.int64), max(lens))
+
     @staticmethod
     def _shared_prefix_len(rows: torch.Tensor, prefix_lens: List[int]) -> int:
         """Length of the KV prefix that every request of the batch reads from the same slots
@@ -94,11 +120,18 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
         k_cache, v_cache = self.kv_pool.k[layer_id], self.kv_pool.v[layer_id]  # [slots, KV, D]
         T, H, D = q.shape
+        if self.short_tokens is None:
+            out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
+            self._extend(q, k_cache, v_cache, out)
+            return out.view(T, H * D)
+        attend = self._short_cascade if self.shared else self._short
+        if self.paged is not None and k_cache.dtype in paged_decode.KV_DTYPES and k_cache.is_contiguous():
+            attend = self._short_paged
+        if self.all_short:  # no extends, and the short rows are all T rows in order
+            return attend(q, k_cache, v_cache).reshape(T, H * D)
         out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
         self._extend(q, k_cache, v_cache, out)
-        if self.short_tokens is not None:
-            attend = self._short_cascade if self.shared else self._short
-            out[self.short_tokens] = attend(q, k_cache, v_cache)
+        out[self.short_tokens] = attend(q, k_cache, v_cache)
         return out.view(T, H * D)
 
     def _queries(self, q: torch.Tensor) -> torch.Tensor:
@@ -130,6 +163,16 @@ class TorchNativeAttnBackend(AttentionBackend):
         qs = self._queries(q).to(keys.dtype)  # [B, KV, G*E, D]
         out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=self.mask, scale=self.scaling)
         return self._unpad(out).to(q.dtype)
+
+    def _short_paged(self, q, k_cache, v_cache) -> torch.Tensor:
+        """One query token per request, K/V read in place: [B, H, D] in short_tokens order."""
+        table, rows, seq_lens, max_len = self.paged
+        # one token per request: with every request short, q's rows are already in order
+        qs = (q if self.all_short else q.index_select(0, self.q_index)).float()  # [B, H, D]
+        prefix = self.prefix_index if self.shared else None
+        out = paged_decode.paged_decode(qs, k_cache, v_cache, table, rows, seq_lens, self.scaling, prefix,
+                                        max_len)
+        return out.to(q.dtype)
 
     def _short_cascade(self, q, k_cache, v_cache) -> torch.Tensor:
         """Attention split in two: the batch's shared prefix is read once for all queries,

@@ -187,10 +187,15 @@ def _check_config_json(folder: str) -> None:
 
 
 # -- weights ----------------------------------------------------------------------------------------
-def iter_weights(path: str, config: ModelConfig, progress: bool = True) -> Iterator[Tuple[str, torch.Tensor]]:
-    """Yield (HF parameter name, float32-or-checkpoint-dtype CPU tensor) for every weight."""
+def iter_weights(path: str, config: ModelConfig, progress: bool = True,
+                 int4_sources: Optional[dict] = None) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Yield (HF parameter name, float32-or-checkpoint-dtype CPU tensor) for every weight.
+
+    When `int4_sources` is a dict, GGUF Q4_0/Q4_1 tensors also land there as exact int4
+    blocks (HF name -> `quant.gguf_q4_blocks`), for layers kept in 4 bits.
+    """
     if is_gguf(path):
-        yield from _iter_gguf_weights(path, config, progress)
+        yield from _iter_gguf_weights(path, config, progress, int4_sources)
     else:
         yield from _iter_safetensors_weights(path, progress)
 
@@ -275,7 +280,47 @@ def _unpermute_llama_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _iter_gguf_weights(path: str, config: ModelConfig, progress: bool) -> Iterator[Tuple[str, torch.Tensor]]:
+def _llama_row_heads(config: ModelConfig, gguf_name: str) -> Optional[int]:
+    """Heads whose rows llama.cpp permuted in this tensor (q/k of llama models), else None."""
+    if config.architecture != "llama":
+        return None
+    if gguf_name.endswith(("attn_q.weight", "attn_q.bias")):
+        return config.num_heads
+    if gguf_name.endswith(("attn_k.weight", "attn_k.bias")):
+        return config.num_kv_heads
+    return None
+
+
+def gguf_is_quantized(path: str) -> bool:
+    """Whether a GGUF file holds quantized (non-float) tensors; False for HF folders.
+
+    The answer is kept in the file's cache folder: parsing a GGUF header (its vocabulary
+    included) takes seconds.
+    """
+    if not is_gguf(path):
+        return False
+    marker = os.path.join(_gguf_cache_dir(path), "tensor_types.json")
+    try:
+        with open(marker) as f:
+            types = json.load(f)
+    except (OSError, ValueError):
+        types = sorted({t.tensor_type.name for t in _open_gguf(path).tensors})
+        try:
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            with open(marker + ".tmp", "w") as f:
+                json.dump(types, f)
+            os.replace(marker + ".tmp", marker)
+        except OSError:
+            pass
+    return any(t not in ("F32", "F16", "BF16", "F64") for t in types)
+
+
+def gguf_int4_tensor_types() -> Tuple[str, ...]:
+    return ("Q4_0", "Q4_1")
+
+
+def _iter_gguf_weights(path: str, config: ModelConfig, progress: bool,
+                       int4_sources: Optional[dict] = None) -> Iterator[Tuple[str, torch.Tensor]]:
     from gguf.quants import dequantize
     from tqdm.auto import tqdm
 
@@ -291,9 +336,13 @@ def _iter_gguf_weights(path: str, config: ModelConfig, progress: bool) -> Iterat
             w = dequantize(t.data, t.tensor_type).reshape(tuple(int(d) for d in reversed(t.shape)))
         except Exception as e:
             raise ValueError(f"model file {path!r}: cannot dequantize {t.name!r} ({t.tensor_type.name}): {e}") from e
-        if config.architecture == "llama":
-            if t.name.endswith("attn_q.weight") or t.name.endswith("attn_q.bias"):
-                w = _unpermute_llama_rows(w, config.num_heads)
-            elif t.name.endswith("attn_k.weight") or t.name.endswith("attn_k.bias"):
-                w = _unpermute_llama_rows(w, config.num_kv_heads)
+        heads = _llama_row_heads(config, t.name)
+        if heads is not None:
+            w = _unpermute_llama_rows(w, heads)
+        if int4_sources is not None and t.tensor_type.name in gguf_int4_tensor_types():
+            from lmprog_runtime.model.quant import gguf_q4_blocks
+
+            raw = np.asarray(t.data).reshape(w.shape[0], -1)  # [rows, block bytes]: blocks run along K
+            raw = raw if heads is None else _unpermute_llama_rows(raw, heads)
+            int4_sources[name] = gguf_q4_blocks(raw, t.tensor_type.name)
         yield name, torch.from_numpy(np.array(w, dtype=np.float32))  # a writable copy

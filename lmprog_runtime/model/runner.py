@@ -17,8 +17,11 @@ from lmprog_runtime.attention import create_attention_backend
 from lmprog_runtime.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from lmprog_runtime.config import ServerArgs
 from lmprog_runtime.model.forward_batch import ForwardBatch
+from lmprog_runtime.model.probe import FormatChoice, select_formats
+from lmprog_runtime.model import weight_cache
+from lmprog_runtime.model.quant import quantize_model
 from lmprog_runtime.model.loader import (
-    ModelConfig, iter_weights, load_model_config, load_tokenizer, resolve_model_path,
+    ModelConfig, gguf_is_quantized, iter_weights, load_model_config, load_tokenizer, resolve_model_path,
 )
 
 logger = logging.getLogger(__name__)
@@ -37,6 +40,14 @@ def _architecture_class(arch: str):
     return {"llama": LlamaForCausalLM, "qwen2": LlamaForCausalLM}[arch]
 
 
+def default_num_threads() -> int:
+    """The cores this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def select_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -51,55 +62,13 @@ def default_attention_backend(device: torch.device) -> str:
     return "triton" if device.type == "cuda" else "torch_native"
 
 
-def measure_cpu_decode_dtype(config: ModelConfig, batches=(1, 32), reps: int = 5) -> torch.dtype:
-    """Time decode-step matmuls (this model's shapes, at a latency and a throughput batch size)
-    in float32 and bfloat16; pick the dtype with the smaller total.
-
-    Each dtype is warmed up first (oneDNN JITs its bf16/AMX kernels on first use) and the
-    two are timed interleaved, best of `reps`, so a busy machine biases neither.
-    Measured on the dev box (2-core Xeon with AMX-BF16, shared and loaded, SmolLM2-135M
-    shapes, 8 layers): batch 1 fp32 ~3.6 ms vs bf16 ~12.7 ms; batch 8 about equal (12 vs 13);
-    batch 32 fp32 ~35 ms vs bf16 ~14 ms; batch 64 fp32 ~50 ms vs bf16 ~15-24 ms.
-    So on AMX machines bf16 wins the (1, 32) total for SmolLM2; without AMX fp32 wins;
-    the tiny test model (hidden 64) gets fp32. Tests that compare logits pass dtype=float32.
-    """
-    c = config
-    shapes = [(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim),
-              (c.num_heads * c.head_dim, c.hidden_size),
-              (c.hidden_size, 2 * c.intermediate_size), (c.intermediate_size, c.hidden_size)]
-    layers = min(c.num_layers, 8)  # enough to time, cheap to allocate
-    dtypes = (torch.float32, torch.bfloat16)
-    weights = {d: [torch.randn(k, n, dtype=d) * 0.02 for k, n in shapes] for d in dtypes}
-    inputs = {d: [{k: torch.randn(b, k, dtype=d) for k, _ in shapes} for b in batches] for d in dtypes}
-
-    def step(dtype) -> float:
-        t0 = time.perf_counter()
-        for x in inputs[dtype]:
-            for _ in range(layers):
-                for w in weights[dtype]:
-                    x[w.shape[0]] @ w
-        return time.perf_counter() - t0
-
-    for d in dtypes:
-        step(d)  # warm-up
-    timings = {d: float("inf") for d in dtypes}
-    for _ in range(reps):
-        for d in dtypes:
-            timings[d] = min(timings[d], step(d))
-    choice = min(timings, key=timings.get)
-    logger.info("dtype auto: decode matmuls fp32 %.2f ms, bf16 %.2f ms -> %s",
-                timings[torch.float32] * 1e3, timings[torch.bfloat16] * 1e3, choice)
-    return choice
-
-
 def select_dtype(name: str, device: torch.device, config: ModelConfig) -> torch.dtype:
-    if name != "auto":
-        if device.type == "cpu" and name == "float16":
-            logger.warning("float16 on CPU is slow and poorly supported; prefer float32 or bfloat16")
-        return _DTYPES[name]
-    if device.type == "cuda":
+    """The dense dtype for `--dtype` with no quantization (CPU auto: measured, see probe.py)."""
+    if name == "auto" and device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return measure_cpu_decode_dtype(config)
+    if device.type == "cpu" and name == "float16":
+        logger.warning("float16 on CPU is slow and poorly supported; prefer float32 or bfloat16")
+    return select_formats(name, "none", device, config, False).dense_dtype
 
 
 def _available_host_bytes() -> int:
@@ -113,14 +82,16 @@ class ModelRunner:
         self.server_args = server_args
         self.device = select_device(server_args.device)
         if self.device.type == "cpu":
-            torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
+            torch.set_num_threads(server_args.num_threads or default_num_threads())
         torch.manual_seed(server_args.random_seed)
 
         self.model_path = resolve_model_path(server_args.model_path)
         self.model_config = load_model_config(self.model_path, server_args.context_length)
         self.context_length = self.model_config.context_length
         self.tokenizer = load_tokenizer(resolve_model_path(server_args.tokenizer_path or server_args.model_path))
-        self.dtype = select_dtype(server_args.dtype, self.device, self.model_config)
+        self.formats = self._select_formats()
+        self.dtype = self.formats.dense_dtype
+        self.quantization = self.formats.quant or "none"
         self.model = self._load_model()
 
         self.page_size = server_args.page_size
@@ -137,13 +108,43 @@ class ModelRunner:
             num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim)
         self.model.attn_backend = self.attn_backend
 
-    def _load_model(self) -> torch.nn.Module:
-        cls = _architecture_class(self.model_config.architecture)
+    def _select_formats(self) -> FormatChoice:
+        args = self.server_args
+        if self.device.type == "cuda" and args.dtype == "auto" and args.quantization in ("auto", "none"):
+            return FormatChoice(select_dtype("auto", self.device, self.model_config), None, torch.float32, None)
+        # only `auto` with `--dtype auto` asks whether the file's weights arrive quantized
+        quantized = args.quantization == "auto" and args.dtype == "auto" and gguf_is_quantized(self.model_path)
+        return select_formats(args.dtype, args.quantization, self.device, self.model_config, quantized)
+
+    def _build_model(self, quantized_structure: bool) -> torch.nn.Module:
+        """The model on the meta device (with empty QuantLinears when `quantized_structure`)."""
+        cls, f = _architecture_class(self.model_config.architecture), self.formats
         with torch.device("meta"):
             model = cls(self.model_config, max_positions=self.context_length)
-        model = model.to_empty(device="cpu")
-        model.load_weights(iter_weights(self.model_path, self.model_config))
-        return model.to(device=self.device, dtype=self.dtype).eval()
+            if quantized_structure and f.quant is not None:
+                model = model.to(self.dtype)
+                quantize_model(model, f.quant, f.act_dtype, f.dense_rows, empty=True)
+        return model
+
+    def _load_model(self) -> torch.nn.Module:
+        """Weights from the converted-weights cache when present, else converted and cached."""
+        t0, f = time.perf_counter(), self.formats
+        cache = weight_cache.cache_file(self.model_path, f, self.dtype)
+        model = weight_cache.load(lambda: self._build_model(True), cache)
+        if model is not None:
+            logger.info("weights: %s from %s in %.2f s", self.quantization, cache, time.perf_counter() - t0)
+            return model.to(self.device)
+        model = self._build_model(False).to_empty(device="cpu")
+        int4_sources = {} if f.quant == "int4" else None
+        model.load_weights(iter_weights(self.model_path, self.model_config, int4_sources=int4_sources))
+        model = model.to(dtype=self.dtype).eval()
+        if f.quant is not None:
+            n = quantize_model(model, f.quant, f.act_dtype, f.dense_rows, int4_sources)
+            logger.info("weights: %d projections in %s (kernels in %s, dense from %s rows)",
+                        n, f.quant, f.act_dtype, f.dense_rows)
+        weight_cache.save(model, cache)
+        logger.info("weights: converted in %.2f s", time.perf_counter() - t0)
+        return model.to(self.device)
 
     def _kv_pool_size(self) -> int:
         """KV slots: `max_total_tokens` if given, else what the memory budget allows, in whole pages."""

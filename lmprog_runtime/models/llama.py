@@ -48,18 +48,22 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 def rope_cos_sin_table(config: ModelConfig, max_positions: int) -> torch.Tensor:
-    """[max_positions, 2, head_dim] float32: cos and sin of every position, halves repeated."""
+    """[max_positions, 2, head_dim] float32: cos of every position (halves repeated), and its sin
+    with the first half negated (the rotate-half sign folded in, see `apply_rope`)."""
     inv_freq = rope_inv_freq(config)  # [D/2]
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32, device="cpu"), inv_freq)  # [P, D/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
-    return torch.stack([emb.cos(), emb.sin()], dim=1)
+    sin = freqs.sin()
+    return torch.stack([emb.cos(), torch.cat([-sin, sin], dim=-1)], dim=1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x [T, heads, D]; cos, sin [T, 1, D]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    # x [T, heads, D]; cos, signed_sin [T, 1, D]. Rotate-half is cat(-x2, x1) * sin; with the
+    # sign in the table it is cat(x2, x1) * signed_sin: the same products bit for bit (a sign
+    # flip is exact), one op fewer per layer.
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + swapped * signed_sin
 
 
 # -- layers ----------------------------------------------------------------------------------------------
@@ -69,7 +73,17 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        """Normalize `x`, or with `residual` the sum `x + residual`, returning (normed, sum)."""
+        if residual is not None:
+            x = x + residual
+            return self._norm(x), x
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # one fused op; measured bit-identical to the two-step form below in float32
+            return F.rms_norm(x, (x.shape[-1],), self.weight, eps=self.eps)
         # normalize in float32 like transformers, scale in the activation dtype
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
         return self.weight * normed
@@ -87,11 +101,12 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, forward_batch: ForwardBatch, attn_backend) -> torch.Tensor:
         # x [T, hidden]
-        T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(T, self.num_heads, self.head_dim), cos, sin)  # [T, H, D]
-        k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)  # [T, KV, D]
-        v = v.view(T, self.num_kv_heads, self.head_dim)  # [T, KV, D]
+        T, H, KV, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)  # [T, (H + 2 KV) * D]
+        # q and k rotated in one pass (elementwise, so bit-identical to rotating them apart)
+        qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(T, H + KV, D), cos, sin)  # [T, H+KV, D]
+        q, k = qk[:, :H].contiguous(), qk[:, H:]  # [T, H, D], [T, KV, D]
+        v = qkv[:, self.q_size + self.kv_size:].view(T, KV, D)  # [T, KV, D]
         out = attn_backend.forward(q, k, v, self.layer_id, forward_batch)  # [T, H * D]
         return self.o_proj(out)  # [T, hidden]
 
@@ -117,8 +132,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, forward_batch, attn_backend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, forward_batch, attn_backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, forward_batch, attn_backend)
+        h, x = self.post_attention_layernorm(attn, residual=x)  # x + attn, normalized and not
+        return x + self.mlp(h)
 
 
 # -- the model -------------------------------------------------------------------------------------------
@@ -139,6 +155,7 @@ class LlamaForCausalLM(nn.Module):
         # rounds it; it follows the activations' device on first use.
         self.rope_table = rope_cos_sin_table(config, max_positions or config.context_length)
         self.attn_backend = None
+        self.quant_head = None  # a QuantLinear for the logits when the weights are quantized
 
     def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(forward_batch.input_ids)  # [T, hidden]
@@ -152,6 +169,8 @@ class LlamaForCausalLM(nn.Module):
         if rows is None:
             rows = forward_batch.last_token_indices()
         x = self.norm(x[rows])  # [L, hidden]
+        if self.quant_head is not None:
+            return self.quant_head(x).float()  # [L, vocab]
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, head).float()  # [L, vocab]
 
@@ -170,6 +189,14 @@ class LlamaForCausalLM(nn.Module):
             q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
             return [(0, q), (q, kv), (q + kv, kv)][shard]
         return shard * c.intermediate_size, c.intermediate_size
+
+    def hf_shard_names(self, param: str) -> Tuple[str, ...]:
+        """The HF weight names stacked (in row order) into our parameter `param`."""
+        for hf_part, (ours, _) in self._FUSED.items():
+            if f".{ours}." in f".{param}":
+                shards = [h for h, (o, _) in self._FUSED.items() if o == ours]
+                return tuple("model." + param.replace(ours, h) for h in shards)
+        return ("model." + param,)
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into our (partly fused) parameters; every parameter must be set."""

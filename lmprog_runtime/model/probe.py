@@ -1,0 +1,212 @@
+"""Choose the CPU weight format by measuring this model's decode-step matmuls on this machine.
+
+A format is (weights, kernel dtype): ("none", float32 | bfloat16) for dense weights, or
+("int8" | "int4", float32 | bfloat16) for `QuantLinear`. Which is fastest depends on the CPU
+(AVX2 vs AVX-512 vs AMX) and on the batch: torch's quantized CPU kernels win when a step is
+bound by reading weights (small batches) and can lose to the dense GEMM at large ones. So the
+probe times every allowed format at several batch sizes and returns
+- the dense dtype with the smallest summed time (the model's activation dtype),
+- the format with the fastest batch-1 step, and, when it is quantized, the first batch size
+  at which the dense weights are faster (`dense_rows`, None if never).
+Results are cached as JSON under CACHE_DIR keyed by CPU, torch, threads, shapes and candidates,
+so a warm start skips the ~1-3 s of timing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from lmprog_runtime.model.quant import QUANT_FORMATS, QuantLinear
+
+logger = logging.getLogger(__name__)
+
+PROBE_BATCHES = (1, 4, 16, 64)
+PROBE_RETRIES = 2  # re-measurements when the machine was visibly busy during the probe
+PROBE_LAYERS = 4  # distinct weights per format: enough to overflow caches like the real model
+Format = Tuple[str, str]  # (weights "none" | "int8" | "int4", kernel dtype name)
+
+
+@dataclass(frozen=True)
+class FormatChoice:
+    dense_dtype: torch.dtype  # activations, KV, and dense weights
+    quant: Optional[str]  # None | "int8" | "int4"
+    act_dtype: torch.dtype  # the quantized kernels' input dtype
+    dense_rows: Optional[int]  # batches of at least this many rows use kept dense weights
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _shapes(config) -> List[Tuple[int, int]]:
+    """(out, in) of one layer's projections, fused as the model fuses them."""
+    c = config
+    return [((c.num_heads + 2 * c.num_kv_heads) * c.head_dim, c.hidden_size),
+            (c.hidden_size, c.num_heads * c.head_dim),
+            (2 * c.intermediate_size, c.hidden_size), (c.hidden_size, c.intermediate_size)]
+
+
+class _Dense:
+    """A dense projection with QuantLinear's call shape: x [T, in] -> [T, out]."""
+
+    def __init__(self, w: torch.Tensor, dtype: torch.dtype):
+        self.weight, self.dtype, self.in_features = w.to(dtype), dtype, w.shape[1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x.to(self.dtype), self.weight)
+
+
+def _build(fmt: Format, config, layers: int) -> Tuple[List[Callable], Callable]:
+    """Per-layer projections and the head for `fmt`, random weights of the model's shapes."""
+    weights, kdtype = fmt[0], _dtype(fmt[1])
+
+    def make(n, k):
+        w = torch.randn(n, k) * 0.02
+        if weights == "none":
+            return _Dense(w, kdtype)
+        lin = QuantLinear(weights if (n, k) != head_shape else "int8", n, k, kdtype)
+        lin.set_weight(w)
+        return lin
+
+    head_shape = (config.vocab_size, config.hidden_size)
+    layer_ops = [make(n, k) for _ in range(layers) for n, k in _shapes(config)]
+    return layer_ops, make(*head_shape)
+
+
+def _step_time(layer_ops, head, config, x_by_k, layers: int) -> float:
+    """Seconds of one decode step's matmuls, scaled from `layers` to the model's layer count."""
+    t0 = time.perf_counter()
+    for op in layer_ops:
+        op(x_by_k[op.in_features])
+    t_layers = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    head(x_by_k[config.hidden_size])
+    return t_layers * config.num_layers / layers + time.perf_counter() - t0
+
+
+def measure(config, formats: List[Format], batches=PROBE_BATCHES, reps: int = 3) -> Dict[Format, Dict[int, float]]:
+    """Best-of-`reps` step seconds per format and batch size, formats timed interleaved.
+
+    A quantized format stops being timed at the first batch where it loses to every dense one
+    (its larger batches would use the dense weights anyway).
+    """
+    layers = min(config.num_layers, PROBE_LAYERS)
+    built = {f: _build(f, config, layers) for f in formats}
+    timings: Dict[Format, Dict[int, float]] = {f: {} for f in formats}
+    live = list(formats)
+    for b in batches:
+        xs = {k: torch.randn(b, k) for k in {k for _, k in _shapes(config)} | {config.hidden_size}}
+        for f in live:
+            _step_time(*built[f], config, xs, layers)  # warm-up: oneDNN JITs on first use
+        for _ in range(reps):
+            for f in live:
+                t = _step_time(*built[f], config, xs, layers)
+                timings[f][b] = min(timings[f].get(b, float("inf")), t)
+        best_dense = min((timings[f][b] for f in live if f[0] == "none"), default=float("inf"))
+        live = [f for f in live if f[0] == "none" or timings[f][b] < best_dense]
+    return timings
+
+
+def choose(timings: Dict[Format, Dict[int, float]], require_quant: bool = False) -> FormatChoice:
+    """The format with the fastest batch-1 step (a quantized one if `require_quant`); see the
+    module docstring. `timings` holds at least one dense format, timed at every batch."""
+    dense = {f: t for f, t in timings.items() if f[0] == "none"}
+    dense_dtype = _dtype(min(dense, key=lambda f: sum(dense[f].values()))[1])
+    pool = [f for f in timings if f[0] != "none"] if require_quant else list(timings)
+    best = min(pool, key=lambda f: timings[f][1])
+    if best[0] == "none":
+        return FormatChoice(dense_dtype, None, torch.float32, None)
+    crossover = [b for b in sorted(next(iter(dense.values()), {}))
+                 if b not in timings[best] or min(d[b] for d in dense.values()) < timings[best][b]]
+    return FormatChoice(dense_dtype, best[0], _dtype(best[1]), crossover[0] if crossover else None)
+
+
+def select_formats(dtype: str, quantization: str, device: torch.device, config,
+                   source_quantized: bool) -> FormatChoice:
+    """The weight format for `--dtype` / `--quantization` (see config.py for the flags' rules).
+
+    `auto` quantizes only on a CPU, with `--dtype auto`, for weights that arrive quantized
+    (GGUF), and only when the probe measures a faster batch-1 step.
+    """
+    explicit_quant = quantization in QUANT_FORMATS
+    if device.type != "cpu":
+        if explicit_quant:
+            raise ValueError(f"quantization {quantization!r} runs on the CPU only (got device {device.type!r})")
+        return FormatChoice(_dtype(dtype), None, torch.float32, None)
+    dense = [("none", "float32"), ("none", "bfloat16")] if dtype == "auto" else [("none", dtype)]
+    quants = []
+    if explicit_quant or (quantization == "auto" and dtype == "auto" and source_quantized):
+        quants = [(q, d) for q in ([quantization] if explicit_quant else list(QUANT_FORMATS))
+                  for d in ("float32", "bfloat16")]
+    if len(dense) == 1 and not quants:
+        return FormatChoice(_dtype(dense[0][1]), None, torch.float32, None)
+    timings = measure_cached(config, dense + quants)
+    choice = choose(timings, require_quant=explicit_quant)
+    logger.info("weight formats (decode-step matmuls): %s -> %s", describe(timings), choice)
+    return choice
+
+
+def probe_key(config, formats: List[Format]) -> str:
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+        cpu = "".join(line for line in info.splitlines() if line.startswith(("model name", "flags")))[:4000]
+    except OSError:
+        pass
+    parts = [cpu, torch.__version__, str(torch.get_num_threads()), repr(_shapes(config)),
+             str((config.vocab_size, config.num_layers)), repr(sorted(formats)), repr(PROBE_BATCHES)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def measure_cached(config, formats: List[Format]) -> Dict[Format, Dict[int, float]]:
+    """`measure`, or its result from an earlier start on the same machine and settings."""
+    from lmprog_runtime.config import CACHE_DIR
+
+    path = os.path.join(CACHE_DIR, "probe", f"formats-{probe_key(config, formats)}.json")
+    try:
+        with open(path) as f:
+            rows = json.load(f)
+        return {(r["weights"], r["dtype"]): {int(b): t for b, t in r["seconds"].items()} for r in rows}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    timings = measure(config, formats)
+    for _ in range(PROBE_RETRIES):
+        if consistent(timings):
+            break
+        logger.info("format probe disturbed (a dense step got faster with a larger batch); timing again")
+        timings = measure(config, formats)
+    if not consistent(timings):  # a busy machine: use the result, but measure again next start
+        return timings
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump([{"weights": w, "dtype": d, "seconds": s} for (w, d), s in timings.items()], f)
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache only costs the probe next time
+        pass
+    return timings
+
+
+def consistent(timings: Dict[Format, Dict[int, float]], slack: float = 1.25) -> bool:
+    """Dense steps take no less time at a larger batch (within `slack`): the test that the
+    machine was quiet enough for the timings to mean something."""
+    for (weights, _), by_batch in timings.items():
+        times = [by_batch[b] for b in sorted(by_batch)]
+        if weights == "none" and any(a > slack * b for a, b in zip(times, times[1:])):
+            return False
+    return True
+
+
+def describe(timings: Dict[Format, Dict[int, float]]) -> str:
+    return "; ".join(f"{w}/{d}: " + " ".join(f"b{b}={t * 1e3:.1f}ms" for b, t in s.items())
+                     for (w, d), s in timings.items())
