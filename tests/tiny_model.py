@@ -25,7 +25,8 @@ def smollm2_tokenizer():
     global _TOKENIZER
     if _TOKENIZER is None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from lmprog_runtime.model.loader import load_tokenizer, resolve_model_path
+        from lmprog_runtime.model.loader import load_tokenizer
+        from lmprog_runtime.model_paths import resolve_model_path
 
         _TOKENIZER = load_tokenizer(resolve_model_path("default"))
     return _TOKENIZER

@@ -37,7 +37,7 @@ def load_hf_model(model_path: str = "default", dtype: str = "float32", num_threa
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lmprog_runtime.model.loader import resolve_model_path
+    from lmprog_runtime.model_paths import resolve_model_path
 
     if num_threads:
         torch.set_num_threads(num_threads)

@@ -126,7 +126,7 @@ def llama_cpp_available() -> Optional[str]:
 
 
 def default_gguf() -> str:
-    from lmprog_runtime.model.loader import default_gguf_path
+    from lmprog_runtime.model_paths import default_gguf_path
     return default_gguf_path()
 
 

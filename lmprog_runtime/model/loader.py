@@ -23,7 +23,7 @@ from typing import Iterator, Optional, Tuple
 import numpy as np
 import torch
 
-from lmprog_runtime.model_paths import DEFAULT_GGUF_DIST, DEFAULT_MODEL, default_gguf_path, is_gguf, resolve_model_path  # noqa: F401
+from lmprog_runtime.model_paths import is_gguf
 from lmprog_runtime.model_paths import gguf_cache_dir as _gguf_cache_dir
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")

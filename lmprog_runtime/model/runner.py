@@ -21,8 +21,9 @@ from lmprog_runtime.model.probe import FormatChoice, select_formats
 from lmprog_runtime.model import weight_cache
 from lmprog_runtime.model.quant import quantize_model
 from lmprog_runtime.model.loader import (
-    ModelConfig, gguf_is_quantized, iter_weights, load_model_config, load_tokenizer, resolve_model_path,
+    ModelConfig, gguf_is_quantized, iter_weights, load_model_config, load_tokenizer,
 )
+from lmprog_runtime.model_paths import resolve_model_path
 
 logger = logging.getLogger(__name__)
 

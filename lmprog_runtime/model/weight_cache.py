@@ -27,7 +27,7 @@ KEEP_FILES = 2  # converted-weight files kept per model file (most recently used
 
 def cache_file(model_path: str, formats, dtype: torch.dtype) -> Optional[str]:
     """Where converted weights for this model file and format live; None for HF folders."""
-    from lmprog_runtime.model.loader import _gguf_cache_dir, is_gguf
+    from lmprog_runtime.model_paths import gguf_cache_dir as _gguf_cache_dir, is_gguf
 
     if not is_gguf(model_path):
         return None  # safetensors checkpoints already load memory-mapped

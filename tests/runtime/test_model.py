@@ -13,9 +13,8 @@ import torch
 
 from lmprog_runtime.config import ServerArgs
 from lmprog_runtime.model.forward_batch import ForwardBatch
-from lmprog_runtime.model.loader import (
-    load_model_config, resolve_model_path,
-)
+from lmprog_runtime.model.loader import load_model_config
+from lmprog_runtime.model_paths import resolve_model_path
 from lmprog_runtime.model.runner import ModelRunner
 
 
