@@ -52,6 +52,13 @@ class KVManager:
             return 0
         return len(self.tree.match_prefix(self._matchable(req), req.namespace).indices)
 
+    def match_node(self, req):
+        """The deepest tree node of `req`'s cached prefix (the root when nothing matches);
+        None when the cache is off. Same side effects as `match_len`."""
+        if not self.cache_enabled:
+            return None
+        return self.tree.match_prefix(self._matchable(req), req.namespace).last_node
+
     def _matchable(self, req):
         # Keep at least one token to compute (its logits start the output), and compute
         # every prompt position whose input logprob was asked for.

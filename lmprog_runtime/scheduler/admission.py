@@ -159,7 +159,7 @@ class Admission:
         return min(r.max_new_tokens - len(r.output_ids), NEW_TOKEN_CLIP) * self.new_token_ratio
 
     def _candidates(self, waiting: Sequence) -> List:
-        ordered = self.policy.order(list(waiting), self.kv.match_len)
+        ordered = self.policy.order(list(waiting), self.kv.match_len, self.kv.match_node)
         if self.policy.name == "lpm" and len(ordered) > 1:
             deferred = defer_shared_new_prefixes(ordered, self.kv.match_len)
             ordered = [r for r in ordered if id(r) not in deferred]

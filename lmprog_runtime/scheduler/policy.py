@@ -1,9 +1,11 @@
 """Waiting-queue order: fcfs, lpm (longest prefix match) and dfs-weight.
 
-`dfs-weight` keeps SGLang's flag name but is simpler than SGLang's walk of the radix
-tree: it groups waiting requests by their exact cached prefix and admits the largest
-group first (ties: the longer prefix), arrival order within a group. Requests whose
-cached prefixes differ but overlap are not grouped.
+`dfs-weight` walks the radix tree depth first: each waiting request hangs at the deepest
+node of its cached prefix, a node's weight is the number of waiting requests in its
+subtree, children are visited heaviest first and a node's own requests follow its
+descendants'. Requests whose prefixes share more of
+the tree are admitted together, so a shared prefix stays cached (and locked) while the
+requests that reuse it run, and subtrees with more waiting requests go first.
 
 Cache-aware policies need the radix tree's match length of every waiting request;
 past `CACHE_AWARE_QUEUE_LIMIT` waiting requests that costs more than it saves, and
@@ -22,26 +24,46 @@ class SchedulePolicy:
     def __init__(self, name: str, cache_enabled: bool):
         self.name = name if cache_enabled else "fcfs"
 
-    def order(self, waiting: List, match_len: Callable) -> List:
-        """Return `waiting` in admission order; `match_len(req)` is the cached-prefix length."""
+    def order(self, waiting: List, match_len: Callable, match_node: Callable) -> List:
+        """Return `waiting` in admission order. `match_len(req)` is the cached-prefix
+        length, `match_node(req)` the tree node where that prefix ends."""
         if self.name == "fcfs" or len(waiting) > CACHE_AWARE_QUEUE_LIMIT:
             return list(waiting)
-        lens = {id(r): match_len(r) for r in waiting}
         if self.name == "lpm":
+            lens = {id(r): match_len(r) for r in waiting}
             # Stable: equal matches keep arrival order.
             return sorted(waiting, key=lambda r: -lens[id(r)])
-        return self._dfs_weight(waiting, lens)
+        # Match every request first: a later match may split a node, which keeps the
+        # deeper half, so the nodes recorded here stay where their prefixes end.
+        return dfs_weight_order(waiting, [match_node(r) for r in waiting])
 
-    @staticmethod
-    def _dfs_weight(waiting: List, lens: Dict[int, int]) -> List:
-        """Group requests by their exact cached prefix; the group with the most waiting
-        requests first (then the longer prefix); arrival order inside a group."""
-        groups: Dict[tuple, List] = defaultdict(list)
-        for r in waiting:
-            n = lens[id(r)]
-            groups[(r.namespace, tuple(r.origin_input_ids[:n]))].append(r)
-        ordered = sorted(groups.values(), key=lambda g: (-len(g), -lens[id(g[0])]))
-        return [r for g in ordered for r in g]
+
+def dfs_weight_order(waiting: List, nodes: List) -> List:
+    """Depth-first over the tree, heaviest child first (ties: the child whose first request
+    arrived first); a node's own requests, in arrival order, come after its descendants'
+    (as SGLang orders them). `nodes[i]` is where `waiting[i]`'s cached prefix ends."""
+    here: Dict[object, List] = defaultdict(list)
+    weight: Dict[object, int] = defaultdict(int)
+    first_arrival: Dict[object, int] = {}
+    root = None
+    for i, (r, node) in enumerate(zip(waiting, nodes)):
+        here[node].append(r)
+        while node is not None:
+            weight[node] += 1
+            first_arrival.setdefault(node, i)
+            root, node = node, node.parent
+    out: List = []
+    stack = [(root, False)] if root is not None else []
+    while stack:  # iterative post-order: a path can be deeper than Python's recursion
+        node, expanded = stack.pop()
+        if expanded:
+            out.extend(here.get(node, ()))
+            continue
+        stack.append((node, True))
+        kids = [c for c in node.children.values() if weight.get(c)]
+        kids.sort(key=lambda c: (weight[c], -first_arrival[c]))  # popped last = heaviest first
+        stack.extend((c, False) for c in kids)
+    return out
 
 
 def defer_shared_new_prefixes(candidates: List, match_len: Callable, span: int = 32) -> set:
