@@ -129,6 +129,10 @@ class Tokenizer:
         """The base vocabulary without added tokens (transformers' `vocab_size`)."""
         return self.backend.get_vocab_size(with_added_tokens=False)
 
+    def get_vocab(self) -> Dict[str, int]:
+        """token -> id, added tokens included (transformers' `get_vocab`)."""
+        return self.backend.get_vocab(with_added_tokens=True)
+
     def convert_tokens_to_ids(self, token: str) -> Optional[int]:
         return self.backend.token_to_id(token)
 

@@ -88,6 +88,7 @@ def test_vocabulary_and_special_tokens(pair):
                                                                         hf.pad_token_id)
     assert ours.all_special_tokens == hf.all_special_tokens and ours.all_special_ids == hf.all_special_ids
     assert ours.chat_template == hf.chat_template
+    assert ours.get_vocab() == hf.get_vocab()  # the boundary sizes prompts by the longest token
 
 
 @pytest.mark.parametrize("add_special", [True, False])
