@@ -28,8 +28,8 @@ from lmprog_runtime.config import ServerArgs  # noqa: E402  (before torch: sets 
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from lmprog_runtime.model.forward_batch import ForwardBatch  # noqa: E402
-from lmprog_runtime.model.runner import ModelRunner  # noqa: E402
+from lmprog_runtime.model_executor.forward_batch import ForwardBatch  # noqa: E402
+from lmprog_runtime.model_executor.runner import ModelRunner  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -65,7 +65,7 @@ def step_weight_bytes(model: torch.nn.Module, batch: int) -> int:
     """Bytes of weights one forward over `batch` rows reads: a QuantLinear's packed buffers below
     its `dense_rows`, else its dense copy; every other parameter once, except the embedding
     table (only `batch` rows are gathered) unless it is also the logits head."""
-    from lmprog_runtime.model.quant import QuantLinear
+    from lmprog_runtime.model_executor.quant import QuantLinear
 
     total, seen = 0, set()
     for mod in model.modules():

@@ -27,7 +27,7 @@ _GENERATE_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "to
 def build_scheduler(args: ServerArgs, faults=None):
     """Load the model and build the scheduler around it (used by Engine and the server's child).
     `faults`: a scheduler.faults.FaultInjector, for tests only."""
-    from lmprog_runtime.model.runner import ModelRunner
+    from lmprog_runtime.model_executor.runner import ModelRunner
     from lmprog_runtime.scheduler.scheduler import Scheduler
 
     runner = ModelRunner(args)

@@ -99,7 +99,7 @@ def convert_in_child(path: str) -> str:
 def _convert_main(path: str) -> str:
     """(child process) Convert the tokenizer of `path` with transformers; return the folder
     holding the result: the GGUF cache when it could be written, else a fresh temp folder."""
-    from lmprog_runtime.model.loader import _converted, load_tokenizer
+    from lmprog_runtime.model_executor.loader import _converted, load_tokenizer
 
     if is_gguf(path):
         _converted(path, "tokenizer")  # saves into the cache when it can

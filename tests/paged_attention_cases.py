@@ -10,7 +10,7 @@ import torch
 
 from lmprog_runtime.attention import create_attention_backend
 from lmprog_runtime.cache.kv_pool import TokenToKVPool
-from lmprog_runtime.model.forward_batch import ForwardBatch
+from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 
 LAYERS = 2
 

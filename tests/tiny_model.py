@@ -25,7 +25,7 @@ def smollm2_tokenizer():
     global _TOKENIZER
     if _TOKENIZER is None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from lmprog_runtime.model.loader import load_tokenizer
+        from lmprog_runtime.model_executor.loader import load_tokenizer
         from lmprog_runtime.model_paths import resolve_model_path
 
         _TOKENIZER = load_tokenizer(resolve_model_path("default"))

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from lmprog_runtime.cache.kv_pool import TokenToKVPool
-from lmprog_runtime.model.forward_batch import ForwardBatch
+from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 
 
 class AttentionBackend(ABC):

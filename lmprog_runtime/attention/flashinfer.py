@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from lmprog_runtime.attention.base import AttentionBackend
-from lmprog_runtime.model.forward_batch import ForwardBatch
+from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 
 try:
     import flashinfer

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from lmprog_runtime.attention import paged_decode
 from lmprog_runtime.attention.base import AttentionBackend
-from lmprog_runtime.model.forward_batch import ForwardBatch
+from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 
 
 # Decode batches of at least this many requests that share at least this many KV slots

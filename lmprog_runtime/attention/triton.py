@@ -18,7 +18,7 @@ import torch
 
 from lmprog_runtime.attention.base import AttentionBackend
 from lmprog_runtime.config import TRITON_INTERPRET
-from lmprog_runtime.model.forward_batch import ForwardBatch
+from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 
 try:
     from lmprog_runtime.attention import triton_kernels as kernels

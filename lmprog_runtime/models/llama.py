@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmprog_runtime.model.forward_batch import ForwardBatch
-from lmprog_runtime.model.loader import ModelConfig
+from lmprog_runtime.model_executor.forward_batch import ForwardBatch
+from lmprog_runtime.model_executor.loader import ModelConfig
 
 
 # -- rotary position embedding -------------------------------------------------------------------

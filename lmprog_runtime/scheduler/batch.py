@@ -12,7 +12,7 @@ from typing import List
 
 import torch
 
-from lmprog_runtime.model.forward_batch import ForwardBatch
+from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 
 
 @dataclass

@@ -69,7 +69,7 @@ def test_triton_split_k_is_used_for_long_decodes():
 @pytest.mark.parametrize("vocab", [49152, 151936 + 5])
 def test_grammar_bitmask_kernel_matches_masked_fill(vocab):
     needs("triton")
-    from lmprog_runtime.model.grammar_mask_kernel import apply_token_bitmask_, pack_token_bitmask
+    from lmprog_runtime.constrained.bitmask_kernel import apply_token_bitmask_, pack_token_bitmask
 
     g = torch.Generator().manual_seed(0)
     mask = torch.rand(7, vocab, generator=g) < 0.1
@@ -86,7 +86,7 @@ def test_gpu_sampler_matches_cpu_sampler():
     penalties, top-k/top-p/min-p included."""
     from types import SimpleNamespace
 
-    from lmprog_runtime.model.sampler import Sampler
+    from lmprog_runtime.model_executor.sampler import Sampler
     from lmprog_runtime.sampling_params import SamplingParams
 
     vocab = 49152

@@ -8,8 +8,8 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 from lmprog_runtime.config import ServerArgs  # noqa: E402
-from lmprog_runtime.model.forward_batch import ForwardBatch  # noqa: E402
-from lmprog_runtime.model.runner import ModelRunner  # noqa: E402
+from lmprog_runtime.model_executor.forward_batch import ForwardBatch  # noqa: E402
+from lmprog_runtime.model_executor.runner import ModelRunner  # noqa: E402
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Write a haiku about GPUs:", "def fib(n):"]
 

@@ -6,7 +6,7 @@ import torch
 
 import lmprog_runtime.attention.torch_native as tn
 from lmprog_runtime.cache.kv_pool import TokenToKVPool
-from lmprog_runtime.model.forward_batch import ForwardBatch
+from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 
 
 def _batch(shared, own_lens, kv_heads=3, head_dim=16, dtype=torch.float32, seed=0):

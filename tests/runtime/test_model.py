@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from lmprog_runtime.config import ServerArgs
-from lmprog_runtime.model.forward_batch import ForwardBatch
-from lmprog_runtime.model.loader import load_model_config
+from lmprog_runtime.model_executor.forward_batch import ForwardBatch
+from lmprog_runtime.model_executor.loader import load_model_config
 from lmprog_runtime.model_paths import resolve_model_path
-from lmprog_runtime.model.runner import ModelRunner
+from lmprog_runtime.model_executor.runner import ModelRunner
 
 
 class HandBatcher:
@@ -214,7 +214,7 @@ def test_corrupt_safetensors_is_a_clear_error(tiny_model_path, tmp_path):
 
 def test_impossible_device_and_unknown_backend():
     from lmprog_runtime.attention import create_attention_backend
-    from lmprog_runtime.model.runner import select_device
+    from lmprog_runtime.model_executor.runner import select_device
 
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device"):

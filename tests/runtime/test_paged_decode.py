@@ -8,7 +8,7 @@ import torch
 import lmprog_runtime.attention.paged_decode as pd
 import lmprog_runtime.attention.torch_native as tn
 from lmprog_runtime.cache.kv_pool import TokenToKVPool
-from lmprog_runtime.model.forward_batch import ForwardBatch
+from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 
 pytestmark = pytest.mark.skipif(not pd.available(), reason="no C compiler for the paged decode kernel")
 

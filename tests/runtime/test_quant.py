@@ -1,4 +1,4 @@
-"""Weight-only quantization (model/quant.py) and the format probe (model/probe.py).
+"""Weight-only quantization (model_executor/quant.py) and the format probe (model_executor/probe.py).
 
 Tolerances, stated once:
 - a QuantLinear with float32 kernels equals x @ dequant(W).T to float32 rounding (1e-4 rel.);
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from lmprog_runtime.config import ServerArgs
-from lmprog_runtime.model import probe
-from lmprog_runtime.model.quant import (
+from lmprog_runtime.model_executor import probe
+from lmprog_runtime.model_executor.quant import (
     INT4_GROUP, QuantLinear, dequantize_int4, gguf_q4_blocks, quantize_int4, quantize_int8,
 )
-from lmprog_runtime.model.runner import ModelRunner
+from lmprog_runtime.model_executor.runner import ModelRunner
 
 
 def test_quantizers_error_bounds():
@@ -151,7 +151,7 @@ def test_smollm2_int4_greedy_agreement():
 
 # -- converted-weights cache ---------------------------------------------------------------------------
 def test_weight_cache_round_trip_is_exact(tiny_model_path, tmp_path):
-    from lmprog_runtime.model import weight_cache
+    from lmprog_runtime.model_executor import weight_cache
     args = dict(model_path=tiny_model_path, max_total_tokens=1024, max_running_requests=4, dtype="float32")
     runner = ModelRunner(ServerArgs(quantization="int4", **args))
     ids = runner.tokenizer("a cached model answers the same")["input_ids"]
@@ -188,7 +188,7 @@ def test_gguf_warm_start_reads_cached_weights(tmp_path, monkeypatch):
 
 def test_select_formats_rules(tiny_model_path, tmp_path, monkeypatch):
     import lmprog_runtime.config as config
-    from lmprog_runtime.model.loader import load_model_config
+    from lmprog_runtime.model_executor.loader import load_model_config
 
     monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
     cfg, cpu = load_model_config(tiny_model_path), torch.device("cpu")

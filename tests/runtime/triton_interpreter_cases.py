@@ -84,7 +84,7 @@ def test_triton_backend_on_cpu_without_interpreter_is_a_clear_error(monkeypatch)
 
 
 def test_grammar_bitmask_kernel_matches_masked_fill():
-    from lmprog_runtime.model.grammar_mask_kernel import apply_token_bitmask_, pack_token_bitmask
+    from lmprog_runtime.constrained.bitmask_kernel import apply_token_bitmask_, pack_token_bitmask
 
     g = torch.Generator().manual_seed(5)
     vocab = 1000 + 37  # two blocks, a partial last word
@@ -115,7 +115,7 @@ def test_tiny_model_through_triton_matches_transformers(tiny_model_path):
 
 
 def test_default_attention_backend_per_device():
-    from lmprog_runtime.model.runner import default_attention_backend
+    from lmprog_runtime.model_executor.runner import default_attention_backend
 
     assert default_attention_backend(torch.device("cpu")) == "torch_native"
     assert default_attention_backend(torch.device("cuda")) == "triton"

@@ -340,7 +340,7 @@ def _iter_gguf_weights(path: str, config: ModelConfig, progress: bool,
         if heads is not None:
             w = _unpermute_llama_rows(w, heads)
         if int4_sources is not None and t.tensor_type.name in gguf_int4_tensor_types():
-            from lmprog_runtime.model.quant import gguf_q4_blocks
+            from lmprog_runtime.model_executor.quant import gguf_q4_blocks
 
             raw = np.asarray(t.data).reshape(w.shape[0], -1)  # [rows, block bytes]: blocks run along K
             raw = raw if heads is None else _unpermute_llama_rows(raw, heads)

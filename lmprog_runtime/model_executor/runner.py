@@ -16,11 +16,11 @@ import torch
 from lmprog_runtime.attention import create_attention_backend
 from lmprog_runtime.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from lmprog_runtime.config import ServerArgs
-from lmprog_runtime.model.forward_batch import ForwardBatch
-from lmprog_runtime.model.probe import FormatChoice, select_formats
-from lmprog_runtime.model import weight_cache
-from lmprog_runtime.model.quant import quantize_model
-from lmprog_runtime.model.loader import (
+from lmprog_runtime.model_executor.forward_batch import ForwardBatch
+from lmprog_runtime.model_executor.probe import FormatChoice, select_formats
+from lmprog_runtime.model_executor import weight_cache
+from lmprog_runtime.model_executor.quant import quantize_model
+from lmprog_runtime.model_executor.loader import (
     ModelConfig, gguf_is_quantized, iter_weights, load_model_config, load_tokenizer,
 )
 from lmprog_runtime.model_paths import resolve_model_path

@@ -92,9 +92,9 @@ class Sampler:
     @staticmethod
     def _apply_grammar_mask(logits: torch.Tensor, mask: torch.Tensor) -> None:
         """mask [B, V] bool, True = allowed. On CUDA it is packed to a 32x smaller bitmask
-        before the copy and applied by a Triton kernel (`grammar_mask_kernel.py`)."""
+        before the copy and applied by a Triton kernel (`bitmask_kernel.py`)."""
         if logits.is_cuda:
-            from lmprog_runtime.model.grammar_mask_kernel import apply_token_bitmask_, pack_token_bitmask
+            from lmprog_runtime.constrained.bitmask_kernel import apply_token_bitmask_, pack_token_bitmask
 
             bitmask = pack_token_bitmask(mask.cpu()).to(logits.device, non_blocking=True)
             apply_token_bitmask_(logits, bitmask)

@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from lmprog_runtime.model.quant import QUANT_FORMATS, QuantLinear
+from lmprog_runtime.model_executor.quant import QUANT_FORMATS, QuantLinear
 
 logger = logging.getLogger(__name__)
 
