@@ -278,7 +278,38 @@ def main() -> int:
         json.dump({"quick": opts.quick, "sizes": {k: str(v) for k, v in sizes.items()}, "threads": opts.threads,
                    "cpu_flags": cpu_flags(), "results": results, "table": text}, f, indent=1)
     print(f"wrote {opts.output_file}")
+    plot_ratios(results, opts.systems, opts.workloads, os.path.splitext(opts.output_file)[0] + ".png")
     return 0
+
+
+def plot_ratios(results: dict, systems: List[str], workloads: List[str], path: str) -> None:
+    """Bars: lmprog's rate over each llama.cpp setting's, per workload (1.0 = parity)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    others = [s for s in systems if s != "lmprog" and s in results]
+    if "lmprog" not in results or not others:
+        return
+    ours = results["lmprog"]["workloads"]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(others)
+    for k, other in enumerate(others):
+        vals = []
+        for w in workloads:
+            a, b = ours.get(w, {}).get("value"), results[other]["workloads"].get(w, {}).get("value")
+            vals.append(a / b if a and b else 0.0)
+        ax.bar([i + k * width for i in range(len(workloads))], vals, width, label=f"lmprog / {other}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + width * (len(others) - 1) / 2 for i in range(len(workloads))])
+    ax.set_xticklabels(workloads, rotation=20, ha="right")
+    ax.set_ylabel("rate ratio (higher: lmprog faster)")
+    ax.set_title(f"lmprog vs llama.cpp, {cpu_name()}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

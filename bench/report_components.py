@@ -140,7 +140,7 @@ def frontend_overhead(results_dir: str) -> List[str]:
 
 
 def component_sections(results_dir: str) -> List[str]:
-    return [*one_batch_dtypes(results_dir), *prefix_cache(results_dir), *overlap(results_dir), *jump_forward(results_dir),
+    return [*vs_llamacpp(results_dir), *one_batch_dtypes(results_dir), *prefix_cache(results_dir), *overlap(results_dir), *jump_forward(results_dir),
             *grammar_coverage(results_dir), *frontend_overhead(results_dir)]
 
 
@@ -158,3 +158,20 @@ def overlap(results_dir: str) -> List[str]:
             "(`--force-overlap-schedule` turns it on anyway).", "",
             "| overlap | scheduler share of step time | requests/s | mean TTFT (s) |", "|---|---:|---:|---:|", *rows,
             "", "```\npython bench/bench_overlap.py\n```", ""]
+
+
+def vs_llamacpp(results_dir: str) -> List[str]:
+    """lmprog against llama.cpp's llama-server (`bench/bench_vs_llamacpp.py`): its own table."""
+    d = _load(results_dir, "vs_llamacpp.json")
+    if not d:
+        return []
+    size = "quick sizes (`--quick`)" if d.get("quick") else "the issue's sizes"
+    cmds = [f"- {name}: `{r.get('command', '')}`" for name, r in d["results"].items()]
+    plot = ["", "![lmprog / llama.cpp](../bench/results/vs_llamacpp.png)"] \
+        if os.path.exists(os.path.join(results_dir, "vs_llamacpp.png")) else []
+    return ["## lmprog against llama.cpp (`bench/bench_vs_llamacpp.py`)", "",
+            f"Same GGUF (the embedded SmolLM2-135M-Instruct Q4_1), same CPU, greedy, fixed output lengths, "
+            f"{d['threads']} threads each, {size}. Aims: batch-1 decode >= 1.0x llama.cpp, document assistant "
+            ">= 2x llama.cpp's best setting, cold prefill >= 1.0x, ready <= 5 s warm. Rates are higher-is-better "
+            "(decode-b1: tokens/s; prefill: prompt tokens/s; the rest: requests/s).", "",
+            d["table"], *plot, "", "Servers:", *cmds, "", "```\npython bench/bench_vs_llamacpp.py\n```", ""]
