@@ -188,12 +188,7 @@ class Scheduler:
         logits = self._forward(plan, lambda: self._run_forward(plan, batch))
         mask = self.masks.build(plan.sampled_reqs())
         self.stats["forward_s"] += time.perf_counter() - t1
-        if logits is not None:
-            self.post.process(plan, logits, mask)
-        self._release_finished()
-        self._end_step(t0)
-        self._flush()
-        return True
+        return self._after_forward(plan, logits, mask, t0)
 
     def step_overlapped(self) -> bool:
         """Like `step`, with the forward on the worker thread (torch releases the GIL):
@@ -211,7 +206,11 @@ class Scheduler:
         mask = self.masks.build(plan.sampled_reqs())
         logits = self._forward(plan, future.result)
         self.stats["forward_s"] += time.perf_counter() - t1
-        if logits is not None:
+        return self._after_forward(plan, logits, mask, t0)
+
+    def _after_forward(self, plan: StepPlan, logits, mask, t0: float) -> bool:
+        """The tail both loops share: sample + post-process, release, account, send."""
+        if logits is not None:  # None: the forward failed and so did the batch's requests
             self.post.process(plan, logits, mask)
         self._release_finished()
         self._end_step(t0)
