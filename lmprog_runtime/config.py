@@ -22,6 +22,14 @@ GRAMMAR_BACKENDS = ("outlines", "llguidance", "xgrammar", "none")
 # Weight-only quantization on the CPU (model_executor/quant.py). auto: only for weights that arrive
 # quantized (GGUF) with --dtype auto, and only where start-up measures a faster decode step.
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
+# Speculative decoding (lmprog_runtime/speculative/, docs/speculative.md).
+SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")
+NGRAM_MATCH_TYPES = ("BFS", "PROB")
+# Tokens one request adds to a verify forward (the last verified token + its drafts) are
+# attended as one short extend by every backend: at most attention/torch_native.SHORT_EXTEND.
+MAX_VERIFY_TOKENS = 16
+NGRAM_DEFAULT_DRAFT_TOKENS = 12  # SGLang's NGRAM default
+STANDALONE_DEFAULT_STEPS = (5, 1, 6)  # (num_steps, eagle_topk, num_draft_tokens) when unset
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,17 @@ class ServerArgs:
     grammar_backend: str = "outlines"
     disable_jump_forward: bool = False
     constrained_json_whitespace_pattern: Optional[str] = None
+    # speculative decoding (None = off); resolved and validated in speculative/config.py
+    speculative_algorithm: Optional[str] = None
+    speculative_draft_model_path: Optional[str] = None
+    speculative_num_steps: Optional[int] = None
+    speculative_eagle_topk: Optional[int] = None
+    speculative_num_draft_tokens: Optional[int] = None
+    speculative_ngram_min_bfs_breadth: int = 1
+    speculative_ngram_max_bfs_breadth: int = 10
+    speculative_ngram_match_type: str = "BFS"
+    speculative_ngram_max_trie_depth: int = 18
+    speculative_ngram_capacity: int = 1_000_000
     # serving
     host: str = "127.0.0.1"
     port: int = 30000
@@ -91,6 +110,8 @@ class ServerArgs:
             raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}.")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}.")
+        from lmprog_runtime.speculative.config import validate_speculative_args
+        validate_speculative_args(self)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "ServerArgs":
@@ -112,22 +133,46 @@ def _check_choice(name, value, choices):
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
 
 
+# Help text of the flags that have one (the others are named plainly enough).
+FLAG_HELP = {
+    "speculative_algorithm": "Speculative decoding: NGRAM (drafts from n-grams of the prompt, the output and "
+                             "recent requests; no second model) or STANDALONE (a small draft model with the same "
+                             "tokenizer). Off when unset. Turns the overlap loop off.",
+    "speculative_draft_model_path": "STANDALONE: the draft model (HF folder or GGUF, same tokenizer).",
+    "speculative_num_steps": "STANDALONE: draft tokens proposed per step (autoregressive draft steps); "
+                             "default 5, or num_draft_tokens - 1.",
+    "speculative_eagle_topk": "Branching of the draft tree; only 1 (chain drafts) is supported.",
+    "speculative_num_draft_tokens": "Tokens per request in one verify forward: the last verified token plus up to "
+                                    f"this - 1 drafts (2..{MAX_VERIFY_TOKENS}); NGRAM default "
+                                    f"{NGRAM_DEFAULT_DRAFT_TOKENS}, STANDALONE num_steps + 1.",
+    "speculative_ngram_min_bfs_breadth": "NGRAM (SGLang's tree breadth bounds; accepted for compatibility, "
+                                         "drafts are chains here).",
+    "speculative_ngram_max_bfs_breadth": "NGRAM: see --speculative-ngram-min-bfs-breadth.",
+    "speculative_ngram_match_type": "NGRAM: BFS or PROB; both follow the most frequent continuation here.",
+    "speculative_ngram_max_trie_depth": "NGRAM: longest n-gram stored and matched (tokens).",
+    "speculative_ngram_capacity": "NGRAM: trie nodes kept (older generations are dropped first); "
+                                  "a node costs ~150 bytes.",
+}
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """One `--flag` per ServerArgs field (underscores become dashes)."""
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")
         default = f.default
+        helptext = FLAG_HELP.get(f.name)
         if f.type in ("bool", bool):
             action = argparse.BooleanOptionalAction if default else "store_true"
-            parser.add_argument(flag, action=action, default=default)
+            parser.add_argument(flag, action=action, default=default, help=helptext)
             continue
         kind = {"int": int, "float": float}.get(str(f.type).replace("Optional[", "").rstrip("]"), str)
         choices = {
             "dtype": DTYPES, "device": DEVICES, "schedule_policy": SCHEDULE_POLICIES,
             "grammar_backend": GRAMMAR_BACKENDS, "attention_backend": ATTENTION_BACKENDS,
-            "quantization": QUANTIZATIONS,
+            "quantization": QUANTIZATIONS, "speculative_algorithm": SPECULATIVE_ALGORITHMS,
+            "speculative_ngram_match_type": NGRAM_MATCH_TYPES,
         }.get(f.name)
-        parser.add_argument(flag, type=kind, default=default, choices=choices)
+        parser.add_argument(flag, type=kind, default=default, choices=choices, help=helptext)
 
 
 def from_cli_namespace(ns: argparse.Namespace) -> ServerArgs:

@@ -138,6 +138,8 @@ class ReqOutput:
     completion_tokens: int
     cached_tokens: int
     num_retractions: int = 0
+    # speculative decoding (None when off): (verify steps, draft tokens proposed, accepted)
+    spec: Optional[Tuple[int, int, int]] = None
     logprob_offset: int = 0  # output logprob lists replace the client's from this index
     output_token_logprobs: List[LogprobEntry] = field(default_factory=list)
     output_top_logprobs: List[List[LogprobEntry]] = field(default_factory=list)

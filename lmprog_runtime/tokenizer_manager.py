@@ -70,6 +70,15 @@ class GenerateJob:
     return_prompt_token_ids: bool
 
 
+def spec_meta(verify_ct: int, draft_tokens: int, accepted: int) -> dict:
+    """meta_info's speculative-decoding fields (SGLang's names): accept length = tokens a
+    verify step produced (accepted drafts + the bonus token), averaged over verify steps."""
+    return {"spec_verify_ct": verify_ct,
+            "spec_accept_length": (accepted + verify_ct) / verify_ct if verify_ct else 0.0,
+            "spec_accept_rate": accepted / draft_tokens if draft_tokens else 0.0,
+            "spec_draft_tokens": draft_tokens, "spec_accepted_tokens": accepted}
+
+
 class TokenizerManager:
     def __init__(self, tokenizer, vocab_size: int, context_len: int, send: Callable[[Any], None],
                  on_finish: Optional[Callable[[ReqState], None]] = None):
@@ -339,6 +348,8 @@ class TokenizerManager:
         st.output_ids.extend(out.output_ids)
         st.meta.update(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
                        cached_tokens=out.cached_tokens, num_retractions=out.num_retractions)
+        if out.spec is not None:
+            st.meta["spec"] = out.spec
         if st.msg.return_logprob:
             self._fold_logprobs(st, out)
         st.event.set()
@@ -424,6 +435,8 @@ class TokenizerManager:
                 "cached_tokens": st.meta.get("cached_tokens", 0),
                 "num_retractions": st.meta.get("num_retractions", 0),
                 "weight_version": "default"}
+        if "spec" in st.meta:
+            meta.update(spec_meta(*st.meta["spec"]))
         if st.finished:
             meta["e2e_latency"] = st.meta.get("e2e_latency", time.monotonic() - st.created)
         if st.msg.return_logprob:

@@ -161,10 +161,11 @@ class KVManager:
         req.row = None
         req.last_node = None
 
-    def retract(self, req) -> None:
-        """Give back all of `req`'s KV (computed pages go to the tree); its tokens stay, and
-        the next admission recomputes what the tree no longer holds."""
-        self.release(req, cache=True)
+    def retract(self, req, cache: bool = True) -> None:
+        """Give back all of `req`'s KV (computed pages go to the tree unless `cache` is False,
+        e.g. a failed forward's); its tokens stay, and the next admission recomputes what
+        the tree no longer holds."""
+        self.release(req, cache=cache)
         req.kv_len = req.cache_protected_len = 0
 
     def cache_unfinished(self, req) -> None:

@@ -32,15 +32,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, reqs: list, grammar_mask: Optional[torch.Tensor] = None,
                  need_logprobs: bool = False) -> SampleResult:
         """logits [B, V] float32 (modified in place); grammar_mask [B, V] bool (True = allowed)."""
-        logits = logits[:, : self.vocab_size]
-        self._apply_penalties(logits, reqs)
-        if grammar_mask is not None:
-            self._apply_grammar_mask(logits, grammar_mask)
-        self._apply_logit_bias(logits, reqs)
-
-        temps = torch.tensor([1.0 if r.sampling.is_greedy else r.sampling.temperature for r in reqs],
-                             dtype=logits.dtype, device=logits.device)
-        scaled = logits / temps[:, None]
+        scaled = self.scaled_logits(logits, reqs, grammar_mask)
         logprobs = torch.log_softmax(scaled, dim=-1) if need_logprobs else torch.empty(0)
 
         token_ids = [0] * len(reqs)
@@ -51,7 +43,7 @@ class Sampler:
             for i, t in zip(greedy_rows, picked):
                 token_ids[i] = t
         if sample_rows:
-            probs = self._truncated_probs(scaled[sample_rows], [reqs[i] for i in sample_rows])
+            probs = self.truncated_probs(scaled[sample_rows], [reqs[i] for i in sample_rows])
             probs = probs.cpu()  # the generators are CPU ones: same seed, same draws on any device
             unseeded = [k for k, i in enumerate(sample_rows) if reqs[i].generator is None]
             if unseeded:
@@ -62,6 +54,20 @@ class Sampler:
                 if reqs[i].generator is not None:
                     token_ids[i] = int(torch.multinomial(probs[k], 1, generator=reqs[i].generator))
         return SampleResult(token_ids, logprobs)
+
+    def scaled_logits(self, logits: torch.Tensor, reqs: list,
+                      grammar_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The pipeline up to the draw: penalties, mask, bias, temperature → [B, V] (what
+        greedy takes the argmax of and the returned logprobs are the log_softmax of).
+        `logits` is modified in place."""
+        logits = logits[:, : self.vocab_size]
+        self._apply_penalties(logits, reqs)
+        if grammar_mask is not None:
+            self._apply_grammar_mask(logits, grammar_mask)
+        self._apply_logit_bias(logits, reqs)
+        temps = torch.tensor([1.0 if r.sampling.is_greedy else r.sampling.temperature for r in reqs],
+                             dtype=logits.dtype, device=logits.device)
+        return logits / temps[:, None]
 
     # -- pipeline stages ------------------------------------------------------------------
     def _apply_penalties(self, logits: torch.Tensor, reqs: list) -> None:
@@ -109,7 +115,7 @@ class Sampler:
                     logits[i, int(token)] += float(bias)
 
     @staticmethod
-    def _truncated_probs(scaled: torch.Tensor, reqs: list) -> torch.Tensor:
+    def truncated_probs(scaled: torch.Tensor, reqs: list) -> torch.Tensor:
         """Softmax with per-row top-k, top-p and min-p applied; [b, V]."""
         probs = torch.softmax(scaled, dim=-1)
         top_ks = [r.sampling.top_k for r in reqs]

@@ -93,10 +93,12 @@ class Admission:
         self.new_token_ratio = self.limits.init_ratio
 
     # -- each step ------------------------------------------------------------------------------
-    def admit(self, running: Sequence, waiting: Sequence) -> Admitted:
+    def admit(self, running: Sequence, waiting: Sequence, drafts: Optional[dict] = None) -> Admitted:
+        """`drafts`: id(req) → PlannedDraft for running requests that may verify a draft
+        this step (speculative decoding); a draft gets slots only from room no decode needs."""
         decision = Admitted(StepPlan())
         staying = self._fit_decodes(list(running), decision)
-        budget = self._schedule_running(staying, decision.plan)
+        budget = self._schedule_running(staying, decision.plan, drafts or {})
         self._admit_waiting(staying, waiting, budget, decision)
         return decision
 
@@ -133,9 +135,11 @@ class Admission:
         self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(running)) / (total + 1))
         logger.info("retracted %d request(s); new_token_ratio=%.3f", n_retracted, self.new_token_ratio)
 
-    def _schedule_running(self, running: List, plan: StepPlan) -> int:
-        """Give every running request its pending tokens; returns the chunk budget left."""
+    def _schedule_running(self, running: List, plan: StepPlan, drafts: dict) -> int:
+        """Give every running request its pending tokens (plus its draft, if any, where the
+        pool has room beyond this step's decodes); returns the chunk budget left."""
         budget = self.limits.chunk_tokens
+        spare = self.kv.available() - self.decode_room_needed(running) if drafts else 0
         for r in running:
             if r.finished or r.extend_len == 0:
                 continue
@@ -143,13 +147,33 @@ class Admission:
             n = r.extend_len if decode_like else min(r.extend_len, budget)
             if n <= 0:
                 continue
-            loc = self.kv.alloc_extend(r, n)
+            draft = drafts.get(id(r)) if r.extend_len == 1 else None
+            if draft is not None:
+                draft, cost = self._fit_draft(r, draft, spare)
+                spare -= cost
+            k = len(draft.tokens) if draft is not None else 0
+            loc = self.kv.alloc_extend(r, n + k)
             if loc is None:
                 continue  # a chunked prefill waits for room; decodes were made to fit above
             if not decode_like:
                 budget -= n
-            plan.add(r, n, loc)
+            plan.add(r, n + k, loc, draft)
         return budget
+
+    def _fit_draft(self, r, draft, spare: int):
+        """The longest prefix of `draft` whose extra pages fit in `spare` tokens: (draft or
+        None, tokens of room it takes)."""
+        p = self.limits.page_size
+        base = self.kv.pages_needed(r.kv_len, 1)
+        k = len(draft.tokens)
+        while k > 0 and (self.kv.pages_needed(r.kv_len, 1 + k) - base) * p > spare:
+            k -= 1
+        if k == 0:
+            return None, 0
+        if k < len(draft.tokens):
+            mask = None if draft.mask is None else draft.mask[:k + 1]
+            draft = type(draft)(draft.tokens[:k], mask)
+        return draft, (self.kv.pages_needed(r.kv_len, 1 + k) - base) * p
 
     def _reserved_room(self, running: List) -> float:
         """Output tokens the running requests may still need, scaled by the ratio."""

@@ -2,13 +2,15 @@
 
 Also decides which rows of the flat token axis need logits: the last token of every
 request that reaches the end of its sequence (to sample), plus the prompt positions
-whose input logprobs were asked for.
+whose input logprobs were asked for. A request verifying a draft (speculative decoding)
+computes its last token and the k drafted tokens after it: its k + 1 rows all get
+logits (`verify_row` is the first), and nothing is sampled from them directly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -24,6 +26,12 @@ class PlannedReq:
     sample_row: int = -1  # row of the logits tensor to sample from, -1 = none this step
     input_rows: List[int] = field(default_factory=list)  # logits rows scoring prompt tokens
     input_positions: List[int] = field(default_factory=list)  # prompt index j scored by each row
+    draft: Optional[object] = None  # speculator.PlannedDraft: its tokens are the last k of num_tokens
+    verify_row: int = -1  # first of the k + 1 logits rows of a verified draft
+
+    @property
+    def num_draft(self) -> int:
+        return len(self.draft.tokens) if self.draft is not None else 0
 
 
 @dataclass
@@ -34,8 +42,12 @@ class StepPlan:
     def empty(self) -> bool:
         return not self.items
 
-    def add(self, req, n: int, loc: torch.Tensor) -> None:
-        self.items.append(PlannedReq(req, n, req.kv_len, loc))
+    def add(self, req, n: int, loc: torch.Tensor, draft=None) -> None:
+        """`n` tokens of `req` from its kv_len; with a `draft`, the last len(draft.tokens) of them."""
+        self.items.append(PlannedReq(req, n, req.kv_len, loc, draft=draft))
+
+    def verified_items(self) -> List[PlannedReq]:
+        return [it for it in self.items if it.verify_row >= 0]
 
     def sampled_reqs(self) -> list:
         """Requests sampling a token this step, in logits-row order (after `build_forward_batch`)."""
@@ -49,8 +61,10 @@ def build_forward_batch(plan: StepPlan, runner) -> ForwardBatch:
     offset = 0
     for item in plan.items:
         r, n, start = item.req, item.num_tokens, item.start
-        fill = r.fill_ids
-        ids.extend(fill[start:start + n])
+        fill, k = r.fill_ids, item.num_draft
+        ids.extend(fill[start:start + n - k])
+        if k:
+            ids.extend(item.draft.tokens)
         positions.append(torch.arange(start, start + n, dtype=torch.int64))
         locs.append(item.loc)
         end = start + n
@@ -61,7 +75,10 @@ def build_forward_batch(plan: StepPlan, runner) -> ForwardBatch:
                 item.input_rows.append(len(logit_rows))
                 item.input_positions.append(p + 1)
                 logit_rows.append(offset + p - start)
-        if end == r.seq_len and len(r.output_ids) < r.max_new_tokens and not r.finished:
+        if k:
+            item.verify_row = len(logit_rows)
+            logit_rows.extend(range(offset + n - 1 - k, offset + n))
+        elif end == r.seq_len and len(r.output_ids) < r.max_new_tokens and not r.finished:
             item.sample_row = len(logit_rows)
             logit_rows.append(offset + n - 1)
         seq_lens.append(end)

@@ -32,6 +32,7 @@ class Stage(str, enum.Enum):
     KV_ASSIGN = "admission (KV assign)"    # Admission: row, prefix match + lock, first slots
     FORWARD = "forward"                    # the whole batch's forward
     GRAMMAR_MASK = "grammar mask"          # a grammar writing its allowed-token row
+    DRAFT = "speculative draft"            # the draft source proposing for one request
     SAMPLING = "sampling"                  # the sampler (batched; retried per request)
     GRAMMAR = "grammar advance"            # accept_token of the sampled token
     STOP_CHECK = "stop check"              # StopChecker (incremental detokenize for stop strings)

@@ -88,7 +88,8 @@ def delta(r) -> ReqOutput:
         rid=r.rid, output_offset=start, output_ids=r.output_ids[start:],
         finished_reason=r.finished_reason, prompt_tokens=r.prompt_len,
         completion_tokens=len(r.output_ids), cached_tokens=r.cached_tokens,
-        num_retractions=r.num_retractions, **logprobs)
+        num_retractions=r.num_retractions, spec=r.spec.as_tuple() if r.spec is not None else None,
+        **logprobs)
     r.sent_output_len = r.first_changed = len(r.output_ids)
     return out
 

@@ -82,6 +82,7 @@ class PostProcessor:
         self.jump = jump        # None: jump-forward disabled
         self.outbox = outbox    # streamed deltas go here
         self.stats = stats      # adds num_generated_tokens
+        self.speculator = None  # speculative/speculator.py's Speculator, set when speculation is on
 
     def process(self, plan, logits: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
         for item in plan.items:
@@ -90,13 +91,45 @@ class PostProcessor:
         for item in plan.items:
             self._after_compute(item.req, item.num_tokens)
         sampled = self.sample(plan, logits, mask)
-        if sampled is None:
-            return
-        for i, r in enumerate(sampled.reqs):
-            if r.finished:  # aborted during the step
-                continue
-            lp = sampled.logprobs[i] if r.return_logprob else None  # r.finished covers failed sampling
-            self.on_token(r, sampled.token_ids[i], lp)
+        if sampled is not None:
+            for i, r in enumerate(sampled.reqs):
+                if r.finished:  # aborted during the step
+                    continue
+                lp = sampled.logprobs[i] if r.return_logprob else None  # r.finished covers failed sampling
+                self.on_token(r, sampled.token_ids[i], lp)
+        verified = plan.verified_items()
+        if verified:
+            self.verify(verified, logits)
+
+    def verify(self, items, logits: torch.Tensor) -> None:
+        """Speculative decoding: accept a prefix of each request's draft plus a bonus token
+        (verify.py), append them through `on_token`, and free the KV of the rejected
+        drafts at once. A request's KV then covers its tokens but the last, as after any
+        step; the tree never sees a draft (only `release` / `cache_unfinished` insert, and
+        they read kv_len, which covers verified tokens only)."""
+        from lmprog_runtime.speculative.verify import verify_rows
+        for item in items:
+            r, k = item.req, item.num_draft
+            try:
+                if not r.finished:
+                    rows = logits[item.verify_row:item.verify_row + k + 1].clone()
+                    v = verify_rows(self.sampler, r, rows, item.draft.tokens, item.draft.mask)
+                    self.stats["num_generated_tokens"] += len(v.tokens)
+                    self.on_run(r, v.tokens, v.logprobs)
+                    self.speculator.after_verify(r, k, v.accepted, v.tokens)
+            except Exception as e:
+                fail_request(r, Stage.SAMPLING, e)
+            finally:
+                self.kv.truncate(r, min(r.kv_len, r.seq_len - 1))
+
+    def on_run(self, r, tokens: List[int], lps: Optional[torch.Tensor]) -> None:
+        """Several tokens in one step: each through `on_token`, up to the one that finishes
+        the request; jump-forward and the streamed delta only after the last."""
+        for i, t in enumerate(tokens):
+            last = i == len(tokens) - 1
+            self.on_token(r, t, None if lps is None else lps[i], last=last)
+            if r.finished:
+                return
 
     def _after_compute(self, r, num_tokens: int) -> None:
         if r.prompt_len <= r.kv_len and r.kv_len - num_tokens < r.prompt_len:
@@ -142,9 +175,10 @@ class PostProcessor:
                 lps.append(None)
         return Sampled(reqs, tokens, lps if need_lp else None)
 
-    def on_token(self, r, token: int, lp_row: Optional[torch.Tensor]) -> None:
+    def on_token(self, r, token: int, lp_row: Optional[torch.Tensor], last: bool = True) -> None:
         """Everything one sampled token does to its request; an exception at any stage
-        finishes this request alone (its KV freed on release, not cached)."""
+        finishes this request alone (its KV freed on release, not cached). `last` False:
+        more tokens of a verified run follow in this step (no jump-forward, no delta yet)."""
         stage = Stage.SAMPLING  # appending the token and its logprob
         try:
             r.output_ids.append(token)
@@ -160,11 +194,12 @@ class PostProcessor:
                 reason = self.stops.check(r, token)
                 if reason is not None:
                     r.finish(reason)
-            if not r.finished and r.grammar is not None and self.jump is not None:
+            if not r.finished and r.grammar is not None and self.jump is not None and last:
                 stage = Stage.JUMP_FORWARD
                 self.jump.apply(r)
             stage = Stage.OUTPUT
-            self.outbox.stream(r)
+            if last:
+                self.outbox.stream(r)
         except Exception as e:
             fail_request(r, stage, e)
 

@@ -21,6 +21,20 @@ import torch
 from lmprog_runtime.messages import FinishReason, TokenizedGenerateReq
 
 
+class SpecCounts:
+    """Speculative decoding of one request (meta_info's spec_* fields)."""
+
+    __slots__ = ("verify_ct", "draft_tokens", "accepted_tokens")
+
+    def __init__(self):
+        self.verify_ct = 0        # verify steps this request took part in
+        self.draft_tokens = 0     # draft tokens proposed for it
+        self.accepted_tokens = 0  # of those, accepted
+
+    def as_tuple(self):
+        return (self.verify_ct, self.draft_tokens, self.accepted_tokens)
+
+
 class Req:
     def __init__(self, msg: TokenizedGenerateReq):
         self.rid = msg.rid
@@ -60,6 +74,7 @@ class Req:
         self.output_token_ids_logprobs: List = []
         self.logprobs_sent = 0
         self.detok = None  # IncrementalDetokenizer of output_ids, made when a stop regex needs text
+        self.spec: Optional[SpecCounts] = None  # set by the scheduler when speculation is on
         # constrained decoding
         self.grammar = None
         self.grammar_future = None

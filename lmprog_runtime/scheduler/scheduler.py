@@ -17,8 +17,11 @@ Parts and their contracts (each gets its collaborators explicitly):
                                     streamed deltas queued in the Outbox
     KVManager      (cache/manager.py) every KV ownership move
     Outbox         (outbox.py)      deltas for the tokenizer manager, sent once per step
+    Speculator     (speculative/)   running → drafts (before admission); the verify step
+                                    in PostProcessor accepts a prefix + a bonus token
 Two loops share these parts: `step` (plain) and `step_overlapped`, where the forward runs
-on a worker thread while this one sends, takes in messages and builds the masks.
+on a worker thread while this one sends, takes in messages and builds the masks. With
+speculative decoding the plain loop runs (drafts need the previous step's tokens).
 
 Fault isolation (faults.py): an exception while handling one request — on arrival, in
 admission, sampling, `on_token`, building or sending its output — finishes that request
@@ -47,7 +50,7 @@ from lmprog_runtime.scheduler.grammars import GrammarQueue
 from lmprog_runtime.scheduler.outbox import Outbox, error_output
 from lmprog_runtime.scheduler.output import JumpForward, PostProcessor
 from lmprog_runtime.scheduler.policy import SchedulePolicy
-from lmprog_runtime.scheduler.request import Req
+from lmprog_runtime.scheduler.request import Req, SpecCounts
 from lmprog_runtime.scheduler.stops import StopChecker
 from lmprog_runtime.scheduler.watchdog import Watchdog
 
@@ -85,6 +88,8 @@ class Scheduler:
         sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, seed=server_args.random_seed)
         self.post = PostProcessor(self.kv, sampler, StopChecker(self.tokenizer, cfg.eos_token_ids),
                                   jump, self.outbox, self.stats, faults)
+        self.speculator = self._build_speculator(server_args, runner, jump is not None)
+        self.post.speculator = self.speculator
         self.waiting: deque = deque()
         self.running: List[Req] = []
         self.last_gen_throughput = 0.0
@@ -104,10 +109,23 @@ class Scheduler:
                               disable=self.args.disable_radix_cache)
         return KVManager(runner.req_to_token_pool, allocator, tree)
 
+    def _build_speculator(self, args: ServerArgs, runner, jump_forward: bool):
+        from lmprog_runtime.speculative.config import resolve_speculative
+        spec = resolve_speculative(args)
+        if spec is None:
+            return None
+        from lmprog_runtime.speculative.base import create_draft_source
+        from lmprog_runtime.speculative.speculator import Speculator
+        source = create_draft_source(spec, runner, args)
+        return Speculator(spec, source, runner.model_config.vocab_size, jump_forward, self.stats, self.faults)
+
     @staticmethod
     def _overlap_pool(args: ServerArgs, runner):
         on_gpu = getattr(runner.device, "type", "cpu") == "cuda"
         if args.disable_overlap_schedule or not (on_gpu or args.force_overlap_schedule):
+            return None
+        if args.speculative_algorithm is not None:  # a draft continues the previous step's tokens
+            logger.info("speculative decoding is on: the overlap loop is off")
             return None
         from concurrent.futures import ThreadPoolExecutor
         return ThreadPoolExecutor(1, thread_name_prefix="lmprog-forward")
@@ -134,6 +152,8 @@ class Scheduler:
         """Queue a new request; one that cannot even be built or checked fails alone."""
         try:
             req = Req(msg)
+            if self.speculator is not None:
+                req.spec = SpecCounts()
         except Exception as e:  # e.g. a sampling seed torch cannot take
             logger.exception("request %s failed in %s", msg.rid, Stage.ADMISSION.value)
             return self.outbox.error(msg.rid, len(msg.input_ids), error_reason(Stage.ADMISSION, e))
@@ -161,6 +181,8 @@ class Scheduler:
 
     def _fail(self, req: Req, reason: FinishReason) -> None:
         req.finish(reason)
+        if self.speculator is not None:  # e.g. retracted, then aborted while waiting
+            self.speculator.release(req)
         self.outbox.final(req)
 
     def abort(self, msg: AbortReq) -> None:
@@ -245,7 +267,8 @@ class Scheduler:
             for r, reason in failed:
                 self._fail(r, reason)
             self.waiting.extend(ready)
-        decision = self.admission.admit(self.running, self.waiting)
+        drafts = self.speculator.propose(self.running) if self.speculator is not None else None
+        decision = self.admission.admit(self.running, self.waiting, drafts)
         for r in decision.failed:
             self.waiting.remove(r)
             self._fail(r, r.finished_reason)
@@ -271,6 +294,8 @@ class Scheduler:
         for r in self.running:
             if r.finished:
                 self.kv.release(r, cache=not r.kv_suspect)
+                if self.speculator is not None:
+                    self.speculator.release(r)
                 self.outbox.final(r)
             else:
                 keep.append(r)
@@ -323,6 +348,8 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.running)
+        if self.speculator is not None:
+            self.speculator.source.check_integrity()
 
     def internal_state(self) -> dict:
         s, kv, lim = self.stats, self.kv, self.limits
@@ -343,6 +370,7 @@ class Scheduler:
             "last_gen_throughput": self.last_gen_throughput,
             "integrity": self._audit() if self.is_idle() else "busy",
             "watchdog_trips": self.watchdog.trips,
+            **(self.speculator.internal_state() if self.speculator is not None else {}),
             **s,
         }
 

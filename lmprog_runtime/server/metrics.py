@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 HEALTH_CHECK_PREFIX = "HEALTH_CHECK"
@@ -32,6 +32,15 @@ _GAUGES = {
     "token_usage": ("token_usage", "Fraction of the KV pool in use."),
     "cache_hit_rate": ("cache_hit_rate", "Prefix-cache hit rate over all prompt tokens so far."),
     "gen_throughput": ("last_gen_throughput", "Recent generation throughput (tokens/s)."),
+    "spec_accept_length": ("avg_spec_accept_length",
+                           "Speculative decoding: mean tokens per verify step (accepted drafts + 1)."),
+    "spec_accept_rate": ("spec_accept_rate", "Speculative decoding: accepted / proposed draft tokens."),
+}
+# counter name -> (key in the scheduler's internal state, help); cumulative since start
+_COUNTERS = {
+    "spec_verify": ("spec_num_verify", "Speculative decoding: verify steps (one per request and step)."),
+    "spec_draft_tokens": ("spec_num_draft_tokens", "Speculative decoding: draft tokens proposed."),
+    "spec_accepted_tokens": ("spec_num_accepted_tokens", "Speculative decoding: draft tokens accepted."),
 }
 
 
@@ -49,6 +58,12 @@ class _SchedulerGauges:
             if isinstance(value, (int, float)):
                 family.add_metric([self.model_name], float(value))
             yield family
+        for name, (key, doc) in _COUNTERS.items():
+            value = self.state.get(key)
+            if isinstance(value, (int, float)):  # only where speculation is on
+                family = CounterMetricFamily(f"sglang:{name}", doc, labels=["model_name"])
+                family.add_metric([self.model_name], float(value))
+                yield family
 
 
 class ServerMetrics:

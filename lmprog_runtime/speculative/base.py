@@ -1,0 +1,55 @@
+"""The draft-source contract: how the scheduler gets draft tokens, and tells the source
+what became of them. A new source (an EAGLE-style head, a suffix tree, ...) implements
+these three methods and is added to `create_draft_source`.
+
+    drafts = source.propose(reqs, budgets)   # one Draft (or None) per request
+    source.on_verified(req, tokens)          # tokens appended by the verify step
+    source.release(req)                      # the request finished: drop its state
+
+`propose` sees running requests whose last token is their only pending one: the draft
+continues `req.origin_input_ids + req.output_ids`. `budgets[i]` bounds request i's draft
+(>= 1). A source never changes a request; it reads its tokens.
+
+`Draft.parents` describes a tree (parents[j] = index of token j's parent, -1 = the last
+verified token). Only chains (parents None, each token follows the previous one) are
+verified today; a tree source must fall back to its best chain.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+
+@dataclass
+class Draft:
+    tokens: List[int]                     # proposed continuation, len >= 1
+    parents: Optional[List[int]] = None   # None: a chain
+
+
+class DraftSource(abc.ABC):
+    @abc.abstractmethod
+    def propose(self, reqs: Sequence, budgets: Sequence[int]) -> List[Optional[Draft]]:
+        """One draft (at most budgets[i] tokens) or None per request."""
+
+    def on_verified(self, req, tokens: List[int], accepted_drafts: int) -> None:
+        """`tokens` were appended to `req.output_ids` by a verify step: the first
+        `accepted_drafts` were drafts, the last the target's bonus token."""
+
+    def release(self, req) -> None:
+        """`req` finished (or failed): forget it."""
+
+    def check_integrity(self) -> None:
+        """Audit the source's own memory (a draft model's KV pool); raise when broken."""
+
+
+def create_draft_source(spec, runner, server_args) -> DraftSource:
+    """The source `spec.algorithm` names (imports lazily: STANDALONE loads a second model)."""
+    if spec.algorithm == "NGRAM":
+        from lmprog_runtime.speculative.ngram import NgramDraftSource
+        return NgramDraftSource(max_depth=spec.ngram_max_trie_depth, capacity=spec.ngram_capacity)
+    if spec.algorithm == "STANDALONE":
+        from lmprog_runtime.speculative.standalone import StandaloneDraftSource
+        return StandaloneDraftSource(spec, runner, server_args)
+    raise ValueError(f"unknown speculative algorithm {spec.algorithm!r}")

@@ -1,0 +1,150 @@
+"""NGRAM drafts: a trie of the n-grams (n <= max_depth) of every running request's prompt
+and output, shared by all requests, so recent requests feed each other's drafts.
+
+A path root → ... → node spells an n-gram; `count` is how often it was seen and `best`
+the most frequent next token (ties: the latest seen). A draft continues a request's
+tokens: find the longest suffix of them (at most max_depth - 1 tokens) that is a path
+with a continuation, follow `best` children; at a leaf, match again with the drafted
+tokens appended. Chains only (SGLang builds a BFS tree; see base.py).
+
+Memory is bounded by `capacity` nodes in two generations: new n-grams go to the current
+trie; when it holds capacity / 2 nodes it becomes the previous one (the older previous is
+dropped) and a fresh trie starts. Matching looks in the current trie, then the previous.
+This is an LRU at the granularity of a generation. Costs per request and step: feeding a
+token is max_depth node steps; a draft is at most a few suffix walks of <= max_depth steps.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+from lmprog_runtime.speculative.base import Draft, DraftSource
+
+
+class _Node:
+    __slots__ = ("children", "count", "best")
+
+    def __init__(self):
+        self.children: Optional[Dict[int, "_Node"]] = None
+        self.count = 0
+        self.best = -1  # token id of the most frequent child, -1 = none
+
+    def child(self, token: int) -> Optional["_Node"]:
+        return None if self.children is None else self.children.get(token)
+
+
+class _SeqState:
+    """Where one request's tokens stand in the current trie."""
+
+    __slots__ = ("gen", "open", "fed", "last")
+
+    def __init__(self, gen: int):
+        self.gen = gen
+        self.open: List[_Node] = []  # open[j]: node of the last j + 1 tokens (depth j + 1 < max_depth)
+        self.fed = 0                 # tokens of the request inserted so far
+        self.last = -1               # the last token inserted (detects a rewritten tail)
+
+
+class NgramCorpus:
+    def __init__(self, max_depth: int, capacity: int):
+        self.max_depth = max_depth
+        self.capacity = capacity
+        self.current = _Node()
+        self.previous: Optional[_Node] = None
+        self.gen = 0
+        self.nodes = 0  # nodes of the current generation
+
+    # -- insertion ------------------------------------------------------------------------
+    def feed(self, state: _SeqState, tokens: Sequence[int]) -> None:
+        """Insert the n-grams ending at tokens[state.fed:] (tokens: the whole sequence)."""
+        if state.gen != self.gen or len(tokens) < state.fed or (
+                state.fed and tokens[state.fed - 1] != state.last):
+            # rotated trie or rewritten tail: restart from the last max_depth - 1 tokens
+            state.gen, state.open = self.gen, []
+            state.fed = max(0, min(state.fed, len(tokens)) - (self.max_depth - 1))
+        for t in tokens[state.fed:]:
+            self._push(state, t)
+        state.fed = len(tokens)
+        if tokens:
+            state.last = tokens[-1]
+        if self.nodes >= self.capacity // 2:
+            self._rotate()
+
+    def _push(self, state: _SeqState, token: int) -> None:
+        grown = []
+        for parent in [self.current] + state.open:
+            node = self._add_child(parent, token)
+            if len(grown) + 1 < self.max_depth:  # depth of `node` is len(grown) + 1
+                grown.append(node)
+        state.open = grown
+
+    def _add_child(self, parent: _Node, token: int) -> _Node:
+        if parent.children is None:
+            parent.children = {}
+        node = parent.children.get(token)
+        if node is None:
+            node = parent.children[token] = _Node()
+            self.nodes += 1
+        node.count += 1
+        if parent.best < 0 or node.count >= parent.children[parent.best].count:
+            parent.best = token
+        return node
+
+    def _rotate(self) -> None:
+        self.previous, self.current = self.current, _Node()
+        self.gen += 1
+        self.nodes = 0
+
+    # -- drafting -------------------------------------------------------------------------
+    def draft(self, tail: List[int], k: int) -> List[int]:
+        """Up to k tokens continuing `tail` (the sequence's last tokens)."""
+        out: List[int] = []
+        while len(out) < k:
+            node = self._deepest_match(tail + out)
+            if node is None:
+                break
+            before = len(out)
+            while len(out) < k and node.best >= 0:
+                out.append(node.best)
+                node = node.children[node.best]
+            if len(out) == before:
+                break
+        return out
+
+    def _deepest_match(self, seq: List[int]) -> Optional[_Node]:
+        """The node of the longest suffix of `seq` (< max_depth tokens) that has a child."""
+        longest = min(len(seq), self.max_depth - 1)
+        for root in (self.current, self.previous):
+            if root is None:
+                continue
+            for m in range(longest, 0, -1):
+                node = root
+                for t in seq[len(seq) - m:]:
+                    node = node.child(t)
+                    if node is None:
+                        break
+                if node is not None and node.best >= 0:
+                    return node
+        return None
+
+
+class NgramDraftSource(DraftSource):
+    def __init__(self, max_depth: int = 18, capacity: int = 1_000_000):
+        self.corpus = NgramCorpus(max_depth, capacity)
+        self.states: Dict[str, _SeqState] = {}
+
+    def propose(self, reqs: Sequence, budgets: Sequence[int]) -> List[Optional[Draft]]:
+        out: List[Optional[Draft]] = []
+        depth = self.corpus.max_depth
+        for r, k in zip(reqs, budgets):
+            state = self.states.get(r.rid)
+            if state is None:
+                state = self.states[r.rid] = _SeqState(self.corpus.gen)
+            tokens = r.origin_input_ids + r.output_ids
+            self.corpus.feed(state, tokens)
+            tokens = self.corpus.draft(tokens[-(depth - 1):], k)
+            out.append(Draft(tokens) if tokens else None)
+        return out
+
+    def release(self, req) -> None:
+        self.states.pop(req.rid, None)

@@ -1,0 +1,188 @@
+"""Speculator: which running requests draft this step, how many tokens, and what the
+grammar allows at every drafted position. The draft source (base.py) proposes; this
+part bounds, trims and accounts.
+
+A request drafts when its only pending token is its last output token (a plain decode
+step), it has reached min_new_tokens, it uses no frequency / presence / repetition
+penalty (those would change between drafted positions), and at least 2 output tokens
+are left (k drafts produce up to k + 1 tokens; k <= remaining - 1 keeps max_new_tokens).
+
+Turning itself down (per request, `DraftBudget`): the draft length starts at the
+maximum; after a verify that accepted a of k drafts it becomes a + 1 (fewer wasted
+positions next time), and it doubles (up to the maximum) after a fully accepted one.
+After 2 verifies in a row that accepted nothing the request stops drafting for 2 steps,
+then 4, 8, up to COOLDOWN_MAX steps while the misses continue; one accepted draft resets
+this. A source that finds nothing (no n-gram match) costs only its lookup: the step is a
+plain decode.
+
+Constrained requests: a draft is cut at the first token the grammar forbids, and before
+any token after which the grammar terminates or would jump forward (that token may still
+come as the verify step's bonus token, where `on_token` handles it as a plain step would).
+The mask of every drafted position (and of the bonus position) is written here, with the
+matcher advanced through the draft and rolled back exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from lmprog_runtime.scheduler.faults import Stage, fail_request
+
+logger = logging.getLogger(__name__)
+
+COOLDOWN_MISSES = 2   # verifies in a row with no accepted draft before drafting pauses
+COOLDOWN_MAX = 32     # longest pause, in steps
+
+
+@dataclass
+class PlannedDraft:
+    tokens: List[int]                     # k >= 1 drafted tokens after the request's last token
+    mask: Optional[torch.Tensor] = None   # bool [k + 1, vocab] (True = allowed) for constrained requests
+
+
+class DraftBudget:
+    """One request's adaptive draft length (see the module docstring)."""
+
+    __slots__ = ("k", "misses", "cooldown")
+
+    def __init__(self, k: int):
+        self.k = k
+        self.misses = 0
+        self.cooldown = 0
+
+    def update(self, proposed: int, accepted: int, max_k: int) -> None:
+        self.k = min(max_k, 2 * self.k) if accepted == proposed else max(1, accepted + 1)
+        if accepted:
+            self.misses = 0
+            return
+        self.misses += 1
+        if self.misses >= COOLDOWN_MISSES:
+            self.cooldown = min(2 ** (self.misses - COOLDOWN_MISSES + 1), COOLDOWN_MAX)
+
+
+def eligible(r) -> bool:
+    sp = r.sampling
+    return (not r.finished and r.extend_len == 1 and r.kv_len >= r.prompt_len and r.output_ids
+            and len(r.output_ids) >= r.min_new_tokens and r.max_new_tokens - len(r.output_ids) >= 2
+            and sp.frequency_penalty == 0 and sp.presence_penalty == 0 and sp.repetition_penalty == 1.0
+            and (r.grammar is None or not r.grammar.is_terminated()))
+
+
+class Speculator:
+    def __init__(self, spec, source, vocab_size: int, jump_forward: bool, stats: dict, faults=None):
+        self.spec = spec          # SpecConfig
+        self.source = source      # DraftSource
+        self.vocab_size = vocab_size
+        self.jump_forward = jump_forward  # jump-forward on: drafts stop where it would fire
+        self.stats = stats        # adds spec_num_verify, spec_num_draft_tokens, spec_num_accepted_tokens
+        self.faults = faults
+        self.budgets: Dict[str, DraftBudget] = {}
+        stats.update(spec_num_verify=0, spec_num_draft_tokens=0, spec_num_accepted_tokens=0)
+
+    # -- before admission ---------------------------------------------------------------------
+    def propose(self, running: List) -> Dict[int, PlannedDraft]:
+        """id(req) → its draft, for the running requests that draft this step."""
+        reqs, budgets = [], []
+        for r in running:
+            if not eligible(r):
+                continue
+            b = self.budgets.get(r.rid)
+            if b is None:
+                b = self.budgets[r.rid] = DraftBudget(self.spec.max_drafts)
+            if b.cooldown:
+                b.cooldown -= 1
+                continue
+            reqs.append(r)
+            budgets.append(min(b.k, r.max_new_tokens - len(r.output_ids) - 1))
+        if not reqs:
+            return {}
+        drafts = self._propose(reqs, budgets)
+        out = {}
+        for r, k, d in zip(reqs, budgets, drafts):
+            if d is None or not d.tokens or r.finished:
+                continue
+            planned = self._trim(r, list(d.tokens[:k]))
+            if planned is not None:
+                out[id(r)] = planned
+        return out
+
+    def _propose(self, reqs: List, budgets: List[int]) -> list:
+        """The source's drafts; if the batched call fails, each request alone (a request
+        whose own call fails finishes with an error)."""
+        try:
+            return self.source.propose(reqs, budgets)
+        except Exception:
+            logger.exception("draft source failed for %d requests; retrying one by one", len(reqs))
+        drafts = []
+        for r, k in zip(reqs, budgets):
+            try:
+                drafts.extend(self.source.propose([r], [k]))
+            except Exception as e:
+                fail_request(r, Stage.DRAFT, e)
+                drafts.append(None)
+        return drafts
+
+    def _trim(self, r, tokens: List[int]) -> Optional[PlannedDraft]:
+        if r.grammar is None:
+            return PlannedDraft(tokens)
+        try:
+            return self._trim_to_grammar(r, tokens)
+        except Exception as e:
+            fail_request(r, Stage.GRAMMAR_MASK, e)
+            return None
+
+    def _trim_to_grammar(self, r, tokens: List[int]) -> Optional[PlannedDraft]:
+        """Keep the drafts the grammar allows; masks of positions 0..kept (rows)."""
+        g = r.grammar
+        rows = np.empty((len(tokens) + 1, self.vocab_size), dtype=np.bool_)
+        kept = 0
+        try:
+            for i, t in enumerate(tokens):
+                g.write_mask(rows[i])  # the state after tokens[:i]
+                if not rows[i][t]:
+                    break
+                g.accept_token(t)
+                if g.is_terminated() or (self.jump_forward and g.jump_forward_str()):
+                    g.rollback(1)  # t may only come as the bonus token, through on_token
+                    break
+                kept += 1
+            else:
+                g.write_mask(rows[kept])
+        finally:
+            g.rollback(kept)
+        if kept == 0:
+            return None
+        return PlannedDraft(tokens[:kept], torch.from_numpy(rows[:kept + 1]))
+
+    # -- after the verify step ------------------------------------------------------------------
+    def after_verify(self, r, proposed: int, accepted: int, appended: List[int]) -> None:
+        self.stats["spec_num_verify"] += 1
+        self.stats["spec_num_draft_tokens"] += proposed
+        self.stats["spec_num_accepted_tokens"] += accepted
+        if r.spec is not None:
+            r.spec.verify_ct += 1
+            r.spec.draft_tokens += proposed
+            r.spec.accepted_tokens += accepted
+        b = self.budgets.get(r.rid)
+        if b is not None:
+            b.update(proposed, accepted, self.spec.max_drafts)
+        self.source.on_verified(r, appended, accepted)
+
+    def release(self, r) -> None:
+        self.budgets.pop(r.rid, None)
+        try:
+            self.source.release(r)
+        except Exception:  # the request is done either way; the source's state may leak
+            logger.exception("draft source failed to release request %s", r.rid)
+
+    def internal_state(self) -> dict:
+        s = self.stats
+        n = s["spec_num_verify"]
+        return {"avg_spec_accept_length": (s["spec_num_accepted_tokens"] + n) / n if n else 0.0,
+                "spec_accept_rate": (s["spec_num_accepted_tokens"] / s["spec_num_draft_tokens"]
+                                     if s["spec_num_draft_tokens"] else 0.0)}

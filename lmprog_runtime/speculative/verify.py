@@ -1,0 +1,72 @@
+"""Verification: which drafted tokens the target accepts, from the logits of the last
+verified token and of every drafted position (rows 0..k of one request).
+
+Row i scores the token after draft[:i]. The rows go through the sampler's own pipeline
+(`Sampler.scaled_logits`: mask, logit bias, temperature; penalties do not apply, see
+speculator.py), so a row is exactly what a plain decode step would have sampled from.
+
+- Greedy: accept the longest prefix of the draft equal to the rows' argmax, then the
+  argmax of the next row (the bonus token): the tokens a plain greedy decode produces.
+- Sampling: rejection sampling for a deterministic draft. With p_i the target's
+  probabilities at row i (top-k / top-p / min-p applied as the plain sampler applies
+  them), accept draft[i] with probability p_i(draft[i]); on the first rejection sample
+  from p_i with draft[i] removed and renormalized, and stop; if every draft is accepted,
+  sample the bonus from p_k. Each emitted token is then distributed exactly as p_i:
+  P(x) = p(d)·[x = d] + (1 - p(d))·p(x)[x ≠ d] / (1 - p(d)) = p(x).
+The draws use the request's own generator when it has a sampling_seed, else the sampler's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+
+
+@dataclass
+class Verified:
+    tokens: List[int]                      # accepted drafts + the bonus token
+    accepted: int                          # how many of `tokens` were drafts
+    logprobs: Optional[torch.Tensor]       # float [len(tokens), vocab] rows, when the request asked
+
+
+def verify_rows(sampler, r, rows: torch.Tensor, draft: List[int], mask: Optional[torch.Tensor]) -> Verified:
+    """rows: float [k + 1, V] logits (a copy; edited in place); mask: bool [k + 1, vocab] or None."""
+    reqs = [r] * rows.shape[0]
+    if mask is not None and mask.shape[-1] < rows.shape[-1]:  # padded vocab rows stay banned
+        pad = torch.zeros((mask.shape[0], rows.shape[-1] - mask.shape[-1]), dtype=torch.bool)
+        mask = torch.cat([mask, pad], dim=-1)
+    scaled = sampler.scaled_logits(rows, reqs, mask)
+    if r.sampling.is_greedy:
+        tokens, accepted = _accept_greedy(scaled, draft)
+    else:
+        probs = sampler.truncated_probs(scaled, reqs).cpu()
+        gen = r.generator if r.generator is not None else sampler.generator
+        tokens, accepted = _accept_sampled(probs, draft, gen)
+    lp = torch.log_softmax(scaled[:len(tokens)], dim=-1) if r.return_logprob else None
+    return Verified(tokens, accepted, lp)
+
+
+def _accept_greedy(scaled: torch.Tensor, draft: List[int]):
+    best = torch.argmax(scaled, dim=-1).tolist()  # [k + 1]
+    a = 0
+    while a < len(draft) and draft[a] == best[a]:
+        a += 1
+    return draft[:a] + [best[a]], a
+
+
+def _accept_sampled(probs: torch.Tensor, draft: List[int], gen: torch.Generator):
+    """probs: float [k + 1, V] on the CPU."""
+    for i, x in enumerate(draft):
+        p = probs[i]
+        if float(torch.rand((), generator=gen)) < float(p[x]):
+            continue
+        residual = p.clone()
+        residual[x] = 0.0
+        total = float(residual.sum())
+        if total <= 0.0:  # all the mass is on x (p(x) rounded below 1): x is the only choice
+            continue
+        tok = int(torch.multinomial(residual / total, 1, generator=gen))
+        return draft[:i] + [tok], i
+    return draft + [int(torch.multinomial(probs[len(draft)], 1, generator=gen))], len(draft)
