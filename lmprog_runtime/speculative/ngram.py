@@ -64,11 +64,12 @@ class NgramCorpus:
             state.fed = max(0, min(state.fed, len(tokens)) - (self.max_depth - 1))
         for t in tokens[state.fed:]:
             self._push(state, t)
+            if self.nodes >= self.capacity // 2:
+                self._rotate()
+                state.gen, state.open = self.gen, []  # n-grams across the cut are lost
         state.fed = len(tokens)
         if tokens:
             state.last = tokens[-1]
-        if self.nodes >= self.capacity // 2:
-            self._rotate()
 
     def _push(self, state: _SeqState, token: int) -> None:
         grown = []

@@ -61,6 +61,35 @@ def test_decode_split_k_gqa(page_size):
     assert diff < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_speculative_verify_batch(page_size):
+    """A verify step's shapes: each request adds its last token + k drafts (2..12 tokens)
+    over a cached prefix, beside plain one-token decodes."""
+    diff = run_both([5, 30, 17, 40, 9], [12, 1, 4, 2, 1], heads=4, kv_heads=2, head_dim=16,
+                    dtype=torch.float32, page_size=page_size, seed=6)
+    assert diff < TOL[torch.float32]
+
+
+def test_speculative_engine_through_triton(tiny_model_path):
+    """NGRAM speculation on the triton backend gives torch_native's plain greedy tokens."""
+    from lmprog_runtime import Engine
+
+    prompts = ["1 2 3 4 1 2 3 4 1 2", "The cat sat on the mat. The cat sat on the"]
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    outs = {}
+    for name, kw in (("plain", dict(attention_backend="torch_native")),
+                     ("spec", dict(attention_backend="triton", speculative_algorithm="NGRAM"))):
+        eng = Engine(model_path=tiny_model_path, dtype="float32", max_total_tokens=1024, **kw)
+        try:
+            outs[name] = [o["output_ids"] for o in eng.generate(prompts, params)]
+            if name == "spec":
+                assert eng.get_internal_state()["spec_num_verify"] > 0
+            eng.check_integrity()
+        finally:
+            eng.shutdown()
+    assert outs["spec"] == outs["plain"]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision(dtype):
     d_ext = run_both([3, 0], [9, 4], heads=4, kv_heads=1, head_dim=16, dtype=dtype, page_size=16, seed=3)

@@ -1,0 +1,164 @@
+"""NGRAM speculative decoding on vs off through the Engine (SmolLM2-135M, greedy).
+
+    python bench/bench_speculative.py            # all three workloads, batch 1 / 4 / 16
+    python bench/bench_speculative.py --quick    # a few requests per point (a smoke run)
+
+Workloads: (a) document QA whose answers quote the document, (b) JSON extraction with a
+schema (values copied from the prompt), (c) free chat. For each batch size the requests
+run in groups of that size (one `generate` call per group). Reports output tokens/s with
+speculation on and off, the speedup, the mean accept length (tokens per verify step,
+meta_info.spec_accept_length averaged over requests) and whether the greedy outputs were
+identical. Writes bench/results/speculative.json and speculative.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 32}, "city": {"type": "string", "maxLength": 32},
+                   "occupation": {"type": "string", "maxLength": 32},
+                   "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    "required": ["name", "city", "occupation", "age"], "additionalProperties": False,
+}
+NAMES = ["Alice Martin", "Bob Chen", "Carla Diaz", "Deepak Rao", "Emma Stone", "Farid Haddad", "Grace Lee"]
+CITIES = ["Paris", "Toronto", "Osaka", "Lima", "Nairobi", "Berlin", "Austin"]
+JOBS = ["nurse", "teacher", "software engineer", "chef", "airline pilot", "lawyer", "painter"]
+TOPICS = ["the ocean", "autumn leaves", "a city at night", "learning to cook", "an old friend", "the moon",
+          "a rainy day", "mountains", "a train journey", "coffee", "the first snow", "a library"]
+FACTS = [
+    "The Lumen Bridge was completed in 1931 and spans 412 meters across the Varn river.",
+    "Its architect, Helena Strauss, designed the bridge with three steel arches painted dark green.",
+    "During the flood of 1957 the bridge stayed open while every other crossing closed for a week.",
+    "The city council renovated the bridge in 2004, replacing the wooden walkway with granite slabs.",
+    "Every June the Lumen Bridge festival brings street musicians and food stalls to both banks.",
+    "A small museum at the north end displays the original blueprints and a model of the arches.",
+]
+QUESTIONS = ["When was the bridge completed and how long is it?", "Who designed the bridge?",
+             "What happened during the flood of 1957?", "What changed in 2004?",
+             "What happens every June?", "What is at the north end of the bridge?"]
+
+
+def _chat(tokenizer, content: str) -> str:
+    return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def workloads(tokenizer, n: int) -> dict:
+    rng = random.Random(0)
+    doc = " ".join(FACTS)
+    qa = [_chat(tokenizer, f"Document:\n{doc}\n\nAnswer by quoting the sentence of the document that "
+                           f"answers the question.\nQuestion: {QUESTIONS[i % len(QUESTIONS)]}") for i in range(n)]
+    extract = []
+    for i in range(n):
+        bio = (f"{rng.choice(NAMES)} is {rng.randint(20, 70)} years old, lives in {rng.choice(CITIES)} and "
+               f"works as a {rng.choice(JOBS)}.")
+        extract.append(_chat(tokenizer, f"Extract the person's details as JSON.\n{bio} (record {i})"))
+    chat = [_chat(tokenizer, f"Write a few sentences about {TOPICS[i % len(TOPICS)]}.") for i in range(n)]
+    return {"doc_qa": (qa, {}), "json": (extract, {"json_schema": json.dumps(SCHEMA)}), "chat": (chat, {})}
+
+
+def run(engine, texts, params, batch: int) -> dict:
+    t0 = time.perf_counter()
+    outs = []
+    for i in range(0, len(texts), batch):
+        group = engine.generate(texts[i:i + batch], params)
+        outs.extend(group if isinstance(group, list) else [group])
+    wall = time.perf_counter() - t0
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    accept = [o["meta_info"]["spec_accept_length"] for o in outs if o["meta_info"].get("spec_verify_ct")]
+    return {"requests": len(texts), "wall_s": wall, "completion_tokens": tokens,
+            "output_tokens_per_s": tokens / wall,
+            "mean_accept_length": statistics.mean(accept) if accept else None,
+            "output_ids": [o["output_ids"] for o in outs]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-path", default="default")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--quick", action="store_true", help="few requests per point, short outputs")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--num-draft-tokens", type=int, default=None, help="--speculative-num-draft-tokens")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "speculative.json"))
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    max_new = 48 if args.quick else 128
+    n_for = (lambda b: max(2, b)) if args.quick else (lambda b: max(8, 2 * b))
+
+    from lmprog_runtime import Engine
+
+    results = {"config": vars(args), "points": []}
+    raw = {}
+    for spec in (False, True):
+        kw = dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=args.num_draft_tokens) if spec else {}
+        with Engine(model_path=args.model_path, dtype=args.dtype, **kw) as engine:
+            loads = workloads(engine.tokenizer, max(n_for(b) for b in batches))
+            for name, (texts, extra) in loads.items():
+                params = {"temperature": 0, "max_new_tokens": max_new, **extra}
+                engine.generate(texts[0], {**params, "max_new_tokens": 4})  # warm-up (grammar compile)
+                for b in batches:
+                    engine.flush_cache()
+                    r = run(engine, texts[:n_for(b)], params, b)
+                    raw[(name, b, spec)] = r
+                    print(f"{name} batch {b} spec={'on' if spec else 'off'}: "
+                          f"{r['output_tokens_per_s']:.1f} tok/s, accept {r['mean_accept_length']}", flush=True)
+            engine.check_integrity()
+    for (name, b, spec), r in raw.items():
+        if not spec:
+            continue
+        off = raw[(name, b, False)]
+        results["points"].append({
+            "workload": name, "batch": b, "requests": r["requests"],
+            "tokens_per_s_off": off["output_tokens_per_s"], "tokens_per_s_on": r["output_tokens_per_s"],
+            "speedup": r["output_tokens_per_s"] / off["output_tokens_per_s"],
+            "mean_accept_length": r["mean_accept_length"],
+            "identical_outputs": r["output_ids"] == off["output_ids"]})
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    plot(results, args.out.replace(".json", ".png"))
+    for p in results["points"]:
+        print(f"{p['workload']:>7} b={p['batch']:<3} off {p['tokens_per_s_off']:7.1f}  on {p['tokens_per_s_on']:7.1f} "
+              f"tok/s  speedup {p['speedup']:.2f}x  accept {p['mean_accept_length'] or 0:.2f}  "
+              f"identical {p['identical_outputs']}")
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({p["workload"] for p in results["points"]}, key=["doc_qa", "json", "chat"].index)
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.6), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        pts = sorted((p for p in results["points"] if p["workload"] == name), key=lambda p: p["batch"])
+        xs = range(len(pts))
+        ax.bar([x - 0.2 for x in xs], [p["tokens_per_s_off"] for p in pts], 0.4, label="off", color="tab:gray")
+        bars = ax.bar([x + 0.2 for x in xs], [p["tokens_per_s_on"] for p in pts], 0.4, label="NGRAM",
+                      color="tab:green")
+        ax.bar_label(bars, labels=[f"{p['speedup']:.2f}x\nacc {p['mean_accept_length'] or 0:.1f}" for p in pts],
+                     fontsize=7)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([f"batch {p['batch']}" for p in pts])
+        ax.set_title(name)
+        ax.set_ylabel("output tokens/s")
+        ax.legend(fontsize=7)
+    fig.suptitle("NGRAM speculative decoding, greedy (lmprog Engine, SmolLM2-135M)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

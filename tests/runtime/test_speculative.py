@@ -1,0 +1,166 @@
+"""Speculative decoding through the Engine on the tiny model: greedy outputs are
+token-identical to plain decoding (many prompts, radix cache on and off, page size 16,
+stops, max_new_tokens cut-offs, logprobs, regex / JSON-schema constraints, streaming),
+drafts are actually accepted, and the KV audit holds on both pools.
+
+Prompts are repetitive so that n-gram drafts (from the prompt and from the tiny model's
+own looping output) are accepted; the tests assert that some were."""
+
+import json
+
+import pytest
+
+from engine_helpers import make_engine
+
+PROMPTS = [
+    "The cat sat on the mat. The cat sat on the mat. The cat sat on the",
+    "1 2 3 4 5 6 7 8 1 2 3 4 5 6 7 8 1 2 3",
+    "def f(x):\n    return x\n\ndef f(x):\n    return x\n\ndef f(",
+    "red green blue red green blue red green",
+    "The capital of France is",
+    "Once upon a time, in a land far away,",
+    "List three colors:",
+    "abc abc abc abc abc abc abc",
+]
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+GREEDY = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+BASE = dict(max_total_tokens=8192)
+
+
+def _cases():
+    """(name, prompts, sampling params, generate kwargs)."""
+    return [
+        ("long", PROMPTS, GREEDY, {}),
+        ("single", PROMPTS[:2], {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}, {}),
+        ("max_new_tokens", PROMPTS, {"temperature": 0, "max_new_tokens": 3, "ignore_eos": True}, {}),
+        ("max_new_tokens_odd", PROMPTS, {"temperature": 0, "max_new_tokens": 17}, {}),
+        ("stop_str", PROMPTS, {"temperature": 0, "max_new_tokens": 48, "stop": [" the", "\n\n", "3"]}, {}),
+        ("stop_regex", PROMPTS, {"temperature": 0, "max_new_tokens": 48, "stop_regex": [r"[0-9]{2}"]}, {}),
+        ("stop_token", PROMPTS, {"temperature": 0, "max_new_tokens": 48, "stop_token_ids": [253, 28]}, {}),
+        ("logprobs", PROMPTS[:4], {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True},
+         {"return_logprob": True, "top_logprobs_num": 3}),
+        ("min_new_tokens", PROMPTS[:4], {"temperature": 0, "max_new_tokens": 24, "min_new_tokens": 6}, {}),
+        ("regex", PROMPTS[:4], {"temperature": 0, "max_new_tokens": 40,
+                                "regex": r"(cat|dog|red)( (cat|dog|red|mat)){2,6}\."}, {}),
+        ("json", ["A person as JSON: " + json.dumps({"name": "Ann", "age": 3}) * 3 + " Again: "],
+         {"temperature": 0, "max_new_tokens": 64, "json_schema": json.dumps(SCHEMA)}, {}),
+    ]
+
+
+def _run(engine, prompts, params, kwargs):
+    outs = engine.generate(prompts, params, **kwargs)
+    return outs if isinstance(outs, list) else [outs]
+
+
+def _summary(out, logprobs: bool):
+    s = {"text": out["text"], "ids": out["output_ids"], "finish": out["meta_info"]["finish_reason"]}
+    if logprobs:
+        s["lp_ids"] = [e[1] for e in out["meta_info"]["output_token_logprobs"]]
+        s["top_ids"] = [[e[1] for e in row] for row in out["meta_info"]["output_top_logprobs"]]
+    return s
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model_path):
+    """Reference outputs of every case, without speculation."""
+    eng = make_engine(tiny_model_path, **BASE)
+    ref = {name: _run(eng, p, sp, kw) for name, p, sp, kw in _cases()}
+    eng.check_integrity()
+    eng.shutdown()
+    return ref
+
+
+SPEC_CONFIGS = {
+    "cache": dict(BASE),
+    "nocache": dict(BASE, disable_radix_cache=True),
+    "page16": dict(BASE, page_size=16),
+    "short_drafts": dict(BASE, speculative_num_draft_tokens=3),
+}
+
+
+@pytest.fixture(scope="module", params=list(SPEC_CONFIGS))
+def spec_engine(request, tiny_model_path):
+    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", **SPEC_CONFIGS[request.param])
+    yield eng
+    eng.check_integrity()
+    eng.shutdown()
+
+
+def _compare(ref_outs, outs, logprobs: bool):
+    for ref, out in zip(ref_outs, outs):
+        assert _summary(out, logprobs) == _summary(ref, logprobs)
+        if logprobs:
+            for a, b in zip(ref["meta_info"]["output_token_logprobs"], out["meta_info"]["output_token_logprobs"]):
+                assert abs(a[0] - b[0]) < 1e-4, (a, b)
+
+
+def test_greedy_identical_to_plain_decoding(plain, spec_engine):
+    for name, prompts, params, kwargs in _cases():
+        outs = _run(spec_engine, prompts, params, kwargs)
+        _compare(plain[name], outs, bool(kwargs.get("return_logprob")))
+    spec_engine.check_integrity()
+    state = spec_engine.get_internal_state()
+    assert state["spec_num_verify"] > 0 and state["spec_num_accepted_tokens"] > 0, state
+    assert state["avg_spec_accept_length"] > 1.0
+
+
+def test_one_at_a_time_and_streamed(plain, spec_engine):
+    for i, prompt in enumerate(PROMPTS[:3]):
+        out = spec_engine.generate(prompt, GREEDY)
+        assert out["output_ids"] == plain["long"][i]["output_ids"]
+        meta = out["meta_info"]
+        assert meta["spec_verify_ct"] >= 1 and meta["spec_accept_length"] >= 1.0, meta
+        assert 0.0 <= meta["spec_accept_rate"] <= 1.0
+        chunks = list(spec_engine.generate(prompt, GREEDY, stream=True))
+        assert chunks[-1]["output_ids"] == plain["long"][i]["output_ids"]
+        assert chunks[-1]["text"] == plain["long"][i]["text"]
+
+
+def test_constrained_drafts_stay_in_the_grammar(spec_engine):
+    """Sampling (and greedy) under a regex: every output matches, drafts or not."""
+    import re
+    regex = r"(cat|dog|red)( (cat|dog|red|mat)){2,6}\."
+    for temperature in (0.0, 1.0):
+        outs = spec_engine.generate(PROMPTS, {"temperature": temperature, "max_new_tokens": 40,
+                                              "regex": regex, "sampling_seed": 7})
+        for out in outs:
+            assert re.fullmatch(regex, out["text"]), out["text"]
+
+
+def test_abort_during_speculation_keeps_the_audit(spec_engine):
+    import threading
+    params = {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True}
+    timer = threading.Timer(0.2, lambda: spec_engine.abort(abort_all=True))
+    timer.start()
+    outs = spec_engine.generate(PROMPTS, params)
+    timer.join()
+    assert all(o["meta_info"]["finish_reason"]["type"] in ("abort", "length") for o in outs)
+    spec_engine.check_integrity()
+
+
+def test_small_pool_retracts_and_stays_identical(tiny_model_path):
+    """A pool too small for the batch: retraction and draft room both bite."""
+    params = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
+    small = dict(max_total_tokens=640, chunked_prefill_size=64)
+    ref_eng = make_engine(tiny_model_path, **small)
+    ref = ref_eng.generate(PROMPTS, params)
+    ref_eng.shutdown()
+    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", **small)
+    try:
+        outs = eng.generate(PROMPTS, params)
+        assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
+        eng.check_integrity()
+    finally:
+        eng.shutdown()
+
+
+def test_metrics_report_speculation(spec_engine):
+    from lmprog_runtime.server.metrics import ServerMetrics
+    spec_engine.generate(PROMPTS[0], GREEDY)
+    state = spec_engine.get_internal_state()
+    text = ServerMetrics("tiny").render(state).decode()
+    assert "sglang:spec_accept_length{" in text
+    assert "sglang:spec_accepted_tokens_total{" in text
+    assert state["spec_num_draft_tokens"] >= state["spec_num_accepted_tokens"] > 0

@@ -1,0 +1,162 @@
+"""Speculative decoding parts without a model: the flags, the n-gram trie, the adaptive
+draft budget, greedy acceptance and the exactness of rejection sampling."""
+
+import argparse
+import math
+
+import pytest
+import torch
+
+from lmprog_runtime.config import ServerArgs, add_cli_args, from_cli_namespace
+from lmprog_runtime.speculative.config import resolve_speculative
+from lmprog_runtime.speculative.ngram import NgramCorpus, NgramDraftSource
+from lmprog_runtime.speculative.speculator import COOLDOWN_MAX, DraftBudget
+from lmprog_runtime.speculative.verify import _accept_greedy, _accept_sampled
+
+
+# -- flags ------------------------------------------------------------------------------------
+def test_flags_parse_and_resolve():
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    ns = parser.parse_args(["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8",
+                            "--speculative-ngram-max-trie-depth", "12"])
+    args = from_cli_namespace(ns)
+    spec = resolve_speculative(args)
+    assert (spec.algorithm, spec.num_draft_tokens, spec.max_drafts, spec.ngram_max_trie_depth) == ("NGRAM", 8, 7, 12)
+    assert resolve_speculative(ServerArgs()) is None
+    assert resolve_speculative(ServerArgs(speculative_algorithm="NGRAM")).num_draft_tokens == 12
+    standalone = resolve_speculative(ServerArgs(speculative_algorithm="STANDALONE",
+                                                speculative_draft_model_path="x", speculative_num_steps=3))
+    assert (standalone.num_steps, standalone.num_draft_tokens) == (3, 4)
+    assert "NGRAM" in parser.format_help()
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(speculative_algorithm="EAGLE"), "speculative_algorithm must be one of"),
+    (dict(speculative_algorithm="STANDALONE"), "needs speculative_draft_model_path"),
+    (dict(speculative_algorithm="NGRAM", speculative_draft_model_path="m"), "only used with"),
+    (dict(speculative_algorithm="NGRAM", speculative_eagle_topk=4), "speculative_eagle_topk must be 1"),
+    (dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=17), "in [2, 16]"),
+    (dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=1), "in [2, 16]"),
+    (dict(speculative_algorithm="NGRAM", speculative_num_steps=3, speculative_num_draft_tokens=8),
+     "num_steps + 1 = 4"),
+    (dict(speculative_algorithm="NGRAM", speculative_ngram_min_bfs_breadth=3,
+          speculative_ngram_max_bfs_breadth=2), "at least speculative_ngram_min_bfs_breadth"),
+    (dict(speculative_algorithm="NGRAM", speculative_ngram_match_type="DFS"), "ngram_match_type must be"),
+    (dict(speculative_algorithm="NGRAM", speculative_ngram_max_trie_depth=1), "at least 2"),
+    (dict(speculative_algorithm="NGRAM", speculative_ngram_capacity=10), "at least 1024"),
+])
+def test_bad_flags_fail_at_startup(kwargs, needle):
+    with pytest.raises(ValueError) as e:
+        ServerArgs(**kwargs)
+    assert needle in str(e.value), str(e.value)
+
+
+# -- n-gram trie ------------------------------------------------------------------------------
+class _R:
+    def __init__(self, rid, prompt, out=()):
+        self.rid, self.origin_input_ids, self.output_ids = rid, list(prompt), list(out)
+
+
+def test_ngram_drafts_the_continuation_of_a_seen_context():
+    src = NgramDraftSource(max_depth=6, capacity=10_000)
+    doc = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    r = _R("a", doc + [5, 12, 13])  # the tail "12 13" appeared in the document
+    [d] = src.propose([r], [5])
+    assert d.tokens == [14, 15, 16, 17, 18]  # continued past the trie's depth by re-matching
+    [d] = src.propose([r], [2])
+    assert d.tokens == [14, 15]
+
+
+def test_ngram_prefers_frequent_and_longer_contexts():
+    corpus = NgramCorpus(max_depth=4, capacity=10_000)
+    from lmprog_runtime.speculative.ngram import _SeqState
+    s = _SeqState(corpus.gen)
+    corpus.feed(s, [1, 2, 3, 1, 2, 4, 1, 2, 4, 7, 2, 5])
+    assert corpus.draft([9, 1, 2], 1) == [4]   # "1 2" → 4 twice, → 3 once
+    assert corpus.draft([7, 2], 1) == [5]      # the longer context "7 2" beats "2" → 4
+    assert corpus.draft([99], 3) == []         # never seen: no draft
+
+
+def test_ngram_shares_between_requests_and_forgets_released_state():
+    src = NgramDraftSource(max_depth=8, capacity=10_000)
+    src.propose([_R("a", [1, 2, 3, 4, 5, 6])], [1])
+    [d] = src.propose([_R("b", [9, 3, 4])], [2])
+    assert d.tokens == [5, 6]
+    src.release(_R("a", []))
+    assert set(src.states) == {"b"}
+
+
+def test_ngram_capacity_rotates_generations():
+    corpus = NgramCorpus(max_depth=3, capacity=1024)
+    from lmprog_runtime.speculative.ngram import _SeqState
+    s = _SeqState(corpus.gen)
+    corpus.feed(s, list(range(100)) + [1, 2])
+    first = corpus.draft([1], 1)
+    assert first == [2]
+    for i in range(5):  # far more than capacity / 2 new nodes: two rotations
+        corpus.feed(_SeqState(corpus.gen), list(range(1000 + 1000 * i, 1000 + 1000 * i + 400)))
+    assert corpus.gen >= 2 and corpus.nodes < 1024
+    assert corpus.draft([1], 1) == []  # the oldest generation is gone
+
+
+def test_ngram_rewritten_tail_restarts_cleanly():
+    src = NgramDraftSource(max_depth=5, capacity=10_000)
+    r = _R("a", [1, 2, 3], [4, 5])
+    src.propose([r], [1])
+    r.output_ids = [7]  # a jump-forward rewrote the output
+    src.propose([r], [1])
+    assert src.states["a"].fed == 4 and src.states["a"].last == 7
+
+
+# -- adaptive budget --------------------------------------------------------------------------
+def test_budget_shrinks_grows_and_cools_down():
+    b = DraftBudget(8)
+    b.update(8, 2, 8)
+    assert b.k == 3 and b.cooldown == 0
+    b.update(3, 3, 8)
+    assert b.k == 6
+    b.update(6, 0, 8)
+    assert b.k == 1 and b.cooldown == 0 and b.misses == 1
+    b.update(1, 0, 8)
+    assert b.cooldown == 2
+    pauses = []
+    for _ in range(10):
+        b.update(1, 0, 8)
+        pauses.append(b.cooldown)
+    assert pauses[0] == 4 and pauses[-1] == COOLDOWN_MAX and pauses == sorted(pauses)
+    b.update(1, 1, 8)
+    assert b.misses == 0
+
+
+# -- verification -----------------------------------------------------------------------------
+def test_greedy_acceptance_is_longest_matching_prefix_plus_bonus():
+    scaled = torch.full((4, 10), -1.0)
+    for row, best in enumerate([3, 5, 7, 9]):
+        scaled[row, best] = 1.0
+    assert _accept_greedy(scaled, [3, 5, 7]) == ([3, 5, 7, 9], 3)
+    assert _accept_greedy(scaled, [3, 6, 7]) == ([3, 5], 1)
+    assert _accept_greedy(scaled, [0, 5, 7]) == ([3], 0)
+
+
+def test_rejection_sampling_emits_the_target_distribution():
+    """Two positions with known p; the draft proposes a likely token then an unlikely one.
+    The first emitted token must follow p_0, and the second (when the first draft was
+    accepted) p_1. Tolerance: 5 standard deviations of a frequency over n draws."""
+    p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.6, 0.3, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    gen = torch.Generator().manual_seed(1)
+    n = 20000
+    first = torch.zeros(4)
+    second = torch.zeros(4)
+    seconds = 0
+    for _ in range(n):
+        tokens, accepted = _accept_sampled(p, [0, 2], gen)
+        assert 1 <= len(tokens) <= 3 and tokens[:accepted] == [0, 2][:accepted]
+        first[tokens[0]] += 1
+        if len(tokens) >= 2:
+            second[tokens[1]] += 1
+            seconds += 1
+    for freq, probs, m in ((first / n, p[0], n), (second / seconds, p[1], seconds)):
+        for f, q in zip(freq.tolist(), probs.tolist()):
+            assert abs(f - q) <= 5 * math.sqrt(q * (1 - q) / m) + 1e-9, (freq, probs)
+    assert second[3] == 0 and first[3] == 0  # a zero-probability token never appears
