@@ -21,6 +21,11 @@ from typing import Dict, List, Optional, Sequence
 from lmprog_runtime.speculative.base import Draft, DraftSource
 
 
+# A draft needs at least this many tokens of matching context: a single common token
+# (" the", a comma) predicts its continuation too poorly to pay for verifying it.
+MIN_MATCH = 2
+
+
 class _Node:
     __slots__ = ("children", "count", "best")
 
@@ -113,12 +118,13 @@ class NgramCorpus:
         return out
 
     def _deepest_match(self, seq: List[int]) -> Optional[_Node]:
-        """The node of the longest suffix of `seq` (< max_depth tokens) that has a child."""
+        """The node of the longest suffix of `seq` (MIN_MATCH .. max_depth - 1 tokens) that
+        has a child."""
         longest = min(len(seq), self.max_depth - 1)
         for root in (self.current, self.previous):
             if root is None:
                 continue
-            for m in range(longest, 0, -1):
+            for m in range(longest, MIN_MATCH - 1, -1):
                 node = root
                 for t in seq[len(seq) - m:]:
                     node = node.child(t)

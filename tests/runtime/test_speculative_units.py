@@ -75,7 +75,8 @@ def test_ngram_prefers_frequent_and_longer_contexts():
     corpus.feed(s, [1, 2, 3, 1, 2, 4, 1, 2, 4, 7, 2, 5])
     assert corpus.draft([9, 1, 2], 1) == [4]   # "1 2" → 4 twice, → 3 once
     assert corpus.draft([7, 2], 1) == [5]      # the longer context "7 2" beats "2" → 4
-    assert corpus.draft([99], 3) == []         # never seen: no draft
+    assert corpus.draft([99, 98], 3) == []     # never seen: no draft
+    assert corpus.draft([3, 2], 1) == []       # only "2" matches: too short a context
 
 
 def test_ngram_shares_between_requests_and_forgets_released_state():
@@ -92,12 +93,12 @@ def test_ngram_capacity_rotates_generations():
     from lmprog_runtime.speculative.ngram import _SeqState
     s = _SeqState(corpus.gen)
     corpus.feed(s, list(range(100)) + [1, 2])
-    first = corpus.draft([1], 1)
+    first = corpus.draft([0, 1], 1)
     assert first == [2]
     for i in range(5):  # far more than capacity / 2 new nodes: two rotations
         corpus.feed(_SeqState(corpus.gen), list(range(1000 + 1000 * i, 1000 + 1000 * i + 400)))
     assert corpus.gen >= 2 and corpus.nodes < 1024
-    assert corpus.draft([1], 1) == []  # the oldest generation is gone
+    assert corpus.draft([0, 1], 1) == []  # the oldest generation is gone
 
 
 def test_ngram_rewritten_tail_restarts_cleanly():
