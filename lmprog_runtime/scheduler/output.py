@@ -112,6 +112,7 @@ class PostProcessor:
             r, k = item.req, item.num_draft
             try:
                 if not r.finished:
+                    self._check(Stage.SAMPLING, r)
                     rows = logits[item.verify_row:item.verify_row + k + 1].clone()
                     v = verify_rows(self.sampler, r, rows, item.draft.tokens, item.draft.mask)
                     self.stats["num_generated_tokens"] += len(v.tokens)

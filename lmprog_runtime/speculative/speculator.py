@@ -115,12 +115,16 @@ class Speculator:
         """The source's drafts; if the batched call fails, each request alone (a request
         whose own call fails finishes with an error)."""
         try:
+            if self.faults is not None:
+                self.faults.check_any(Stage.DRAFT, [r.rid for r in reqs], spend=False)
             return self.source.propose(reqs, budgets)
         except Exception:
             logger.exception("draft source failed for %d requests; retrying one by one", len(reqs))
         drafts = []
         for r, k in zip(reqs, budgets):
             try:
+                if self.faults is not None:
+                    self.faults.check(Stage.DRAFT, r.rid)
                 drafts.extend(self.source.propose([r], [k]))
             except Exception as e:
                 fail_request(r, Stage.DRAFT, e)
@@ -138,6 +142,8 @@ class Speculator:
 
     def _trim_to_grammar(self, r, tokens: List[int]) -> Optional[PlannedDraft]:
         """Keep the drafts the grammar allows; masks of positions 0..kept (rows)."""
+        if self.faults is not None:
+            self.faults.check(Stage.GRAMMAR_MASK, r.rid)
         g = r.grammar
         rows = np.empty((len(tokens) + 1, self.vocab_size), dtype=np.bool_)
         kept = 0

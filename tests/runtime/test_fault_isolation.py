@@ -24,6 +24,7 @@ CONFIGS = {
     "page1": dict(max_total_tokens=8192),
     "page16": dict(max_total_tokens=8192, page_size=16),
     "overlap": dict(max_total_tokens=8192, force_overlap_schedule=True),
+    "speculative": dict(max_total_tokens=8192, speculative_algorithm="NGRAM"),
 }
 _ids = itertools.count()
 
@@ -33,7 +34,7 @@ def rig(request, tiny_model_path):
     faults = FaultInjector()
     eng = make_engine(tiny_model_path, faults=faults, random_seed=0, **CONFIGS[request.param])
     baselines = {}
-    yield eng, faults, baselines
+    yield eng, faults, baselines, request.param
     eng.check_integrity()
     eng.shutdown()
 
@@ -104,6 +105,7 @@ CASES = [  # (stage, workload, streamed, checks of the victim let pass before th
     (Stage.OUTPUT, "plain", False, 0),       # the final delta
     (Stage.SEND, "plain", True, 2),
     (Stage.SEND, "plain", False, 0),
+    (Stage.DRAFT, "plain", False, 2),        # speculative config only
 ]
 
 
@@ -111,7 +113,9 @@ CASES = [  # (stage, workload, streamed, checks of the victim let pass before th
                          ids=[f"{s.name.lower()}-{w}-{'stream' if st else 'full'}-{a}"
                               for s, w, st, a in CASES])
 def test_fault_fails_only_its_request(rig, stage, workload, stream, after):
-    eng, faults, baselines = rig
+    eng, faults, baselines, config = rig
+    if stage is Stage.DRAFT and config != "speculative":
+        pytest.skip("drafts exist only with speculative decoding")
     expected = _baseline(eng, baselines, workload)
     if stage is not Stage.KV_ASSIGN:  # (that one fails while holding a cached prefix's lock)
         _scribble(eng)
@@ -141,7 +145,7 @@ def test_fault_fails_only_its_request(rig, stage, workload, stream, after):
 
 def test_tokenizer_manager_detokenize_fails_only_its_request(rig, monkeypatch):
     """The server side's per-output detokenize: one request's failure reaches only its caller."""
-    eng, _, baselines = rig
+    eng, _, baselines, _ = rig
     expected = _baseline(eng, baselines, "plain")
     tag = _tag("detok")
     victim = f"{tag}-{VICTIM}"
