@@ -9,6 +9,11 @@ run in groups of that size (one `generate` call per group). Reports output token
 speculation on and off, the speedup, the mean accept length (tokens per verify step,
 meta_info.spec_accept_length averaged over requests) and whether the greedy outputs were
 identical. Writes bench/results/speculative.json and speculative.png.
+
+The peer, with `--llama-spec-types ngram-simple,ngram-mod` (needs the llama-server that
+bench_vs_llamacpp.py builds, or `--llama-server PATH`): the same prompts at batch 1 through
+llama.cpp's `llama-server -np 1` on the same GGUF, with no speculation and with each
+`--spec-type`; tokens/s and llama.cpp's own draft counts (`timings.draft_n[_accepted]`).
 """
 
 from __future__ import annotations
@@ -84,6 +89,44 @@ def run(engine, texts, params, batch: int) -> dict:
             "output_ids": [o["output_ids"] for o in outs]}
 
 
+def llama_peer(opts, loads: dict, max_new: int) -> list:
+    """Batch-1 tokens/s of llama-server on the same prompts, per --spec-type (and none)."""
+    import requests
+    from bench.bench_vs_llamacpp import LlamaServerBinary, ensure_llama_server, free_port
+
+    binary = opts.llama_server or ensure_llama_server(os.path.expanduser("~/.cache/lmprog-bench"))
+
+    class SpecLlama(LlamaServerBinary):
+        def __init__(self, port, spec_type, **kw):
+            self.spec_type = spec_type
+            super().__init__(port, binary, opts.threads, 1, 8192, **kw)
+
+        def argv(self):
+            return super().argv() + (["--spec-type", self.spec_type] if self.spec_type else [])
+
+    rows = []
+    for spec_type in [None] + opts.llama_spec_types.split(","):
+        log = os.path.join(HERE, "results", "logs", f"speculative_llama_{spec_type or 'none'}.log")
+        with SpecLlama(free_port(), spec_type, log_path=log, ready_timeout=300) as url:
+            for name, (texts, extra) in loads.items():
+                n = opts.llama_requests
+                body = {"n_predict": max_new, "temperature": 0, "cache_prompt": False}
+                if "json_schema" in extra:
+                    body["json_schema"] = json.loads(extra["json_schema"])
+                t0, tokens, drafted, accepted = time.perf_counter(), 0, 0, 0
+                for text in texts[:n]:
+                    out = requests.post(url + "/completion", json={**body, "prompt": text}, timeout=600).json()
+                    tokens += out["tokens_predicted"]
+                    drafted += out.get("timings", {}).get("draft_n", 0)
+                    accepted += out.get("timings", {}).get("draft_n_accepted", 0)
+                wall = time.perf_counter() - t0
+                rows.append({"workload": name, "spec_type": spec_type or "none", "requests": n,
+                             "tokens_per_s": tokens / wall, "draft_n": drafted, "draft_n_accepted": accepted})
+                print(f"llama.cpp {spec_type or 'none'} {name}: {tokens / wall:.1f} tok/s "
+                      f"(drafts {accepted}/{drafted})", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", default="default")
@@ -92,6 +135,10 @@ def main():
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--num-draft-tokens", type=int, default=None, help="--speculative-num-draft-tokens")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "speculative.json"))
+    ap.add_argument("--llama-spec-types", default="", help="e.g. ngram-simple,ngram-mod: also run llama.cpp")
+    ap.add_argument("--llama-server", default=None, help="llama-server binary (default: bench_vs_llamacpp's build)")
+    ap.add_argument("--llama-requests", type=int, default=8, help="requests per workload for llama.cpp")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="llama.cpp -t")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     max_new = 48 if args.quick else 128
@@ -104,7 +151,7 @@ def main():
     for spec in (False, True):
         kw = dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=args.num_draft_tokens) if spec else {}
         with Engine(model_path=args.model_path, dtype=args.dtype, **kw) as engine:
-            loads = workloads(engine.tokenizer, max(n_for(b) for b in batches))
+            loads = workloads(engine.tokenizer, max([n_for(b) for b in batches] + [args.llama_requests]))
             for name, (texts, extra) in loads.items():
                 params = {"temperature": 0, "max_new_tokens": max_new, **extra}
                 engine.generate(texts[0], {**params, "max_new_tokens": 4})  # warm-up (grammar compile)
@@ -125,6 +172,8 @@ def main():
             "speedup": r["output_tokens_per_s"] / off["output_tokens_per_s"],
             "mean_accept_length": r["mean_accept_length"],
             "identical_outputs": r["output_ids"] == off["output_ids"]})
+    if args.llama_spec_types:
+        results["llama_cpp"] = llama_peer(args, loads, max_new)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)

@@ -53,6 +53,7 @@ from lmprog_runtime.scheduler.policy import SchedulePolicy
 from lmprog_runtime.scheduler.request import Req, SpecCounts
 from lmprog_runtime.scheduler.stops import StopChecker
 from lmprog_runtime.scheduler.watchdog import Watchdog
+from lmprog_runtime.speculative.speculator import build_speculator
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class Scheduler:
         sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, seed=server_args.random_seed)
         self.post = PostProcessor(self.kv, sampler, StopChecker(self.tokenizer, cfg.eos_token_ids),
                                   jump, self.outbox, self.stats, faults)
-        self.speculator = self._build_speculator(server_args, runner, jump is not None)
+        self.speculator = build_speculator(server_args, runner, jump is not None, self.stats, faults)
         self.post.speculator = self.speculator
         self.waiting: deque = deque()
         self.running: List[Req] = []
@@ -108,16 +109,6 @@ class Scheduler:
             tree = RadixCache(allocator, page_size=self.limits.page_size,
                               disable=self.args.disable_radix_cache)
         return KVManager(runner.req_to_token_pool, allocator, tree)
-
-    def _build_speculator(self, args: ServerArgs, runner, jump_forward: bool):
-        from lmprog_runtime.speculative.config import resolve_speculative
-        spec = resolve_speculative(args)
-        if spec is None:
-            return None
-        from lmprog_runtime.speculative.base import create_draft_source
-        from lmprog_runtime.speculative.speculator import Speculator
-        source = create_draft_source(spec, runner, args)
-        return Speculator(spec, source, runner.model_config.vocab_size, jump_forward, self.stats, self.faults)
 
     @staticmethod
     def _overlap_pool(args: ServerArgs, runner):

@@ -192,3 +192,14 @@ class Speculator:
         return {"avg_spec_accept_length": (s["spec_num_accepted_tokens"] + n) / n if n else 0.0,
                 "spec_accept_rate": (s["spec_num_accepted_tokens"] / s["spec_num_draft_tokens"]
                                      if s["spec_num_draft_tokens"] else 0.0)}
+
+
+def build_speculator(args, runner, jump_forward: bool, stats: dict, faults=None) -> Optional[Speculator]:
+    """The scheduler's Speculator for `args`, or None when speculation is off."""
+    from lmprog_runtime.speculative.config import resolve_speculative
+    spec = resolve_speculative(args)
+    if spec is None:
+        return None
+    from lmprog_runtime.speculative.base import create_draft_source
+    source = create_draft_source(spec, runner, args)
+    return Speculator(spec, source, runner.model_config.vocab_size, jump_forward, stats, faults)
