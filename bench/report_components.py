@@ -139,9 +139,36 @@ def frontend_overhead(results_dir: str) -> List[str]:
             f"< {d['target_ms']} ms |", "", "```\npython bench/bench_frontend_overhead.py --url http://127.0.0.1:PORT\n```", ""]
 
 
+def speculative(results_dir: str) -> List[str]:
+    d = _load(results_dir, "speculative.json")
+    if not d:
+        return []
+    quick = " (`--quick`: a smoke-sized run)" if d["config"].get("quick") else ""
+    out = ["## Speculative decoding: NGRAM on vs off (`bench/bench_speculative.py`)", "",
+           f"SmolLM2-135M, greedy{quick}; requests run in groups of the batch size. Accept length = tokens per "
+           "verify step (accepted drafts + 1), the mean of the requests' `meta_info.spec_accept_length`. "
+           "Aim: ≥ 1.8x at batch 1 on document QA and JSON extraction, ≥ 0.95x on free chat.", "",
+           "| workload | batch | requests | off tok/s | on tok/s | speedup | accept length | identical outputs |",
+           "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for p in d["points"]:
+        out.append(f"| {p['workload']} | {p['batch']} | {p['requests']} | {_f(p['tokens_per_s_off'], 1)} | "
+                   f"{_f(p['tokens_per_s_on'], 1)} | **{_f(p['speedup'], 2)}x** | {_f(p['mean_accept_length'], 2)} | "
+                   f"{'yes' if p['identical_outputs'] else 'no'} |")
+    if d.get("llama_cpp"):
+        out += ["", "llama.cpp `llama-server -np 1` on the same prompts at batch 1 (its `--spec-type`; drafts "
+                    "accepted / proposed from its own timings):", "",
+                "| workload | spec type | tok/s | drafts accepted / proposed |", "|---|---|---:|---:|"]
+        for r in d["llama_cpp"]:
+            out.append(f"| {r['workload']} | {r['spec_type']} | {_f(r['tokens_per_s'], 1)} | "
+                       f"{r['draft_n_accepted']} / {r['draft_n']} |")
+    out += ["", "```\npython bench/bench_speculative.py [--quick] [--llama-spec-types ngram-simple,ngram-mod]\n```",
+            "![speculative](../bench/results/speculative.png)", ""]
+    return out
+
+
 def component_sections(results_dir: str) -> List[str]:
     return [*vs_llamacpp(results_dir), *one_batch_dtypes(results_dir), *prefix_cache(results_dir), *overlap(results_dir), *jump_forward(results_dir),
-            *grammar_coverage(results_dir), *frontend_overhead(results_dir)]
+            *speculative(results_dir), *grammar_coverage(results_dir), *frontend_overhead(results_dir)]
 
 
 def overlap(results_dir: str) -> List[str]:
