@@ -335,6 +335,8 @@ class Scheduler:
             return ControlReply("flush_cache", success=False,
                                 message="Cache not flushed because there are pending requests.")
         self.kv.flush()
+        if self.speculator is not None:
+            self.speculator.source.flush()
         return ControlReply("flush_cache", message="Cache flushed.")
 
     def check_integrity(self) -> None:

@@ -5,6 +5,7 @@ these three methods and is added to `create_draft_source`.
     drafts = source.propose(reqs, budgets)   # one Draft (or None) per request
     source.on_verified(req, tokens)          # tokens appended by the verify step
     source.release(req)                      # the request finished: drop its state
+    source.check_integrity() / source.flush()  # audit / empty its own memory (when idle)
 
 `propose` sees running requests whose last token is their only pending one: the draft
 continues `req.origin_input_ids + req.output_ids`. `budgets[i]` bounds request i's draft
@@ -42,6 +43,9 @@ class DraftSource(abc.ABC):
 
     def check_integrity(self) -> None:
         """Audit the source's own memory (a draft model's KV pool); raise when broken."""
+
+    def flush(self) -> None:
+        """The scheduler is idle and flushes its caches: drop the source's too."""
 
 
 def create_draft_source(spec, runner, server_args) -> DraftSource:

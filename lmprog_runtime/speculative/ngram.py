@@ -155,3 +155,7 @@ class NgramDraftSource(DraftSource):
 
     def release(self, req) -> None:
         self.states.pop(req.rid, None)
+
+    def flush(self) -> None:
+        self.corpus = NgramCorpus(self.corpus.max_depth, self.corpus.capacity)
+        self.states.clear()

@@ -119,6 +119,12 @@ class StandaloneDraftSource(DraftSource):
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.seqs.values())
 
+    def flush(self) -> None:
+        for s in list(self.seqs.values()):  # none when the scheduler is idle; to be safe
+            self.kv.release(s, cache=False)
+        self.seqs.clear()
+        self.kv.flush()
+
     # -- internals ----------------------------------------------------------------------------
     def _sync(self, r) -> _DraftSeq:
         """The shadow of `r`, its tokens set to r's and its KV cut to their common prefix."""
