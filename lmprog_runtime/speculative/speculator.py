@@ -13,7 +13,9 @@ positions next time), and it doubles (up to the maximum) after a fully accepted 
 After 2 verifies in a row that accepted nothing the request stops drafting for 2 steps,
 then 4, 8, up to COOLDOWN_MAX steps while the misses continue; one accepted draft resets
 this. A source that finds nothing (no n-gram match) costs only its lookup: the step is a
-plain decode.
+plain decode. Per step, all drafts together are capped (CPU_STEP_DRAFT_TOKENS on a CPU,
+where a forward of many tokens costs like a prefill); the requests with the best recent
+acceptance keep theirs first.
 
 Constrained requests: a draft is cut at the first token the grammar forbids, and before
 any token after which the grammar terminates or would jump forward (that token may still
@@ -37,6 +39,11 @@ logger = logging.getLogger(__name__)
 
 COOLDOWN_MISSES = 2   # verifies in a row with no accepted draft before drafting pauses
 COOLDOWN_MAX = 32     # longest pause, in steps
+RATE_DECAY = 0.7      # acceptance-rate EMA per verify (ranks requests for the step cap)
+# Draft tokens of all requests in one verify forward. A forward stays about as cheap as a
+# decode only while its tokens are few for the device; past that every rejected draft costs.
+CPU_STEP_DRAFT_TOKENS = 48
+GPU_STEP_DRAFT_TOKENS = 1024
 
 
 @dataclass
@@ -48,14 +55,16 @@ class PlannedDraft:
 class DraftBudget:
     """One request's adaptive draft length (see the module docstring)."""
 
-    __slots__ = ("k", "misses", "cooldown")
+    __slots__ = ("k", "misses", "cooldown", "rate")
 
     def __init__(self, k: int):
         self.k = k
         self.misses = 0
         self.cooldown = 0
+        self.rate = 0.5  # EMA of accepted / proposed
 
     def update(self, proposed: int, accepted: int, max_k: int) -> None:
+        self.rate = RATE_DECAY * self.rate + (1 - RATE_DECAY) * accepted / proposed
         self.k = min(max_k, 2 * self.k) if accepted == proposed else max(1, accepted + 1)
         if accepted:
             self.misses = 0
@@ -74,8 +83,10 @@ def eligible(r) -> bool:
 
 
 class Speculator:
-    def __init__(self, spec, source, vocab_size: int, jump_forward: bool, stats: dict, faults=None):
+    def __init__(self, spec, source, vocab_size: int, jump_forward: bool, stats: dict, faults=None,
+                 step_draft_tokens: int = CPU_STEP_DRAFT_TOKENS):
         self.spec = spec          # SpecConfig
+        self.step_draft_tokens = max(step_draft_tokens, spec.max_drafts)  # cap per verify forward
         self.source = source      # DraftSource
         self.vocab_size = vocab_size
         self.jump_forward = jump_forward  # jump-forward on: drafts stop where it would fire
@@ -102,14 +113,28 @@ class Speculator:
         if not reqs:
             return {}
         drafts = self._propose(reqs, budgets)
+        found = [(r, list(d.tokens[:k])) for r, k, d in zip(reqs, budgets, drafts)
+                 if d is not None and d.tokens and not r.finished]
         out = {}
-        for r, k, d in zip(reqs, budgets, drafts):
-            if d is None or not d.tokens or r.finished:
-                continue
-            planned = self._trim(r, list(d.tokens[:k]))
+        for r, tokens in self._cap(found):
+            planned = self._trim(r, tokens)
             if planned is not None:
                 out[id(r)] = planned
         return out
+
+    def _cap(self, found: List) -> List:
+        """At most `step_draft_tokens` draft tokens in all: the requests whose drafts were
+        accepted most often recently get theirs first."""
+        if sum(len(t) for _, t in found) <= self.step_draft_tokens:
+            return found
+        found = sorted(found, key=lambda rt: -self.budgets[rt[0].rid].rate)
+        left, kept = self.step_draft_tokens, []
+        for r, tokens in found:
+            if left <= 0:
+                break
+            kept.append((r, tokens[:left]))
+            left -= len(kept[-1][1])
+        return kept
 
     def _propose(self, reqs: List, budgets: List[int]) -> list:
         """The source's drafts; if the batched call fails, each request alone (a request
@@ -202,4 +227,6 @@ def build_speculator(args, runner, jump_forward: bool, stats: dict, faults=None)
         return None
     from lmprog_runtime.speculative.base import create_draft_source
     source = create_draft_source(spec, runner, args)
-    return Speculator(spec, source, runner.model_config.vocab_size, jump_forward, stats, faults)
+    on_gpu = getattr(runner.device, "type", "cpu") == "cuda"
+    return Speculator(spec, source, runner.model_config.vocab_size, jump_forward, stats, faults,
+                      GPU_STEP_DRAFT_TOKENS if on_gpu else CPU_STEP_DRAFT_TOKENS)

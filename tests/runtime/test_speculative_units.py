@@ -161,3 +161,40 @@ def test_rejection_sampling_emits_the_target_distribution():
         for f, q in zip(freq.tolist(), probs.tolist()):
             assert abs(f - q) <= 5 * math.sqrt(q * (1 - q) / m) + 1e-9, (freq, probs)
     assert second[3] == 0 and first[3] == 0  # a zero-probability token never appears
+
+
+# -- the per-step cap -------------------------------------------------------------------------
+class _Sampling:
+    frequency_penalty = presence_penalty = 0.0
+    repetition_penalty = 1.0
+
+
+class _Running:
+    """What `speculator.eligible` reads from a running request in a plain decode step."""
+
+    def __init__(self, rid):
+        self.rid, self.finished, self.grammar, self.sampling = rid, False, None, _Sampling()
+        self.extend_len, self.kv_len, self.prompt_len = 1, 10, 5
+        self.output_ids, self.min_new_tokens, self.max_new_tokens = [7], 0, 100
+        self.spec = None
+
+
+def test_step_cap_gives_the_best_acceptors_their_drafts_first():
+    from lmprog_runtime.speculative.base import Draft, DraftSource
+    from lmprog_runtime.speculative.config import SpecConfig
+    from lmprog_runtime.speculative.speculator import Speculator
+
+    class Fixed(DraftSource):
+        def propose(self, reqs, budgets):
+            return [Draft([1, 2, 3, 4][:k]) for k in budgets]
+
+    sp = Speculator(SpecConfig("NGRAM", num_draft_tokens=5, num_steps=4), Fixed(), vocab_size=10,
+                    jump_forward=False, stats={}, step_draft_tokens=6)
+    reqs = [_Running(r) for r in "abc"]
+    drafts = sp.propose(reqs)
+    assert [len(drafts[id(r)].tokens) if id(r) in drafts else 0 for r in reqs] == [4, 2, 0]
+    sp.after_verify(reqs[2], 4, 4, [1, 2, 3, 4, 5])  # c's drafts were all accepted: it goes first
+    sp.after_verify(reqs[0], 4, 0, [9])
+    drafts = sp.propose(reqs)
+    assert [len(drafts[id(r)].tokens) if id(r) in drafts else 0 for r in reqs] == [0, 2, 4]
+    assert sp.stats["spec_num_verify"] == 2 and sp.stats["spec_num_accepted_tokens"] == 4
