@@ -7,8 +7,8 @@ step), it has reached min_new_tokens, it uses no frequency / presence / repetiti
 penalty (those would change between drafted positions), and at least 2 output tokens
 are left (k drafts produce up to k + 1 tokens; k <= remaining - 1 keeps max_new_tokens).
 
-Turning itself down (per request, `DraftBudget`): the draft length starts at the
-maximum; after a verify that accepted a of k drafts it becomes a + 1 (fewer wasted
+Turning itself down (per request, `DraftBudget`): the draft length starts at
+INITIAL_DRAFTS; after a verify that accepted a of k drafts it becomes a + 1 (fewer wasted
 positions next time), and it doubles (up to the maximum) after a fully accepted one.
 After 2 verifies in a row that accepted nothing the request stops drafting for 2 steps,
 then 4, 8, up to COOLDOWN_MAX steps while the misses continue; one accepted draft resets
@@ -37,6 +37,7 @@ from lmprog_runtime.scheduler.faults import Stage, fail_request
 
 logger = logging.getLogger(__name__)
 
+INITIAL_DRAFTS = 4    # a request's first draft length (doubles after each fully accepted one)
 COOLDOWN_MISSES = 2   # verifies in a row with no accepted draft before drafting pauses
 COOLDOWN_MAX = 32     # longest pause, in steps
 RATE_DECAY = 0.7      # acceptance-rate EMA per verify (ranks requests for the step cap)
@@ -104,7 +105,7 @@ class Speculator:
                 continue
             b = self.budgets.get(r.rid)
             if b is None:
-                b = self.budgets[r.rid] = DraftBudget(self.spec.max_drafts)
+                b = self.budgets[r.rid] = DraftBudget(min(self.spec.max_drafts, INITIAL_DRAFTS))
             if b.cooldown:
                 b.cooldown -= 1
                 continue
