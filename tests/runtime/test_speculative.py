@@ -131,12 +131,13 @@ def test_constrained_drafts_stay_in_the_grammar(spec_engine):
 
 def test_abort_during_speculation_keeps_the_audit(spec_engine):
     import threading
-    params = {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True}
-    timer = threading.Timer(0.2, lambda: spec_engine.abort(abort_all=True))
+    params = {"temperature": 0, "max_new_tokens": 900, "ignore_eos": True}
+    timer = threading.Timer(0.3, lambda: spec_engine.abort(abort_all=True))
     timer.start()
     outs = spec_engine.generate(PROMPTS, params)
     timer.join()
-    assert all(o["meta_info"]["finish_reason"]["type"] in ("abort", "length") for o in outs)
+    kinds = [o["meta_info"]["finish_reason"]["type"] for o in outs]
+    assert set(kinds) <= {"abort", "length"} and "abort" in kinds, kinds
     spec_engine.check_integrity()
 
 
