@@ -167,3 +167,27 @@ def test_metrics_report_speculation(spec_engine):
     assert "sglang:spec_accept_length{" in text
     assert "sglang:spec_accepted_tokens_total{" in text
     assert state["spec_num_draft_tokens"] >= state["spec_num_accepted_tokens"] > 0
+
+
+def test_radix_cache_holds_only_verified_tokens(tiny_model_path):
+    """Every path of the tree, after speculative runs, spells a prefix of a finished request's
+    prompt + output: no rejected (or accepted-but-unsent) draft ever reached it."""
+    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", **BASE)
+    try:
+        outs = eng.generate(PROMPTS, {"temperature": 0, "max_new_tokens": 40, "stop": ["3"]},
+                            return_prompt_token_ids=True)
+        eng.check_integrity()
+        assert eng.get_internal_state()["spec_num_draft_tokens"] > eng.get_internal_state()[
+            "spec_num_accepted_tokens"] > 0  # some drafts were rejected, some accepted
+        sequences = [tuple(o["prompt_token_ids"] + o["output_ids"]) for o in outs]
+        tree = eng.scheduler.kv.tree
+        leaves = [n for n in tree._nodes() if not n.children]
+        assert leaves
+        for leaf in leaves:
+            path, node = [], leaf
+            while node is not tree.root:
+                path[:0] = list(node.key)
+                node = node.parent
+            assert any(seq[:len(path)] == tuple(path) for seq in sequences), path
+    finally:
+        eng.shutdown()
