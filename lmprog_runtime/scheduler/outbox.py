@@ -27,11 +27,13 @@ class Outbox:
         self.faults = faults  # FaultInjector (tests only) or None
 
     def stream(self, r) -> None:
-        """A running streamed request produced tokens: send every `interval`-th step."""
+        """A running streamed request produced tokens: send when the output reached a length
+        n with n % interval == 1 since the last send (every step when interval is 1; a
+        verified draft may add several tokens at once and step over such an n)."""
         if r.finished or not r.stream:
             return
         interval = r.sampling.stream_interval or self.stream_interval
-        if interval == 1 or len(r.output_ids) % interval == 1:
+        if interval == 1 or _marks(len(r.output_ids), interval) > _marks(r.sent_output_len, interval):
             self.pending.append(self._delta(r))
 
     def final(self, r) -> None:
@@ -73,6 +75,11 @@ class Outbox:
     def take(self) -> List[ReqOutput]:
         out, self.pending = self.pending, []
         return out
+
+
+def _marks(n: int, interval: int) -> int:
+    """How many lengths 1..n are sending points (i % interval == 1): ceil(n / interval)."""
+    return -(-n // interval)
 
 
 def error_output(rid: str, prompt_tokens: int, reason: FinishReason) -> ReqOutput:

@@ -198,3 +198,26 @@ def test_step_cap_gives_the_best_acceptors_their_drafts_first():
     drafts = sp.propose(reqs)
     assert [len(drafts[id(r)].tokens) if id(r) in drafts else 0 for r in reqs] == [0, 2, 4]
     assert sp.stats["spec_num_verify"] == 2 and sp.stats["spec_num_accepted_tokens"] == 4
+
+
+def test_stream_interval_is_kept_when_a_step_adds_several_tokens():
+    """interval 4: chunks at lengths 1, 5, 9, ... one token per step; a verified run that
+    steps over such a length (3 → 6) still sends, and the cadence continues from there."""
+    from lmprog_runtime.scheduler.outbox import Outbox
+
+    class _S:
+        stream_interval = None
+
+    class _R:
+        rid, stream, finished, finished_reason, return_logprob = "r", True, False, None, False
+        prompt_len, cached_tokens, num_retractions, spec, sampling = 3, 0, 0, None, _S()
+        sent_output_len = first_changed = 0
+        output_ids: list = []
+
+    box, r, sent = Outbox(stream_interval=4), _R(), []
+    r.output_ids = []
+    for step in [1, 1, 1, 3, 1, 1, 1, 1]:  # tokens added per step: lengths 1 2 3 6 7 8 9 10
+        r.output_ids = r.output_ids + [0] * step
+        box.stream(r)
+        sent += [len(r.output_ids)] * len(box.take())
+    assert sent == [1, 6, 9]
