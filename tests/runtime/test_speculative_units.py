@@ -221,3 +221,14 @@ def test_stream_interval_is_kept_when_a_step_adds_several_tokens():
         box.stream(r)
         sent += [len(r.output_ids)] * len(box.take())
     assert sent == [1, 6, 9]
+
+
+def test_speculation_turns_the_overlap_loop_off():
+    from types import SimpleNamespace
+
+    from lmprog_runtime.scheduler.scheduler import Scheduler
+
+    runner = SimpleNamespace(device=torch.device("cpu"))
+    assert Scheduler._overlap_pool(ServerArgs(force_overlap_schedule=True), runner) is not None
+    assert Scheduler._overlap_pool(ServerArgs(force_overlap_schedule=True, speculative_algorithm="NGRAM"),
+                                   runner) is None
