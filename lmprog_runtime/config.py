@@ -155,9 +155,10 @@ GRAMMAR_MAX_STATES = env_int("LMPROG_GRAMMAR_MAX_STATES", 100_000)
 GRAMMAR_COMPILE_MEMORY_MB = env_int("LMPROG_GRAMMAR_COMPILE_MEMORY_MB", 4096)  # 0: compile in-process
 # Triton's own CPU interpreter (Triton reads it too); lets the triton backend run off-GPU.
 TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-# Small C kernels compiled at first use: the compiler, or none at all (numpy fallbacks).
+# Small C kernels compiled at first use (native.py): the compiler, or none at all (the torch
+# and numpy fallbacks); LMPROG_NO_C_WALK is the older name of the switch.
 C_COMPILER = os.environ.get("CC") or None
-NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_WALK"))
+NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_KERNELS") or os.environ.get("LMPROG_NO_C_WALK"))
 # Derived artifacts (e.g. the config and tokenizer converted from a GGUF file).
 CACHE_DIR = os.environ.get("LMPROG_CACHE_DIR") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lmprog")
