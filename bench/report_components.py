@@ -27,7 +27,7 @@ def one_batch_dtypes(results_dir: str) -> List[str]:
         peak = d["matmul_peak_gflops"]
         dec = d["decode"]
         rows.append(
-            f"| {d['dtype']} | {_f(peak.get('float32'), 0)} / {_f(peak.get('bfloat16'), 0)} | {_f(d['copy_bandwidth_gbps'], 1)} | "
+            f"| {d['dtype']} | {d.get('quantization', 'none')} | {_f(peak.get('float32'), 0)} / {_f(peak.get('bfloat16'), 0)} | {_f(d['copy_bandwidth_gbps'], 1)} / {_f(d.get('read_bandwidth_gbps'), 1)} | "
             f"{_f(d['prefill']['tokens_per_s'], 0)} ({_f(d['prefill']['pct_of_matmul_peak'], 0)}% of its peak) | "
             + " | ".join(f"{_f(dec[b]['step_ms'], 1)} ms / {_f(dec[b]['tokens_per_s'], 0)}" if b in dec else "–"
                          for b in ("1", "8", "32", "64"))
@@ -37,12 +37,13 @@ def one_batch_dtypes(results_dir: str) -> List[str]:
     return ["## Runtime core: one batch per dtype (`bench/one_batch.py`)", "",
             "The model runner alone (no scheduler), SmolLM2-135M, 512-token prompt, decode steps at the batch "
             "sizes shown, 2 threads. Aims: prefill ≥ 50% of the matmul peak of its dtype; batch-1 decode step "
-            "≤ 1.5x the weight-bytes/bandwidth floor; batch-32 decode ≥ 8x batch-1 tokens/s. `--dtype auto` "
-            "picks bfloat16 on this machine (AMX-BF16: big bf16 matmuls are ~5x fp32).", "",
-            "| dtype | matmul peak fp32 / bf16 (GFLOP/s) | copy GB/s | prefill tok/s | decode b1 | b8 | b32 | b64 "
+            "≤ 1.5x the weight-bytes/bandwidth floor of its weight format; batch-32 decode ≥ 8x batch-1 tokens/s. "
+            "The first row is dense float32; the second is what `--dtype auto --quantization auto` picks here "
+            "by measuring at start-up.", "",
+            "| dtype | weights | matmul peak fp32 / bf16 (GFLOP/s) | copy / read GB/s | prefill tok/s | decode b1 | b8 | b32 | b64 "
             "| b1 step / floor | b32/b1 |",
-            "|---|---|---:|---|---|---|---|---|---:|---:|", *rows, "",
-            "```\npython bench/one_batch.py --dtype float32 --batch-sizes 1 8 32 64 --input-len 512 --output-len 16\n"
+            "|---|---|---|---:|---|---|---|---|---|---:|---:|", *rows, "",
+            "```\npython bench/one_batch.py --dtype float32 --quantization none --batch-sizes 1 8 32 64 --input-len 512 --output-len 16\n"
             "python bench/one_batch.py --dtype auto --batch-sizes 1 8 32 64 --input-len 512 --output-len 16\n```", ""]
 
 

@@ -7,6 +7,7 @@ request table likewise. Both pools only hand out indices; the allocator in
 
 from __future__ import annotations
 
+import math
 from typing import List
 
 import torch
@@ -37,6 +38,9 @@ class ReqToTokenPool:
         self._free_rows = list(range(1, self.size + 1))
 
 
+LAZY_ZERO_BYTES = 64 << 20  # CPU pools at least this large rely on the OS's zero pages
+
+
 class TokenToKVPool:
     """K and V for every layer: `k[layer]` is [num_slots + page_size, kv_heads, head_dim]."""
 
@@ -45,8 +49,17 @@ class TokenToKVPool:
         self.size = num_slots
         self.num_layers = num_layers
         shape = (num_layers, num_slots + page_size, num_kv_heads, head_dim)  # page 0 = padding
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # Masked attention still multiplies the values it reads, so every slot must hold finite
+        # numbers. On the CPU an allocation above glibc's largest mmap threshold (32 MiB) comes
+        # straight from the OS as zero pages, faulted in on first write (zero-filling gigabytes up
+        # front cost 2.5 s of every start); smaller ones and device memory may hold anything.
+        nbytes = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+        lazy = torch.device(device).type == "cpu" and nbytes >= LAZY_ZERO_BYTES
+        alloc = torch.empty if lazy else torch.zeros
+        self.k = alloc(shape, dtype=dtype, device=device)
+        self.v = alloc(shape, dtype=dtype, device=device)
+        self.k[:, :page_size].zero_()
+        self.v[:, :page_size].zero_()
 
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # loc [T]; k, v [T, kv_heads, head_dim]

@@ -29,7 +29,7 @@ from lmprog_runtime.model_executor.quant import QUANT_FORMATS, QuantLinear
 
 logger = logging.getLogger(__name__)
 
-PROBE_BATCHES = (1, 4, 16, 64)
+PROBE_BATCHES = (1, 4, 16, 32, 64)
 PROBE_VERSION = 2  # bump when a format's kernel changes (cached timings then no longer hold)
 PROBE_RETRIES = 2  # re-measurements when the machine was visibly busy during the probe
 PROBE_LAYERS = 4  # distinct weights per format: enough to overflow caches like the real model
