@@ -172,3 +172,23 @@ CACHE_DIR = os.environ.get("LMPROG_CACHE_DIR") or os.path.join(
 # earlier run with libgomp spinning measured 864 ms. A user-set OMP_WAIT_POLICY is left alone.
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+
+
+# glibc gives each thread that allocates its own malloc arena; the server's tokenizing worker
+# threads then fragment theirs and RSS creeps with traffic although the Python heap is flat
+# (measured: +0.6 MiB per 1,500 requests, steadily; with two arenas flat over 7,500).
+MALLOC_ARENA_MAX = 2
+
+
+def limit_malloc_arenas() -> None:
+    """Cap glibc's malloc arenas for this process (mallopt) and the processes it starts (the
+    environment); a user-set MALLOC_ARENA_MAX is left alone (glibc has already applied it)."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return
+    os.environ["MALLOC_ARENA_MAX"] = str(MALLOC_ARENA_MAX)
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-8, MALLOC_ARENA_MAX)  # -8: M_ARENA_MAX
+    except (OSError, AttributeError):  # not glibc: nothing to cap
+        pass

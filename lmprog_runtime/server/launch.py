@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Optional
 
-from lmprog_runtime.config import ServerArgs, add_cli_args, from_cli_namespace
+from lmprog_runtime.config import ServerArgs, add_cli_args, from_cli_namespace, limit_malloc_arenas
 from lmprog_runtime.ipc import IpcPaths, SchedulerChannel, ServerChannel
 from lmprog_runtime.messages import SchedulerFailed, SchedulerReady, ShutdownReq
 
@@ -391,6 +391,7 @@ def main(argv=None) -> int:
         return 2
     _setup_logging(args.log_level)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    limit_malloc_arenas()
     try:
         return asyncio.run(serve(args, progress=lambda line: print(line, flush=True)))
     except RuntimeError as e:
