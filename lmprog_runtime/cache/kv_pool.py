@@ -44,9 +44,22 @@ class TokenToKVPool:
                  dtype: torch.dtype, device="cpu", page_size: int = 1):
         self.size = num_slots
         self.num_layers = num_layers
-        shape = (num_layers, num_slots + page_size, num_kv_heads, head_dim)  # page 0 = padding
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.shape = (num_layers, num_slots + page_size, num_kv_heads, head_dim)  # page 0 = padding
+        self.dtype, self.device = dtype, device
+        self.allocate()
+
+    def allocate(self) -> None:
+        """(Re)create the K/V tensors, zeroed."""
+        self.k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        self.v = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+
+    def release(self) -> None:
+        """Free the K/V tensors (their slots hold nothing until `allocate`)."""
+        self.k = self.v = None
+
+    @property
+    def released(self) -> bool:
+        return self.k is None
 
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # loc [T]; k, v [T, kv_heads, head_dim]

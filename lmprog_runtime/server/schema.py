@@ -115,9 +115,26 @@ def sampling_schema(lim: Limits) -> dict:
     }}
 
 
-_IGNORED_GENERATE = ("lora_path", "session_params", "priority", "custom_labels", "no_logs", "modalities",
-                     "return_hidden_states", "bootstrap_host", "bootstrap_port", "bootstrap_room",
-                     "routed_dp_rank", "data_parallel_rank", "background", "conversation_id")
+_IGNORED_GENERATE = ("lora_path", "priority", "custom_labels", "no_logs", "modalities",
+                     "return_hidden_states", "background", "conversation_id")
+# SGLang fields for features this server does not have yet: a request that sets one is a 400
+# naming it (accepting and ignoring them would silently do something else than asked).
+_DISAGGREGATION = "prefill/decode disaggregation is not supported yet (one server, one device)"
+_DATA_PARALLEL = "data parallelism is not supported yet (one scheduler)"
+UNSUPPORTED_FIELDS = {"bootstrap_host": _DISAGGREGATION, "bootstrap_port": _DISAGGREGATION,
+                      "bootstrap_room": _DISAGGREGATION, "bootstrap_pair_key": _DISAGGREGATION,
+                      "data_parallel_rank": _DATA_PARALLEL, "routed_dp_rank": _DATA_PARALLEL}
+
+
+def _unsupported() -> Dict[str, dict]:
+    return {k: {"x-unsupported": why, "description": f"not supported yet: {why}"}
+            for k, why in UNSUPPORTED_FIELDS.items()}
+
+
+SESSION_PARAMS = {"type": "object", "additionalProperties": False, "required": ["id"], "properties": {
+    "id": _string(MAX_RID_CHARS, description="an open session's id (from /open_session)"),
+    "rid": _RID, "offset": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+    "replace": _BOOL, "drop_previous_output": _BOOL}}
 
 
 def generate_schema(lim: Limits) -> dict:
@@ -136,9 +153,10 @@ def generate_schema(lim: Limits) -> dict:
                                                           "maxItems": b}]},
         "return_text_in_logprobs": _BOOL,
         "cache_salt": per_item(_string(MAX_RID_CHARS)), "extra_key": per_item(_string(MAX_RID_CHARS)),
-        "return_prompt_token_ids": _BOOL, "log_metrics": _BOOL,
+        "return_prompt_token_ids": _BOOL, "log_metrics": _BOOL, "session_params": SESSION_PARAMS,
     }
     props.update({k: {"description": "accepted and ignored (SGLang compatibility)"} for k in _IGNORED_GENERATE})
+    props.update(_unsupported())
     return {"type": "object", "additionalProperties": False, "properties": props}
 
 
@@ -156,11 +174,15 @@ def _openai_common(lim: Limits) -> Dict[str, dict]:
         "logit_bias": _logit_bias(lim),
         "min_tokens": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
         "regex": {**grammar, "format": "regex"}, "ebnf": grammar, "json_schema": {"anyOf": [grammar, _OBJECT]},
-        "response_format": {"type": "object", "properties": {
+        "response_format": {"type": "object", "required": ["type"], "properties": {
             "type": {"type": "string", "enum": ["text", "json_object", "json_schema", "structural_tag"]},
-            "json_schema": _OBJECT}},
+            "json_schema": {"type": "object", "properties": {
+                "name": _string(64), "description": _string(), "schema": _OBJECT,
+                "strict": {**_BOOL, "x-note": "constrained output always follows the schema exactly"}}}}},
         "rid": _RID, "cache_salt": _string(MAX_RID_CHARS), "extra_key": _string(MAX_RID_CHARS),
-        "user": _string(MAX_RID_CHARS),
+        "user": _string(MAX_RID_CHARS, description="a string of at most 256 characters (an end-user id; "
+                                                   "accepted, not used)"),
+        **_unsupported(),
     }
 
 
@@ -215,12 +237,43 @@ def abort_schema(lim: Limits) -> dict:
     return {"type": "object", "properties": {"rid": _string(MAX_RID_CHARS), "abort_all": _BOOL}}
 
 
+def open_session_schema(lim: Limits) -> dict:
+    return {"type": "object", "additionalProperties": False, "properties": {
+        "capacity_of_str_len": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+        "session_id": _string(MAX_RID_CHARS, minLength=1),
+        "streaming": _BOOL, "timeout": {"type": "number", "minimum": 0}}}
+
+
+def close_session_schema(lim: Limits) -> dict:
+    return {"type": "object", "additionalProperties": False, "required": ["session_id"],
+            "properties": {"session_id": _string(MAX_RID_CHARS, minLength=1)}}
+
+
+def update_weights_schema(lim: Limits) -> dict:
+    return {"type": "object", "additionalProperties": False, "required": ["model_path"], "properties": {
+        "model_path": _string(4096, minLength=1),
+        "load_format": {"type": "string", "enum": ["auto"]},
+        "weight_version": _string(MAX_RID_CHARS, minLength=1),
+        "flush_cache": {"type": "boolean", "enum": [True], "description": "true (the cache is always flushed)"},
+        "abort_all_requests": _BOOL}}
+
+
+def memory_schema(lim: Limits) -> dict:
+    from lmprog_runtime.messages import MEMORY_TAGS
+
+    return {"type": "object", "additionalProperties": False, "properties": {
+        "tags": {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(MEMORY_TAGS)}}}}
+
+
 # endpoint path -> schema builder; aliases share their target's schema
 SCHEMAS = {
     "/generate": generate_schema, "/v1/completions": completion_schema, "/v1/chat/completions": chat_schema,
     "/tokenize": tokenize_schema, "/v1/tokenize": tokenize_schema,
     "/detokenize": detokenize_schema, "/v1/detokenize": detokenize_schema,
     "/abort_request": abort_schema,
+    "/open_session": open_session_schema, "/close_session": close_session_schema,
+    "/update_weights_from_disk": update_weights_schema,
+    "/release_memory_occupation": memory_schema, "/resume_memory_occupation": memory_schema,
 }
 
 
