@@ -19,6 +19,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("outlines", "llguidance", "xgrammar", "none")
+TOOL_CALL_PARSERS = ("json", "pythonic", "llama3", "qwen25")  # server/tools.py reads each format
 # Weight-only quantization on the CPU (model_executor/quant.py). auto: only for weights that arrive
 # quantized (GGUF) with --dtype auto, and only where start-up measures a faster decode step.
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
@@ -60,6 +61,8 @@ class ServerArgs:
     grammar_backend: str = "outlines"
     disable_jump_forward: bool = False
     constrained_json_whitespace_pattern: Optional[str] = None
+    # tool calling: how the model writes its calls (None: only tool_choice required/named)
+    tool_call_parser: Optional[str] = None
     # serving
     host: str = "127.0.0.1"
     port: int = 30000
@@ -86,6 +89,8 @@ class ServerArgs:
         _check_choice("quantization", self.quantization, QUANTIZATIONS)
         if self.attention_backend is not None:
             _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        if self.tool_call_parser is not None:
+            _check_choice("tool_call_parser", self.tool_call_parser, TOOL_CALL_PARSERS)
         if self.page_size < 1:
             raise ValueError(f"page_size must be at least 1, got {self.page_size}.")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
@@ -152,6 +157,9 @@ FLAG_HELP = {
     "grammar_backend": "engine for regex / JSON schema / EBNF constraints (none: refuse them)",
     "disable_jump_forward": "do not emit the forced text of a constraint without decoding it",
     "constrained_json_whitespace_pattern": "regex for whitespace between JSON tokens (unset: none allowed)",
+    "tool_call_parser": "format of the model's tool calls, read into tool_calls with tool_choice auto "
+                        "(json, pythonic, llama3, qwen25; unset: only tool_choice required or a named "
+                        "function, which constrain the answer)",
     "host": "address to listen on",
     "port": "TCP port to listen on",
     "api_key": "require 'Authorization: Bearer KEY' on every route but /health, /ready, /metrics",
@@ -186,7 +194,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         choices = {
             "dtype": DTYPES, "device": DEVICES, "schedule_policy": SCHEDULE_POLICIES,
             "grammar_backend": GRAMMAR_BACKENDS, "attention_backend": ATTENTION_BACKENDS,
-            "quantization": QUANTIZATIONS,
+            "quantization": QUANTIZATIONS, "tool_call_parser": TOOL_CALL_PARSERS,
         }.get(f.name)
         parser.add_argument(*flags, type=kind, default=default, choices=choices, help=help_text,
                             dest=f.name)

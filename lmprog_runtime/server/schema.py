@@ -199,6 +199,15 @@ def completion_schema(lim: Limits) -> dict:
         "echo": _BOOL, "suffix": _string(), "best_of": {"type": "integer", "minimum": 1, "maximum": 1}}}
 
 
+_FUNCTION_NAME = _string(64, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                         description="a function name of 1 to 64 letters, digits, _ . or -")
+TOOL = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": _FUNCTION_NAME, "description": _string(), "parameters": _OBJECT, "strict": _BOOL}}}}
+NAMED_TOOL_CHOICE = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {"name": _FUNCTION_NAME}}}}
 _PART = {"type": "object", "required": ["type"], "properties": {
     "type": {"type": "string", "enum": ["text"]}, "text": _string()}}
 _MESSAGE = {"type": "object", "required": ["role"], "properties": {
@@ -213,8 +222,9 @@ def chat_schema(lim: Limits) -> dict:
         "messages": {"type": "array", "items": _MESSAGE, "minItems": 1, "maxItems": MAX_MESSAGES},
         "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
         "logprobs": _BOOL, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
-        "tools": {"type": "array", "items": _OBJECT},
-        "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto"]}, _OBJECT]},
+        "tools": {"type": "array", "items": TOOL, "maxItems": 128},
+        "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, NAMED_TOOL_CHOICE]},
+        "parallel_tool_calls": _BOOL,
         "continue_final_message": _BOOL, "chat_template_kwargs": _OBJECT,
         "input_ids": _token_ids(lim, 1)}}
 
@@ -224,7 +234,7 @@ def tokenize_schema(lim: Limits) -> dict:
         "prompt": _one_or_list(_string(), lim.max_batch_size),
         "messages": {"type": "array", "items": _MESSAGE, "minItems": 1, "maxItems": MAX_MESSAGES},
         "add_special_tokens": _BOOL, "model": _string(MAX_RID_CHARS),
-        "continue_final_message": _BOOL, "tools": {"type": "array", "items": _OBJECT},
+        "continue_final_message": _BOOL, "tools": {"type": "array", "items": TOOL, "maxItems": 128},
         "chat_template_kwargs": _OBJECT}}
 
 

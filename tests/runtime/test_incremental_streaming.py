@@ -1,0 +1,53 @@
+"""`--incremental-streaming-output` (`Engine(incremental_streaming_output=True)`): each streamed
+chunk carries only what is new — `text`, `output_ids` and the output-side logprob lists —
+instead of everything so far (the default). Joining the chunks gives the non-streamed answer.
+The lmprog frontend works against either kind of server.
+"""
+
+import pytest
+
+import lmprog as sgl
+from engine_helpers import make_engine
+
+PROMPT = "The capital of France is"
+PARAMS = {"max_new_tokens": 12, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def incremental_engine(tiny_model_path):
+    engine = make_engine(tiny_model_path, max_total_tokens=4096, incremental_streaming_output=True)
+    yield engine
+    engine.shutdown()
+
+
+def test_chunks_are_deltas_that_join_into_the_answer(incremental_engine):
+    chunks = list(incremental_engine.generate(PROMPT, PARAMS, stream=True, return_logprob=True))
+    final = incremental_engine.generate(PROMPT, PARAMS, return_logprob=True)
+    assert len(chunks) > 1
+    assert "".join(c["text"] for c in chunks) == final["text"]
+    assert [t for c in chunks for t in c["output_ids"]] == final["output_ids"]
+    streamed_lps = [e for c in chunks for e in c["meta_info"]["output_token_logprobs"]]
+    assert streamed_lps == final["meta_info"]["output_token_logprobs"]
+
+
+def test_default_mode_stays_cumulative(tiny_engine):
+    chunks = list(tiny_engine.generate(PROMPT, PARAMS, stream=True, return_logprob=True))
+    assert chunks[-1]["output_ids"] == tiny_engine.generate(PROMPT, PARAMS)["output_ids"]
+    assert len(chunks[-1]["meta_info"]["output_token_logprobs"]) == len(chunks[-1]["output_ids"])
+
+
+@pytest.mark.parametrize("fixture", ["tiny_engine", "incremental_engine"])
+def test_frontend_streams_the_same_text_in_both_modes(request, fixture):
+    backend = sgl.EngineBackend(engine=request.getfixturevalue(fixture))
+    assert backend.streams_deltas() == (fixture == "incremental_engine")
+
+    @sgl.function
+    def prog(s):
+        s += PROMPT + sgl.gen("x", max_tokens=12, temperature=0, return_logprob=True)
+
+    streamed = prog.run(backend=backend, stream=True)
+    pieces = list(streamed.text_iter("x"))
+    plain = prog.run(backend=backend)
+    assert "".join(pieces) == streamed["x"] == plain["x"]
+    meta = streamed.get_meta_info("x")  # the executor always holds the cumulative meta_info
+    assert len(meta["output_token_logprobs"]) == meta["completion_tokens"]
