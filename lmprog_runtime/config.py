@@ -20,6 +20,7 @@ DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("outlines", "llguidance", "xgrammar", "none")
 TOOL_CALL_PARSERS = ("json", "pythonic", "llama3", "qwen25")  # server/tools.py reads each format
+EMBEDDING_POOLINGS = ("last", "mean")  # model_executor/embedding.py
 # Weight-only quantization on the CPU (model_executor/quant.py). auto: only for weights that arrive
 # quantized (GGUF) with --dtype auto, and only where start-up measures a faster decode step.
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
@@ -63,6 +64,8 @@ class ServerArgs:
     constrained_json_whitespace_pattern: Optional[str] = None
     # tool calling: how the model writes its calls (None: only tool_choice required/named)
     tool_call_parser: Optional[str] = None
+    # /v1/embeddings and /encode: how token states become one vector (then L2-normalized)
+    embedding_pooling: str = "last"
     # serving
     host: str = "127.0.0.1"
     port: int = 30000
@@ -87,6 +90,7 @@ class ServerArgs:
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         _check_choice("grammar_backend", self.grammar_backend, GRAMMAR_BACKENDS)
         _check_choice("quantization", self.quantization, QUANTIZATIONS)
+        _check_choice("embedding_pooling", self.embedding_pooling, EMBEDDING_POOLINGS)
         if self.attention_backend is not None:
             _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         if self.tool_call_parser is not None:
@@ -160,6 +164,8 @@ FLAG_HELP = {
     "tool_call_parser": "format of the model's tool calls, read into tool_calls with tool_choice auto "
                         "(json, pythonic, llama3, qwen25; unset: only tool_choice required or a named "
                         "function, which constrain the answer)",
+    "embedding_pooling": "how /v1/embeddings and /encode pool the final hidden states: the last "
+                         "token's, or the mean over tokens (then L2-normalized)",
     "host": "address to listen on",
     "port": "TCP port to listen on",
     "api_key": "require 'Authorization: Bearer KEY' on every route but /health, /ready, /metrics",
@@ -195,6 +201,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             "dtype": DTYPES, "device": DEVICES, "schedule_policy": SCHEDULE_POLICIES,
             "grammar_backend": GRAMMAR_BACKENDS, "attention_backend": ATTENTION_BACKENDS,
             "quantization": QUANTIZATIONS, "tool_call_parser": TOOL_CALL_PARSERS,
+            "embedding_pooling": EMBEDDING_POOLINGS,
         }.get(f.name)
         parser.add_argument(*flags, type=kind, default=default, choices=choices, help=help_text,
                             dest=f.name)

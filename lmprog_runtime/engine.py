@@ -35,9 +35,9 @@ def build_scheduler(args: ServerArgs, faults=None):
     runner = ModelRunner(args)
 
     def grammar_factory():  # built on the first constrained request: vocab indexing costs seconds
-        from lmprog_runtime.constrained import create_grammar_backend
+        from lmprog_runtime.constrained import create_serving_backend
         cfg = runner.model_config
-        return create_grammar_backend(
+        return create_serving_backend(
             args.grammar_backend, runner.tokenizer, cfg.vocab_size, cfg.eos_token_ids,
             whitespace_pattern=args.constrained_json_whitespace_pattern)
 
@@ -191,6 +191,20 @@ class Engine:
 
     def get_model_info(self) -> dict:
         return {**self._model_info, "weight_version": self.tm.weight_version}
+
+    def encode(self, prompt: Union[str, List[str], List[int], List[List[int]]]):
+        """Embeddings (SGLang's Engine.encode): {"embedding", "meta_info"}, a list for a batch."""
+        from lmprog_runtime.messages import EmbedReq
+
+        batch = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
+        items = prompt if batch else [prompt]
+        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in items]
+        reply = self._call(self.tm.control("embed", 300.0, EmbedReq(ids, self.server_args.embedding_pooling)))
+        if not reply.success:
+            raise RuntimeError(f"embedding failed: {reply.message}")
+        out = [{"embedding": v, "meta_info": {"prompt_tokens": len(p)}}
+               for v, p in zip(reply.data["embeddings"], ids)]
+        return out if batch else out[0]
 
     # -- RL hooks and sessions (docs/http_api.md) ------------------------------------------
     def update_weights_from_disk(self, model_path: str, weight_version: Optional[str] = None) -> dict:

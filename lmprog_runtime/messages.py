@@ -120,6 +120,15 @@ class ShutdownReq:
     pass
 
 
+@dataclass(frozen=True)
+class EmbedReq:
+    """Embeddings of token prompts (answered by ControlReply("embed", data={"embeddings"}))."""
+
+    prompts: List[List[int]]
+    pooling: str = "last"  # "last" | "mean"
+    kind: str = "embed"
+
+
 # The RL hooks (scheduler/weights.py); each is answered by a ControlReply of its `kind`.
 MEMORY_TAGS = ("weights", "kv_cache")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import List
 
 import torch
 
@@ -208,6 +209,15 @@ class ModelRunner:
             model = self._load_model()  # the current model_path: updated weights stay updated
             model.attn_backend = self.attn_backend
             self.model = model
+
+
+    def embed(self, prompts: List[List[int]], pooling: str) -> List[List[float]]:
+        """Normalized pooled embeddings of `prompts` (model_executor/embedding.py)."""
+        from lmprog_runtime.model_executor.embedding import pooled_embedding
+
+        if self.model is None:
+            raise RuntimeError("the weights are released (/resume_memory_occupation first)")
+        return [pooled_embedding(self.model, ids, self.device, pooling) for ids in prompts]
 
 
 _SHAPE_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",

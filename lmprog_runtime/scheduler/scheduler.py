@@ -37,7 +37,7 @@ from lmprog_runtime.cache.allocator import TokenSlotAllocator
 from lmprog_runtime.cache.manager import KVManager
 from lmprog_runtime.config import GRAMMAR_COMPILE_TIMEOUT_S, ServerArgs
 from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason, FlushCacheReq,
-                                     GetInternalStateReq, MemoryOccupationReq, TokenizedGenerateReq,
+                                     EmbedReq, GetInternalStateReq, MemoryOccupationReq, TokenizedGenerateReq,
                                      UpdateWeightsReq)
 from lmprog_runtime.model_executor.sampler import Sampler
 from lmprog_runtime.scheduler.admission import Admission, AdmissionLimits
@@ -90,6 +90,7 @@ class Scheduler:
                                   jump, self.outbox, self.stats, faults)
         self.waiting: deque = deque()
         self.running: List[Req] = []
+        self.embeds: List[EmbedReq] = []
         self.last_gen_throughput = 0.0
         self._tp_window = (0.0, 0)  # (busy seconds, generated tokens) at the window's start
         self._flushes = 0
@@ -131,6 +132,8 @@ class Scheduler:
             return ControlReply("internal_state", data=self.internal_state())
         elif isinstance(msg, (UpdateWeightsReq, MemoryOccupationReq)):
             return self.weights.handle(msg, self.is_idle())
+        elif isinstance(msg, EmbedReq):
+            self.embeds.append(msg)  # run between steps (run_embeds), never beside a forward
         else:
             raise TypeError(f"unknown message {type(msg).__name__}")
         return None
@@ -296,7 +299,19 @@ class Scheduler:
             self._tp_window = (self.stats["step_s"], self.stats["num_generated_tokens"])
 
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or len(self.grammars))
+        return not (self.waiting or self.running or len(self.grammars) or self.embeds)
+
+    def run_embeds(self) -> None:
+        """Answer the queued embedding requests (each fails alone with its message)."""
+        embeds, self.embeds = self.embeds, []
+        for msg in embeds:
+            try:
+                vectors = self.runner.embed(msg.prompts, msg.pooling)
+                reply = ControlReply("embed", data={"embeddings": vectors})
+            except Exception as e:
+                logger.exception("embedding request failed")
+                reply = ControlReply("embed", success=False, message=f"{type(e).__name__}: {e}")
+            self._send(reply)
 
     # -- sending --------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -381,6 +396,7 @@ class Scheduler:
                 self._take_messages(block=self.is_idle())
                 if self._stop:
                     return
+                self.run_embeds()
                 self.watchdog.step_begin()
                 busy = step()
                 self.watchdog.step_end()

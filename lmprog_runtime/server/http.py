@@ -332,12 +332,13 @@ NATIVE_ROUTES = [
 def create_app(runtime) -> web.Application:
     from lmprog_runtime.server.admin_api import ADMIN_ROUTES
     from lmprog_runtime.server.chat_api import CHAT_ROUTES
+    from lmprog_runtime.server.embeddings_api import EMBEDDING_ROUTES
     from lmprog_runtime.server.openai_api import OPENAI_ROUTES
 
     app = web.Application(middlewares=[error_middleware, auth_middleware, state_middleware],
                           client_max_size=runtime.args.max_request_bytes)
     app[RUNTIME] = runtime
-    for method, path, handler in NATIVE_ROUTES + OPENAI_ROUTES + CHAT_ROUTES + ADMIN_ROUTES:
+    for method, path, handler in NATIVE_ROUTES + OPENAI_ROUTES + CHAT_ROUTES + EMBEDDING_ROUTES + ADMIN_ROUTES:
         app.router.add_route(method, path, handler)
     return app
 

@@ -32,6 +32,9 @@ ROUTE_DOCS: Dict[str, tuple] = {
     "/v1/models/{model}": ("OpenAI: one model card (404 for other names).", False),
     "/v1/completions": ("OpenAI text completions.", True),
     "/v1/chat/completions": ("OpenAI chat completions (the model's chat template).", True),
+    "/v1/embeddings": ("OpenAI embeddings (pooled final hidden states, L2-normalized; float or base64).",
+                       True),
+    "/encode": ("SGLang's native embeddings of text or token ids (single or batch).", True),
     "/open_session": ("Open a session; answers its id. Requests continue in it with session_params.", True),
     "/close_session": ("Close a session (its requests can no longer be continued).", True),
     "/update_weights_from_disk": ("Load new weights in place (idle only); flushes the cache, bumps "

@@ -247,6 +247,26 @@ def abort_schema(lim: Limits) -> dict:
     return {"type": "object", "properties": {"rid": _string(MAX_RID_CHARS), "abort_all": _BOOL}}
 
 
+def embeddings_schema(lim: Limits) -> dict:
+    b, ids = lim.max_batch_size, _token_ids(lim, 1)
+    text_or_ids = {"anyOf": [_string(minLength=1), {"type": "array", "items": _string(minLength=1),
+                                                     "minItems": 1, "maxItems": b},
+                             ids, {"type": "array", "items": ids, "minItems": 1, "maxItems": b}]}
+    return {"type": "object", "required": ["input"], "properties": {
+        "input": text_or_ids, "model": _string(MAX_RID_CHARS),
+        "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+        "dimensions": {"x-unsupported": "the vectors have the model's hidden size"},
+        "user": _string(MAX_RID_CHARS)}}
+
+
+def encode_schema(lim: Limits) -> dict:
+    b, ids = lim.max_batch_size, _token_ids(lim, 1)
+    return {"type": "object", "additionalProperties": False, "properties": {
+        "text": _one_or_list(_string(minLength=1), b),
+        "input_ids": {"anyOf": [ids, {"type": "array", "items": ids, "minItems": 1, "maxItems": b}]},
+        "rid": _RID}}
+
+
 def open_session_schema(lim: Limits) -> dict:
     return {"type": "object", "additionalProperties": False, "properties": {
         "capacity_of_str_len": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
@@ -281,6 +301,7 @@ SCHEMAS = {
     "/tokenize": tokenize_schema, "/v1/tokenize": tokenize_schema,
     "/detokenize": detokenize_schema, "/v1/detokenize": detokenize_schema,
     "/abort_request": abort_schema,
+    "/v1/embeddings": embeddings_schema, "/encode": encode_schema,
     "/open_session": open_session_schema, "/close_session": close_session_schema,
     "/update_weights_from_disk": update_weights_schema,
     "/release_memory_occupation": memory_schema, "/resume_memory_occupation": memory_schema,
