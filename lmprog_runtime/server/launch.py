@@ -239,6 +239,7 @@ class ServerRuntime:
             self.on_dead(f"the scheduler restart failed: {e}")
             return
         self.tm.control_waiters.clear()  # futures of the dead scheduler, already failed
+        self.tm.weight_version = self.info.get("weight_version", "default")  # a new scheduler's weights
         self.tm.dead = None
         self.restarting = False
         self._recv_task = asyncio.create_task(self.channel.receive_loop(self._on_message))

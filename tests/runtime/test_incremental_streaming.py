@@ -27,7 +27,9 @@ def test_chunks_are_deltas_that_join_into_the_answer(incremental_engine):
     assert "".join(c["text"] for c in chunks) == final["text"]
     assert [t for c in chunks for t in c["output_ids"]] == final["output_ids"]
     streamed_lps = [e for c in chunks for e in c["meta_info"]["output_token_logprobs"]]
-    assert streamed_lps == final["meta_info"]["output_token_logprobs"]
+    final_lps = final["meta_info"]["output_token_logprobs"]
+    assert [e[1] for e in streamed_lps] == [e[1] for e in final_lps] == final["output_ids"]
+    assert [e[0] for e in streamed_lps] == pytest.approx([e[0] for e in final_lps], abs=1e-4)
 
 
 def test_default_mode_stays_cumulative(tiny_engine):
