@@ -23,7 +23,8 @@ from lmprog_runtime.tokenizer_manager import TokenizerManager
 logger = logging.getLogger(__name__)
 
 _GENERATE_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob",
-                  "return_text_in_logprobs", "rid", "cache_salt", "extra_key", "return_prompt_token_ids", "session_params")
+                  "return_text_in_logprobs", "rid", "cache_salt", "extra_key", "return_prompt_token_ids",
+                  "session_params")
 
 
 def build_scheduler(args: ServerArgs, faults=None):

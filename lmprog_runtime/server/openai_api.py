@@ -99,8 +99,13 @@ def render_chat(rt, messages, body: dict, plan: Optional[ToolPlan] = None) -> Li
 
 
 def _tools_as_text(conv: List[dict], plan: ToolPlan) -> List[dict]:
-    conv = [{**m, "content": (m["content"] + "\n" if m["content"] else "") + calls_as_text(m["tool_calls"], plan.parser)}
-            if m["role"] == "assistant" and m.get("tool_calls") else m for m in conv]
+    written = []
+    for m in conv:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = calls_as_text(m["tool_calls"], plan.parser)
+            m = {**m, "content": f"{m['content']}\n{calls}" if m["content"] else calls}
+        written.append(m)
+    conv = written
     prompt = tool_prompt(plan)
     if conv[0]["role"] in ("system", "developer"):
         return [{**conv[0], "content": conv[0]["content"] + "\n\n" + prompt}] + conv[1:]
