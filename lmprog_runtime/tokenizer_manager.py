@@ -20,7 +20,7 @@ from lmprog_runtime.detokenize import IncrementalDetokenizer
 from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason,
                                      FlushCacheReq, GetInternalStateReq, TokenizedGenerateReq)
 from lmprog_runtime.sampling_params import SamplingParams
-from lmprog_runtime.sessions import SessionError, SessionStore
+from lmprog_runtime.sessions import SESSION_PARAM_KEYS, SessionError, SessionStore
 from lmprog_runtime.streaming import DeltaCursor
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class TokenizerManager:
     def parse(self, obj: dict) -> GenerateJob:
         if not isinstance(obj, dict):
             raise RequestError("The request body must be a JSON object.")
-        unknown = sorted(set(obj) - GENERATE_FIELDS - IGNORED_FIELDS)
+        unknown = sorted(k for k in set(obj) - GENERATE_FIELDS - IGNORED_FIELDS if obj[k] is not None)
         if unknown:
             raise RequestError(f"Unknown field(s) in the request: {', '.join(unknown)}.")
         text, input_ids = obj.get("text"), obj.get("input_ids")
@@ -171,7 +171,7 @@ class TokenizerManager:
     def _session_prompt(self, params, is_batch: bool, input_ids: List[int]) -> List[int]:
         if is_batch:
             raise RequestError("session_params: a request in a session takes one prompt, not a batch.")
-        if not isinstance(params, dict) or set(params) - {"id", "rid", "offset", "replace", "drop_previous_output"}:
+        if not isinstance(params, dict) or set(params) - set(SESSION_PARAM_KEYS):
             raise RequestError("session_params must be an object with id, rid, offset, replace, "
                                f"drop_previous_output; got {params!r}.")
         try:
