@@ -1,9 +1,11 @@
-"""EBNF grammars go to the backend made for them, whatever `--grammar-backend` is.
+"""EBNF grammars and structural tags go to the backend made for them, whatever
+`--grammar-backend` is.
 
-`ebnf` is SGLang's GBNF dialect, which xgrammar reads; the outlines backend (regex and
-JSON schema through our own translation) has no EBNF, and llguidance reads Lark. So a
-`RoutedBackend` sends `ebnf` to an xgrammar backend built on the first EBNF request and
-everything else to the configured one. Both produce `Grammar`s under one contract
+`ebnf` is SGLang's GBNF dialect and `structural_tag` SGLang's / xgrammar's tag format, both
+of which xgrammar reads; the outlines backend (regex and JSON schema through our own
+translation) has neither, and llguidance reads Lark. So a `RoutedBackend` sends these kinds
+to an xgrammar backend built on the first such request and everything else to the
+configured one. Both produce `Grammar`s under one contract
 (base.py), so masks and jump-forward take the same path for every kind.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Callable, Optional, Tuple
 
 from lmprog_runtime.constrained.base import GrammarBackend, GrammarError
 
-ROUTED_KINDS = ("ebnf",)
+ROUTED_KINDS = ("ebnf", "structural_tag")
 
 
 class RoutedBackend:

@@ -53,3 +53,22 @@ def test_ebnf_through_the_openai_api(live_server):
     r = client.completions.create(model=model, prompt="Yes or no:", max_tokens=4, temperature=0,
                                   extra_body={"ebnf": 'root ::= "yes" | "no"'})
     assert r.choices[0].text in ("yes", "no")
+
+
+def test_structural_tags_go_to_xgrammar_too(tiny_engine):
+    """`structural_tag` (also OpenAI `response_format: {"type": "structural_tag", ...}`):
+    xgrammar's tag format, or SGLang's legacy {"structures": [...], "triggers": [...]}."""
+    import json
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    tag = {"format": {"type": "tag", "begin": "<answer>", "end": "</answer>",
+                      "content": {"type": "regex", "pattern": "(yes|no)"}}}
+    out = tiny_engine.generate("Answer:", {"structural_tag": json.dumps(tag), "max_new_tokens": 16,
+                                           "temperature": 0})
+    assert out["text"] in ("<answer>yes</answer>", "<answer>no</answer>"), out["text"]
+    legacy = {"structures": [{"begin": "<answer>", "schema": schema, "end": "</answer>"}],
+              "triggers": ["<answer>"]}
+    out = tiny_engine.generate("Answer:", {"structural_tag": json.dumps(legacy), "max_new_tokens": 8,
+                                           "temperature": 0})
+    assert out["meta_info"]["finish_reason"] is not None  # free text until a trigger: compiles and runs
