@@ -271,7 +271,9 @@ def open_session_schema(lim: Limits) -> dict:
     return {"type": "object", "additionalProperties": False, "properties": {
         "capacity_of_str_len": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
         "session_id": _string(MAX_RID_CHARS, minLength=1),
-        "streaming": _BOOL, "timeout": {"type": "number", "minimum": 0}}}
+        "streaming": {"type": "boolean", "enum": [False],
+                      "description": "false (streaming sessions are not supported yet)"},
+        "timeout": {"x-unsupported": "sessions stay open until /close_session (no timeout yet)"}}}
 
 
 def close_session_schema(lim: Limits) -> dict:

@@ -73,6 +73,9 @@ def test_session_errors_name_what_is_wrong(live_server):
     assert r.status_code == 400 and "not a batch" in r.json()["error"]["message"]
     r = post(live_server, "/open_session", {"session_id": sid})
     assert r.status_code == 400 and "already open" in r.json()["error"]["message"]
+    for field, value in (("timeout", 30), ("streaming", True)):  # not supported yet: refused, not ignored
+        r = post(live_server, "/open_session", {field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field
     assert post(live_server, "/close_session", {"session_id": sid}).status_code == 200
     r = post(live_server, "/close_session", {"session_id": sid})
     assert r.status_code == 400 and "no open session" in r.json()["error"]["message"]
