@@ -53,3 +53,34 @@ def test_frontend_streams_the_same_text_in_both_modes(request, fixture):
     assert "".join(pieces) == streamed["x"] == plain["x"]
     meta = streamed.get_meta_info("x")  # the executor always holds the cumulative meta_info
     assert len(meta["output_token_logprobs"]) == meta["completion_tokens"]
+
+
+def test_a_live_incremental_server_and_the_runtime_endpoint(tiny_model_path, tmp_path):
+    """The same over HTTP: SSE chunks are deltas, and a RuntimeEndpoint program streams right."""
+    import json
+    import signal
+
+    import requests
+    from server_harness import LiveServer
+
+    server = LiveServer(tiny_model_path, tmp_path, ["--incremental-streaming-output"]).start()
+    try:
+        body = {"text": PROMPT, "sampling_params": PARAMS}
+        whole = requests.post(server.url + "/generate", json=body, timeout=60).json()
+        with requests.post(server.url + "/generate", json={**body, "stream": True}, stream=True, timeout=60) as r:
+            chunks = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith(b"data:")
+                      and line != b"data: [DONE]"]
+        assert [t for c in chunks for t in c["output_ids"]] == whole["output_ids"]
+        assert "".join(c["text"] for c in chunks) == whole["text"]
+        backend = sgl.RuntimeEndpoint(server.url)
+        assert backend.streams_deltas()
+
+        @sgl.function
+        def prog(s):
+            s += PROMPT + sgl.gen("x", max_tokens=12, temperature=0)
+
+        streamed = prog.run(backend=backend, stream=True)
+        assert "".join(streamed.text_iter("x")) == whole["text"] == prog.run(backend=backend)["x"]
+        backend.shutdown()
+    finally:
+        assert server.stop(signal.SIGTERM) == 0
