@@ -19,6 +19,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("outlines", "llguidance", "xgrammar", "none")
+TOOL_CALL_PARSERS = ("json", "pythonic", "llama3", "qwen25")  # server/tools.py reads each format
+EMBEDDING_POOLINGS = ("last", "mean")  # model_executor/embedding.py
 # Weight-only quantization on the CPU (model_executor/quant.py). auto: only for weights that arrive
 # quantized (GGUF) with --dtype auto, and only where start-up measures a faster decode step.
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
@@ -51,6 +53,7 @@ class ServerArgs:
     # forward thread and the scheduler share the cores and it measured 8% slower.
     force_overlap_schedule: bool = False
     stream_interval: int = 1
+    incremental_streaming_output: bool = False  # streamed chunks carry deltas, not the text so far
     # kernels
     attention_backend: Optional[str] = None
     num_threads: Optional[int] = None
@@ -59,6 +62,10 @@ class ServerArgs:
     grammar_backend: str = "outlines"
     disable_jump_forward: bool = False
     constrained_json_whitespace_pattern: Optional[str] = None
+    # tool calling: how the model writes its calls (None: only tool_choice required/named)
+    tool_call_parser: Optional[str] = None
+    # /v1/embeddings and /encode: how token states become one vector (then L2-normalized)
+    embedding_pooling: str = "last"
     # serving
     host: str = "127.0.0.1"
     port: int = 30000
@@ -74,6 +81,8 @@ class ServerArgs:
     max_logit_bias: int = 1024                 # logit_bias entries
     max_grammar_bytes: int = 65536             # regex / json_schema / ebnf text
     scheduler_restart: int = 0                 # restarts of a dead scheduler before exiting (code 3)
+    # parallelism (SGLang's flag; one device only until tensor parallelism exists)
+    tp_size: int = 1
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
@@ -81,8 +90,11 @@ class ServerArgs:
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         _check_choice("grammar_backend", self.grammar_backend, GRAMMAR_BACKENDS)
         _check_choice("quantization", self.quantization, QUANTIZATIONS)
+        _check_choice("embedding_pooling", self.embedding_pooling, EMBEDDING_POOLINGS)
         if self.attention_backend is not None:
             _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        if self.tool_call_parser is not None:
+            _check_choice("tool_call_parser", self.tool_call_parser, TOOL_CALL_PARSERS)
         if self.page_size < 1:
             raise ValueError(f"page_size must be at least 1, got {self.page_size}.")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
@@ -91,6 +103,9 @@ class ServerArgs:
             raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}.")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}.")
+        if self.tp_size != 1:
+            raise ValueError(f"tp_size (--tp-size/--tp): tensor parallelism is not supported yet; "
+                             f"got {self.tp_size}, expected 1 (one device).")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "ServerArgs":
@@ -112,22 +127,84 @@ def _check_choice(name, value, choices):
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
 
 
+# `--help` of every flag: what it does, in which unit; the default is appended.
+FLAG_HELP = {
+    "model_path": "model to serve: a Hugging Face folder, a .gguf file, or 'default' (the embedded "
+                  "SmolLM2-135M-Instruct GGUF)",
+    "tokenizer_path": "tokenizer folder or .gguf file (unset: the model's)",
+    "served_model_name": "model name in /v1/models and responses (unset: the model path's basename)",
+    "context_length": "context window in tokens (unset: the model's)",
+    "dtype": "dense weight and KV dtype (auto: bfloat16/float16 on a GPU, measured on a CPU)",
+    "device": "where the model runs (auto: cuda when available, else cpu)",
+    "chat_template": "chat template for /v1/chat/completions: a Jinja file or template text "
+                     "(unset: the tokenizer's)",
+    "random_seed": "seed of the sampler and weight init (an integer)",
+    "max_total_tokens": "KV pool size in tokens (unset: from the memory budget)",
+    "mem_fraction_static": "fraction of memory for weights + KV, in (0, 1] (unset: 0.85 of a GPU, "
+                           "0.3 of free host memory capped at 4 GiB on a CPU)",
+    "max_running_requests": "requests decoded together at most (unset: 256 on a CPU, 1024 on a GPU)",
+    "max_queued_requests": "waiting requests at most before new ones get 503 (unset: no limit)",
+    "max_prefill_tokens": "prompt tokens prefilled in one step at most, in tokens",
+    "chunked_prefill_size": "a longer prompt is prefilled in chunks of this many tokens (unset: off)",
+    "page_size": "KV pool page size in tokens",
+    "schedule_policy": "order of the waiting queue (lpm: longest cached prefix first)",
+    "schedule_conservativeness": "how much decode room admission keeps free (a factor; >1: more)",
+    "disable_radix_cache": "turn the prefix (radix) cache off",
+    "disable_overlap_schedule": "never run the forward on a worker thread",
+    "force_overlap_schedule": "overlap the forward with scheduling on a CPU too (on by default on a GPU)",
+    "stream_interval": "tokens between two streamed chunks",
+    "incremental_streaming_output": "streamed chunks carry only what is new (text, output_ids, output "
+                                    "logprobs) instead of everything so far",
+    "attention_backend": "attention kernels (unset: torch_native on a CPU, triton on a GPU)",
+    "num_threads": "CPU threads for the model (unset: the cores this process may use)",
+    "quantization": "CPU weight-only quantization (auto: for quantized GGUF weights where measured faster)",
+    "grammar_backend": "engine for regex / JSON schema / EBNF constraints (none: refuse them)",
+    "disable_jump_forward": "do not emit the forced text of a constraint without decoding it",
+    "constrained_json_whitespace_pattern": "regex for whitespace between JSON tokens (unset: none allowed)",
+    "tool_call_parser": "format of the model's tool calls, read into tool_calls with tool_choice auto "
+                        "(json, pythonic, llama3, qwen25; unset: only tool_choice required or a named "
+                        "function, which constrain the answer)",
+    "embedding_pooling": "how /v1/embeddings and /encode pool the final hidden states: the last "
+                         "token's, or the mean over tokens (then L2-normalized)",
+    "host": "address to listen on",
+    "port": "TCP port to listen on",
+    "api_key": "require 'Authorization: Bearer KEY' on every route but /health, /ready, /metrics",
+    "log_level": "logging level (debug, info, warning, error)",
+    "enable_metrics": "serve Prometheus metrics on /metrics",
+    "watchdog_timeout": "seconds one scheduler step may run before its stacks are logged (0: off)",
+    "max_request_bytes": "request body size limit in bytes, also after decompression",
+    "max_json_depth": "nesting limit of a request body, in levels",
+    "max_n": "samples per prompt (n) at most",
+    "max_batch_size": "prompts per request at most, and prompts x n",
+    "max_logit_bias": "logit_bias entries at most",
+    "max_grammar_bytes": "size limit of a regex / json_schema / ebnf, in bytes",
+    "scheduler_restart": "restarts of a dead scheduler before the server exits with code 3",
+    "tp_size": "tensor-parallel degree; not supported yet, only 1 (also --tp)",
+}
+_ALIASES = {"tp_size": ("--tp",)}
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """One `--flag` per ServerArgs field (underscores become dashes)."""
+    """One `--flag` per ServerArgs field (underscores become dashes), each with its help."""
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")
         default = f.default
+        shown = "unset" if default is None else ("off" if default is False else default)
+        help_text = f"{FLAG_HELP[f.name]} (default: {shown})".replace("%", "%%")
+        flags = (flag, *_ALIASES.get(f.name, ()))
         if f.type in ("bool", bool):
             action = argparse.BooleanOptionalAction if default else "store_true"
-            parser.add_argument(flag, action=action, default=default)
+            parser.add_argument(*flags, action=action, default=default, help=help_text)
             continue
         kind = {"int": int, "float": float}.get(str(f.type).replace("Optional[", "").rstrip("]"), str)
         choices = {
             "dtype": DTYPES, "device": DEVICES, "schedule_policy": SCHEDULE_POLICIES,
             "grammar_backend": GRAMMAR_BACKENDS, "attention_backend": ATTENTION_BACKENDS,
-            "quantization": QUANTIZATIONS,
+            "quantization": QUANTIZATIONS, "tool_call_parser": TOOL_CALL_PARSERS,
+            "embedding_pooling": EMBEDDING_POOLINGS,
         }.get(f.name)
-        parser.add_argument(flag, type=kind, default=default, choices=choices)
+        parser.add_argument(*flags, type=kind, default=default, choices=choices, help=help_text,
+                            dest=f.name)
 
 
 def from_cli_namespace(ns: argparse.Namespace) -> ServerArgs:

@@ -37,7 +37,8 @@ from lmprog_runtime.cache.allocator import TokenSlotAllocator
 from lmprog_runtime.cache.manager import KVManager
 from lmprog_runtime.config import GRAMMAR_COMPILE_TIMEOUT_S, ServerArgs
 from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason, FlushCacheReq,
-                                     GetInternalStateReq, TokenizedGenerateReq)
+                                     EmbedReq, GetInternalStateReq, MemoryOccupationReq, TokenizedGenerateReq,
+                                     UpdateWeightsReq)
 from lmprog_runtime.model_executor.sampler import Sampler
 from lmprog_runtime.scheduler.admission import Admission, AdmissionLimits
 from lmprog_runtime.scheduler.batch import StepPlan, build_forward_batch
@@ -50,6 +51,7 @@ from lmprog_runtime.scheduler.policy import SchedulePolicy
 from lmprog_runtime.scheduler.request import Req
 from lmprog_runtime.scheduler.stops import StopChecker
 from lmprog_runtime.scheduler.watchdog import Watchdog
+from lmprog_runtime.scheduler.weights import WeightControl
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ class Scheduler:
                                              runner.req_to_token_pool.size, cfg.context_length)
         self.kv = self._build_kv(runner, tree)
         self.stats = _new_stats()
+        self.weights = WeightControl(runner, self.kv)
         policy = SchedulePolicy(server_args.schedule_policy, self.kv.cache_enabled)
         self.admission = Admission(self.limits, self.kv, policy, faults)
         self.grammars = GrammarQueue(grammar_factory, GRAMMAR_COMPILE_TIMEOUT_S)
@@ -87,6 +90,7 @@ class Scheduler:
                                   jump, self.outbox, self.stats, faults)
         self.waiting: deque = deque()
         self.running: List[Req] = []
+        self.embeds: List[EmbedReq] = []
         self.last_gen_throughput = 0.0
         self._tp_window = (0.0, 0)  # (busy seconds, generated tokens) at the window's start
         self._flushes = 0
@@ -126,6 +130,10 @@ class Scheduler:
             return self.flush_cache()
         elif isinstance(msg, GetInternalStateReq):
             return ControlReply("internal_state", data=self.internal_state())
+        elif isinstance(msg, (UpdateWeightsReq, MemoryOccupationReq)):
+            return self.weights.handle(msg, self.is_idle())
+        elif isinstance(msg, EmbedReq):
+            self.embeds.append(msg)  # run between steps (run_embeds), never beside a forward
         else:
             raise TypeError(f"unknown message {type(msg).__name__}")
         return None
@@ -150,7 +158,7 @@ class Scheduler:
         limit = self.args.max_queued_requests
         if limit is not None and len(self.waiting) + len(self.grammars) >= limit:
             return self._fail(req, FinishReason.error(503, "The request queue is full.", "BadRequest"))
-        error = self.admission.check(req)
+        error = self.weights.refusal() or self.admission.check(req)
         if error is None and req.sampling.grammar is not None:
             error = self.grammars.submit(req)
             if error is None:
@@ -291,7 +299,19 @@ class Scheduler:
             self._tp_window = (self.stats["step_s"], self.stats["num_generated_tokens"])
 
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or len(self.grammars))
+        return not (self.waiting or self.running or len(self.grammars) or self.embeds)
+
+    def run_embeds(self) -> None:
+        """Answer the queued embedding requests (each fails alone with its message)."""
+        embeds, self.embeds = self.embeds, []
+        for msg in embeds:
+            try:
+                vectors = self.runner.embed(msg.prompts, msg.pooling)
+                reply = ControlReply("embed", data={"embeddings": vectors})
+            except Exception as e:
+                logger.exception("embedding request failed")
+                reply = ControlReply("embed", success=False, message=f"{type(e).__name__}: {e}")
+            self._send(reply)
 
     # -- sending --------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -343,6 +363,8 @@ class Scheduler:
             "last_gen_throughput": self.last_gen_throughput,
             "integrity": self._audit() if self.is_idle() else "busy",
             "watchdog_trips": self.watchdog.trips,
+            "weight_version": self.weights.version,
+            "memory_released": list(self.weights.released),
             **s,
         }
 
@@ -374,6 +396,7 @@ class Scheduler:
                 self._take_messages(block=self.is_idle())
                 if self._stop:
                     return
+                self.run_embeds()
                 self.watchdog.step_begin()
                 busy = step()
                 self.watchdog.step_end()

@@ -157,7 +157,9 @@ class ServerRuntime:
         self.schemas = request_schemas(Limits.of(self.args, self.info["vocab_size"]))
         self.max_token_bytes = _max_token_bytes(self.tokenizer)
         self.tm = TokenizerManager(self.tokenizer, self.info["vocab_size"], self.info["context_len"],
-                                   self.channel.send, on_finish=self.metrics.on_finish)
+                                   self.channel.send, on_finish=self.metrics.on_finish,
+                                   incremental_streaming=self.args.incremental_streaming_output)
+        self.tm.weight_version = self.info.get("weight_version", "default")
         self._recv_task = asyncio.create_task(self.channel.receive_loop(self._on_message))
         loop.add_reader(self.process.sentinel, self._on_child_exit)
 
@@ -237,6 +239,7 @@ class ServerRuntime:
             self.on_dead(f"the scheduler restart failed: {e}")
             return
         self.tm.control_waiters.clear()  # futures of the dead scheduler, already failed
+        self.tm.weight_version = self.info.get("weight_version", "default")  # a new scheduler's weights
         self.tm.dead = None
         self.restarting = False
         self._recv_task = asyncio.create_task(self.channel.receive_loop(self._on_message))
