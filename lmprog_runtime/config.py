@@ -22,6 +22,12 @@ GRAMMAR_BACKENDS = ("outlines", "llguidance", "xgrammar", "none")
 # Weight-only quantization on the CPU (model_executor/quant.py). auto: only for weights that arrive
 # quantized (GGUF) with --dtype auto, and only where start-up measures a faster decode step.
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
+# HiCache (docs/hicache.md): SGLang's names and defaults.
+HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+HICACHE_IO_BACKENDS = ("kernel", "direct")  # both copy with torch here (index_select/index_copy)
+HICACHE_STORAGE_BACKENDS = ("file", "mooncake")
+HICACHE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+HICACHE_HOST_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,18 @@ class ServerArgs:
     # forward thread and the scheduler share the cores and it measured 8% slower.
     force_overlap_schedule: bool = False
     stream_interval: int = 1
+    # hierarchical cache (HiCache, docs/hicache.md): L2 host pool, L3 storage
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0                 # host pool tokens / device pool tokens
+    hicache_size: float = 0.0                  # host pool GB; overrides the ratio when > 0
+    hicache_write_policy: str = "write_through"
+    hicache_io_backend: str = "kernel"
+    hicache_host_dtype: str = "auto"           # auto: the device pool's dtype (lmprog's own flag)
+    hicache_storage_backend: Optional[str] = None
+    hicache_storage_prefetch_policy: str = "timeout"
+    hicache_storage_backend_extra_config: Optional[str] = None  # JSON object or @file.json
+    hicache_storage_dir: Optional[str] = None  # file backend; default: env, then /tmp/hicache
+    hicache_storage_max_gb: float = 16.0       # file backend: LRU size limit of the directory
     # kernels
     attention_backend: Optional[str] = None
     num_threads: Optional[int] = None
@@ -91,6 +109,31 @@ class ServerArgs:
             raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}.")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}.")
+        self._check_hicache()
+
+    def _check_hicache(self) -> None:
+        _check_choice("hicache_write_policy", self.hicache_write_policy, HICACHE_WRITE_POLICIES)
+        _check_choice("hicache_io_backend", self.hicache_io_backend, HICACHE_IO_BACKENDS)
+        _check_choice("hicache_host_dtype", self.hicache_host_dtype, HICACHE_HOST_DTYPES)
+        _check_choice("hicache_storage_prefetch_policy", self.hicache_storage_prefetch_policy,
+                      HICACHE_PREFETCH_POLICIES)
+        if self.hicache_storage_backend is not None:
+            _check_choice("hicache_storage_backend", self.hicache_storage_backend, HICACHE_STORAGE_BACKENDS)
+        if self.hicache_ratio <= 1 and self.hicache_size <= 0:
+            raise ValueError(f"hicache_ratio must be greater than 1 (the host pool must be larger than "
+                             f"the device pool), got {self.hicache_ratio}.")
+        if self.hicache_size < 0 or self.hicache_storage_max_gb <= 0:
+            raise ValueError(f"hicache_size must be >= 0 and hicache_storage_max_gb > 0, got "
+                             f"{self.hicache_size} and {self.hicache_storage_max_gb}.")
+        if self.enable_hierarchical_cache and self.disable_radix_cache:
+            raise ValueError("enable_hierarchical_cache needs the radix cache; drop disable_radix_cache.")
+        if self.hicache_storage_backend is not None and not self.enable_hierarchical_cache:
+            raise ValueError("hicache_storage_backend needs enable_hierarchical_cache.")
+
+    @property
+    def resolved_hicache_storage_dir(self) -> str:
+        """The file backend's directory: the flag, else SGLang's environment variable, else /tmp/hicache."""
+        return self.hicache_storage_dir or HICACHE_FILE_STORAGE_DIR
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "ServerArgs":
@@ -125,7 +168,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         choices = {
             "dtype": DTYPES, "device": DEVICES, "schedule_policy": SCHEDULE_POLICIES,
             "grammar_backend": GRAMMAR_BACKENDS, "attention_backend": ATTENTION_BACKENDS,
-            "quantization": QUANTIZATIONS,
+            "quantization": QUANTIZATIONS, "hicache_write_policy": HICACHE_WRITE_POLICIES,
+            "hicache_io_backend": HICACHE_IO_BACKENDS, "hicache_storage_backend": HICACHE_STORAGE_BACKENDS,
+            "hicache_storage_prefetch_policy": HICACHE_PREFETCH_POLICIES,
+            "hicache_host_dtype": HICACHE_HOST_DTYPES,
         }.get(f.name)
         parser.add_argument(flag, type=kind, default=default, choices=choices)
 
@@ -158,6 +204,8 @@ TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Small C kernels compiled at first use: the compiler, or none at all (numpy fallbacks).
 C_COMPILER = os.environ.get("CC") or None
 NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_WALK"))
+# HiCache `file` storage directory when --hicache-storage-dir is not given (SGLang's variable).
+HICACHE_FILE_STORAGE_DIR = os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or "/tmp/hicache"
 # Derived artifacts (e.g. the config and tokenizer converted from a GGUF file).
 CACHE_DIR = os.environ.get("LMPROG_CACHE_DIR") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lmprog")

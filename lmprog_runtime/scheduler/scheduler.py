@@ -44,6 +44,7 @@ from lmprog_runtime.scheduler.batch import StepPlan, build_forward_batch
 from lmprog_runtime.scheduler.faults import Stage, error_reason, fail_request
 from lmprog_runtime.scheduler.grammar_mask import MaskBuilder
 from lmprog_runtime.scheduler.grammars import GrammarQueue
+from lmprog_runtime.scheduler.limits import DECODE_LIKE_EXTEND
 from lmprog_runtime.scheduler.outbox import Outbox, error_output
 from lmprog_runtime.scheduler.output import JumpForward, PostProcessor
 from lmprog_runtime.scheduler.policy import SchedulePolicy
@@ -54,6 +55,7 @@ from lmprog_runtime.scheduler.watchdog import Watchdog
 logger = logging.getLogger(__name__)
 
 STATS_EVERY_STEPS = 8  # scheduler gauges ride along with every 8th batch of outputs
+PREFETCH_POLL_S = 0.005  # seconds an idle step waits for a storage prefetch to finish
 
 
 def _new_stats() -> dict:
@@ -98,6 +100,10 @@ class Scheduler:
 
     def _build_kv(self, runner, tree) -> KVManager:
         allocator = TokenSlotAllocator(runner.max_total_num_tokens, self.limits.page_size)
+        if tree is None and self.args.enable_hierarchical_cache:
+            from lmprog_runtime.cache.hicache_setup import build_hicache
+            tree, hicache = build_hicache(self.args, runner, allocator, self.limits.page_size)
+            return KVManager(runner.req_to_token_pool, allocator, tree, hicache)
         if tree is None:
             from lmprog_runtime.cache.radix import RadixCache
             tree = RadixCache(allocator, page_size=self.limits.page_size,
@@ -157,7 +163,11 @@ class Scheduler:
                 return
         if error is not None:
             return self._fail(req, error)
+        self._enqueue(req)
+
+    def _enqueue(self, req: Req) -> None:
         self.waiting.append(req)
+        self.kv.prefetch(req)  # HiCache L3 → L2 while it waits
 
     def _fail(self, req: Req, reason: FinishReason) -> None:
         req.finish(reason)
@@ -169,6 +179,7 @@ class Scheduler:
         reason = FinishReason.abort(msg.message)
         for r in [r for r in self.waiting if hit(r)]:
             self.waiting.remove(r)
+            self.kv.forget_prefetch(r)
             self._fail(r, reason)
         for r in self.grammars.remove_matching(hit):
             self._fail(r, reason)
@@ -186,8 +197,8 @@ class Scheduler:
         batch = build_forward_batch(plan, self.runner)
         t1 = time.perf_counter()
         logits = self._forward(plan, lambda: self._run_forward(plan, batch))
+        self._timed_forward(plan, time.perf_counter() - t1)
         mask = self.masks.build(plan.sampled_reqs())
-        self.stats["forward_s"] += time.perf_counter() - t1
         return self._after_forward(plan, logits, mask, t0)
 
     def step_overlapped(self) -> bool:
@@ -205,8 +216,15 @@ class Scheduler:
         self._take_messages(block=False)
         mask = self.masks.build(plan.sampled_reqs())
         logits = self._forward(plan, future.result)
-        self.stats["forward_s"] += time.perf_counter() - t1
+        self._timed_forward(plan, time.perf_counter() - t1)
         return self._after_forward(plan, logits, mask, t0)
+
+    def _timed_forward(self, plan: StepPlan, seconds: float) -> None:
+        """Account one forward; HiCache's cost model learns the prefill rate from it."""
+        self.stats["forward_s"] += seconds
+        if self.kv.hicache is not None:
+            prompt = sum(it.num_tokens for it in plan.items if it.num_tokens > DECODE_LIKE_EXTEND)
+            self.kv.hicache.observe_prefill(prompt, seconds)
 
     def _after_forward(self, plan: StepPlan, logits, mask, t0: float) -> bool:
         """The tail both loops share: sample + post-process, release, account, send."""
@@ -236,6 +254,8 @@ class Scheduler:
     def _idle_step(self) -> bool:
         self._release_finished()
         self._flush()
+        if self.kv.hicache is not None and self.kv.hicache.prefetching():
+            self.kv.hicache.wait_prefetch(PREFETCH_POLL_S)  # queued requests wait on storage reads
         return False
 
     def _admit(self) -> StepPlan:
@@ -244,7 +264,8 @@ class Scheduler:
             ready, failed = self.grammars.poll()
             for r, reason in failed:
                 self._fail(r, reason)
-            self.waiting.extend(ready)
+            for r in ready:
+                self._enqueue(r)
         decision = self.admission.admit(self.running, self.waiting)
         for r in decision.failed:
             self.waiting.remove(r)
@@ -265,6 +286,9 @@ class Scheduler:
             r.cached_tokens = r.kv_len
             self.stats["num_prompt_tokens"] += r.prompt_len
             self.stats["num_cached_tokens"] += r.kv_len
+            if self.kv.hicache is not None:
+                for tier, n in zip(("l1", "l2", "l3"), r.tier_hits):
+                    self.kv.hicache.stats[f"hicache_hit_tokens_{tier}"] += n
 
     def _release_finished(self) -> None:
         keep = []
@@ -344,6 +368,7 @@ class Scheduler:
             "integrity": self._audit() if self.is_idle() else "busy",
             "watchdog_trips": self.watchdog.trips,
             **s,
+            **(kv.hicache.state() if kv.hicache is not None else {}),
         }
 
     def _audit(self) -> str:
@@ -382,3 +407,5 @@ class Scheduler:
                     self.check_integrity()
         finally:
             self.watchdog.stop()
+            if self.kv.hicache is not None:
+                self.kv.hicache.close()  # ends prefetches, waits for queued storage writes
