@@ -44,6 +44,8 @@ class HiCacheConfig:
     prefetch_timeout_max: float = 30.0
     master_server_address: Optional[str] = None  # mooncake: host:port of mooncake_master
     metadata_server: Optional[str] = None        # mooncake: default P2PHANDSHAKE
+    local_hostname: str = "127.0.0.1"           # mooncake: the address other servers reach us at
+    device_name: str = ""                        # mooncake: RDMA device ("" for tcp)
     protocol: str = "tcp"
     global_segment_size: int = 256 * 1024 * 1024   # bytes this server lends the store
     local_buffer_size: int = 64 * 1024 * 1024
