@@ -98,6 +98,8 @@ class HiCacheController:
         self.prefetcher = None
         self._writer = None
         self._written: "OrderedDict[str, None]" = OrderedDict()  # keys already sent to L3 (bounded)
+        self._pending_writes = 0  # batches queued for the writer (+1 here, -1 there: GIL-atomic enough
+                                  # for a gauge; drain_writes is the exact wait)
         if storage is not None:
             self.prefetcher = Prefetcher(tree, io, storage, page_tokens, prefetch_policy, config, self.stats)
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="lmprog-hicache-write")
@@ -175,6 +177,7 @@ class HiCacheController:
             self._remember(key)
         if keys:
             self.stats["l3_write_bytes"] += sum(len(v) for v in values)
+            self._pending_writes += 1
             self._writer.submit(self._write, keys, values)
 
     def _remember(self, key: str) -> None:
@@ -183,12 +186,15 @@ class HiCacheController:
             self._written.popitem(last=False)
 
     def _write(self, keys, values) -> None:
+        """Writer thread: one batch of pages; a failure is logged (the pages are just not on L3)."""
         try:
             ok = self.storage.batch_set(keys, values)
             if not all(ok):
                 logger.warning("hicache: %d of %d pages not stored", len(ok) - sum(ok), len(ok))
         except Exception:  # noqa: BLE001 - a storage failure loses cache, never requests
             logger.exception("hicache: writing %d pages to storage failed", len(keys))
+        finally:
+            self._pending_writes -= 1  # one writer thread: no other thread decrements
 
     def drain_writes(self) -> None:
         """Block until every queued L3 write has run (tests, shutdown)."""
@@ -213,4 +219,5 @@ class HiCacheController:
         s["hicache_l2_load_bytes_per_s"] = self.io.load_bytes_per_s
         s["hicache_host_tokens"] = self.tree.host_total_size()
         s["hicache_host_pool_tokens"] = self.tree.host_allocator.size
+        s["hicache_l3_writes_pending"] = self._pending_writes
         return s

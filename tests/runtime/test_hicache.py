@@ -62,8 +62,9 @@ def test_hicache_on_matches_off(tiny_model_path, reference, config):
     with make_engine(tiny_model_path, enable_hierarchical_cache=True, **config) as eng:
         assert outputs(eng, prompts) == expected
         state = eng.get_internal_state()
-        assert state["hicache_hit_tokens_l2"] > 0, state  # prefixes came back from the host
-        assert state["l2_load_bytes"] > 0 and state["hicache_load_back_count"] > 0
+        if config.get("hicache_write_policy") != "write_through_selective":  # (copies re-used nodes only)
+            assert state["hicache_hit_tokens_l2"] > 0, state  # prefixes came back from the host
+            assert state["l2_load_bytes"] > 0 and state["hicache_load_back_count"] > 0
         assert state["hicache_hit_tokens_l1"] > 0
         eng.check_integrity()  # both tiers: free + tree + held == total
 
@@ -134,7 +135,7 @@ def test_metrics_export_the_tiers(tiny_model_path, reference):
     for line in ('lmprog:hicache_hit_tokens{model_name="tiny",tier="L2"}',
                  'lmprog:hicache_bytes_loaded{model_name="tiny",tier="L2"}',
                  'lmprog:hicache_bytes_written{model_name="tiny",tier="L2"}',
-                 'lmprog:hicache_load_back_decisions{decision="load",model_name="tiny"}',
+                 'lmprog:hicache_load_back_decisions{model_name="tiny",decision="load"}',
                  'lmprog:hicache_copy_bytes_per_second{model_name="tiny",tier="L2"}',
                  'lmprog:hicache_prefill_tokens_per_second{model_name="tiny"}',
                  'lmprog:hicache_seconds_sum{model_name="tiny",op="load_back"}'):
