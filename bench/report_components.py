@@ -140,8 +140,33 @@ def frontend_overhead(results_dir: str) -> List[str]:
 
 
 def component_sections(results_dir: str) -> List[str]:
-    return [*vs_llamacpp(results_dir), *one_batch_dtypes(results_dir), *prefix_cache(results_dir), *overlap(results_dir), *jump_forward(results_dir),
+    return [*vs_llamacpp(results_dir), *one_batch_dtypes(results_dir), *prefix_cache(results_dir),
+            *hicache(results_dir), *overlap(results_dir), *jump_forward(results_dir),
             *grammar_coverage(results_dir), *frontend_overhead(results_dir)]
+
+
+def hicache(results_dir: str) -> List[str]:
+    d = _load(results_dir, "hicache.json")
+    if not d:
+        return []
+    cfg, runs = d["config"], d["runs"]
+    size = "quick sizes (`--quick`)" if cfg.get("quick") else "the issue's sizes"
+    out = ["## HiCache: documents beyond L1 (`bench/bench_hicache.py`)", "",
+           f"{cfg['docs']} distinct ~{cfg['doc_tokens']}-token documents x {cfg['questions']} questions in one "
+           f"random order, {cfg['concurrency']} requests in flight, {cfg['output_len']} output tokens, L1 = "
+           f"{cfg['l1_tokens']} tokens (~{cfg['l1_docs']} documents), L2 = {cfg['hicache_ratio']} x L1, "
+           f"{size}. Hit rates: share of prompt tokens served from each tier.", "",
+           "| config | requests/s | total tok/s | mean TTFT (s) | L1 | L2 | L3 | recomputed | x throughput | x TTFT |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in runs.items():
+        h = r["hit_rate"]
+        out.append(f"| {name} | {_f(r['request_throughput'], 2)} | {_f(r['total_token_throughput'], 0)} | "
+                   f"{_f(r['mean_ttft_s'], 3)} | {_f(100 * h['L1'], 1)}% | {_f(100 * h['L2'], 1)}% | "
+                   f"{_f(100 * h['L3'], 1)}% | {_f(100 * h['recomputed'], 1)}% | "
+                   f"{_f(r.get('throughput_vs_off'), 2)} | {_f(r.get('ttft_vs_off'), 2)} |")
+    out += ["", "```\npython bench/bench_hicache.py" + (" --quick" if cfg.get("quick") else "") + "\n```",
+            "![hicache](../bench/results/hicache.png)", ""]
+    return out
 
 
 def overlap(results_dir: str) -> List[str]:
