@@ -23,7 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import Optional
 
+import torch
+
 from lmprog_runtime.cache.prefetch import Prefetcher
+from lmprog_runtime.cache.storage.base import page_hashes
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +101,8 @@ class HiCacheController:
         self.prefetcher = None
         self._writer = None
         self._written: "OrderedDict[str, None]" = OrderedDict()  # keys already sent to L3 (bounded)
-        self._pending_writes = 0  # batches queued for the writer (+1 here, -1 there: GIL-atomic enough
-                                  # for a gauge; drain_writes is the exact wait)
+        self._writes_queued = 0  # batches given to the writer (this thread only writes it)
+        self._writes_done = 0    # batches it finished (the writer thread only writes it)
         if storage is not None:
             self.prefetcher = Prefetcher(tree, io, storage, page_tokens, prefetch_policy, config, self.stats)
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="lmprog-hicache-write")
@@ -163,8 +166,6 @@ class HiCacheController:
         first, last = begin // S, end // S
         if last <= first or any(n.host_value is None for n in path):
             return
-        from lmprog_runtime.cache.storage import page_hashes
-        import torch
         tokens = [t for n in path for t in n.key]
         host = torch.cat([n.host_value for n in path])
         keys, values = [], []
@@ -177,7 +178,7 @@ class HiCacheController:
             self._remember(key)
         if keys:
             self.stats["l3_write_bytes"] += sum(len(v) for v in values)
-            self._pending_writes += 1
+            self._writes_queued += 1
             self._writer.submit(self._write, keys, values)
 
     def _remember(self, key: str) -> None:
@@ -194,7 +195,7 @@ class HiCacheController:
         except Exception:  # noqa: BLE001 - a storage failure loses cache, never requests
             logger.exception("hicache: writing %d pages to storage failed", len(keys))
         finally:
-            self._pending_writes -= 1  # one writer thread: no other thread decrements
+            self._writes_done += 1
 
     def drain_writes(self) -> None:
         """Block until every queued L3 write has run (tests, shutdown)."""
@@ -219,5 +220,5 @@ class HiCacheController:
         s["hicache_l2_load_bytes_per_s"] = self.io.load_bytes_per_s
         s["hicache_host_tokens"] = self.tree.host_total_size()
         s["hicache_host_pool_tokens"] = self.tree.host_allocator.size
-        s["hicache_l3_writes_pending"] = self._pending_writes
+        s["hicache_l3_writes_pending"] = self._writes_queued - self._writes_done
         return s

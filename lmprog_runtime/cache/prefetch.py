@@ -71,7 +71,11 @@ class Prefetcher:
         first, last = have // S, len(tokens) // S
         if rid in self.tasks or len(tokens) - have < self.config.prefetch_threshold or last <= first:
             return False
-        keys = self._present_keys(tokens[:last * S], namespace, first)
+        try:
+            keys = self._present_keys(tokens[:last * S], namespace, first)
+        except Exception:  # noqa: BLE001 - a storage that cannot answer just means no prefetch
+            logger.exception("hicache: storage lookup for %s failed", rid)
+            return False
         if not keys:
             return False
         slots = self.tree.alloc_host(len(keys) * S)
