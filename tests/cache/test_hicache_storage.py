@@ -14,7 +14,7 @@ from lmprog_runtime.cache.hicache import HiCacheConfig, HiCacheController
 from lmprog_runtime.cache.storage import page_hashes
 from lmprog_runtime.cache.storage.file import HiCacheFile
 
-from test_hiradix import assert_kv, audit, make, put
+from hicache_helpers import assert_kv, audit, make, put
 
 S = 8  # storage page tokens in these tests
 
