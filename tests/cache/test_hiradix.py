@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from hicache_helpers import assert_kv, audit, full_match, kv_of, make, put
+from hicache_helpers import LAYERS, assert_kv, audit, full_match, kv_of, make, put
 
 
 def test_write_through_evict_keeps_host_copy_and_loads_back_same_bytes():
