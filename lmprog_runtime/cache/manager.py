@@ -124,6 +124,26 @@ class KVManager:
         if self.hicache is not None:
             self.hicache.forget(req.rid)
 
+    def wait_for_storage(self, timeout_s: float) -> None:
+        """Nothing to compute: block up to `timeout_s` while a queued request's prefetch runs."""
+        if self.hicache is not None and self.hicache.prefetching():
+            self.hicache.wait_prefetch(timeout_s)
+
+    def observe_prefill(self, prompt_tokens: int, seconds: float) -> None:
+        """A forward computed `prompt_tokens` prompt tokens in `seconds` (the prefill rate)."""
+        if self.hicache is not None:
+            self.hicache.observe_prefill(prompt_tokens, seconds)
+
+    def count_tier_hits(self, req) -> None:
+        """`req`'s first admission: add where its cached prefix came from to the metrics."""
+        if self.hicache is not None:
+            for tier, n in zip(("l1", "l2", "l3"), req.tier_hits):
+                self.hicache.stats[f"hicache_hit_tokens_{tier}"] += n
+
+    def close(self) -> None:
+        if self.hicache is not None:
+            self.hicache.close()
+
     def unassign(self, req) -> None:
         """Undo `assign` before anything was computed (admission found no room)."""
         assert req.kv_len == req.cache_protected_len, req

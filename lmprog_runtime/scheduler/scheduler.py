@@ -220,11 +220,9 @@ class Scheduler:
         return self._after_forward(plan, logits, mask, t0)
 
     def _timed_forward(self, plan: StepPlan, seconds: float) -> None:
-        """Account one forward; HiCache's cost model learns the prefill rate from it."""
         self.stats["forward_s"] += seconds
-        if self.kv.hicache is not None:
-            prompt = sum(it.num_tokens for it in plan.items if it.num_tokens > DECODE_LIKE_EXTEND)
-            self.kv.hicache.observe_prefill(prompt, seconds)
+        prompt = sum(it.num_tokens for it in plan.items if it.num_tokens > DECODE_LIKE_EXTEND)
+        self.kv.observe_prefill(prompt, seconds)  # HiCache's cost model learns the prefill rate
 
     def _after_forward(self, plan: StepPlan, logits, mask, t0: float) -> bool:
         """The tail both loops share: sample + post-process, release, account, send."""
@@ -254,8 +252,7 @@ class Scheduler:
     def _idle_step(self) -> bool:
         self._release_finished()
         self._flush()
-        if self.kv.hicache is not None and self.kv.hicache.prefetching():
-            self.kv.hicache.wait_prefetch(PREFETCH_POLL_S)  # queued requests wait on storage reads
+        self.kv.wait_for_storage(PREFETCH_POLL_S)  # queued requests may wait on L3 reads
         return False
 
     def _admit(self) -> StepPlan:
@@ -286,9 +283,7 @@ class Scheduler:
             r.cached_tokens = r.kv_len
             self.stats["num_prompt_tokens"] += r.prompt_len
             self.stats["num_cached_tokens"] += r.kv_len
-            if self.kv.hicache is not None:
-                for tier, n in zip(("l1", "l2", "l3"), r.tier_hits):
-                    self.kv.hicache.stats[f"hicache_hit_tokens_{tier}"] += n
+            self.kv.count_tier_hits(r)
 
     def _release_finished(self) -> None:
         keep = []
@@ -407,5 +402,4 @@ class Scheduler:
                     self.check_integrity()
         finally:
             self.watchdog.stop()
-            if self.kv.hicache is not None:
-                self.kv.hicache.close()  # ends prefetches, waits for queued storage writes
+            self.kv.close()  # HiCache: ends prefetches, waits for queued storage writes
