@@ -9,7 +9,8 @@ greedy tokens each. L1 (`--max-total-tokens`) is sized to hold `--l1-docs` docum
 Three configurations, each on a fresh Engine:
 
     off      the radix cache alone (what L1 holds is all the reuse there is)
-    L2       + the host tier: --hicache-ratio x L1 (default 3: about 12 documents)
+    L2       + the host tier: --hicache-ratio x L1 (default 3: 12 documents' worth, 4 of
+             them copies of what L1 holds)
     L2+L3    + the `file` storage tier in a fresh temporary directory
 
 Reported per configuration: request and token throughput, mean TTFT, and the share of
@@ -133,7 +134,8 @@ def parse_args(argv=None):
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--l1-docs", type=int, default=4)
     ap.add_argument("--max-total-tokens", type=int, default=None, help="L1 size; default: --l1-docs documents")
-    ap.add_argument("--hicache-ratio", type=float, default=3.0)
+    ap.add_argument("--hicache-ratio", type=float, default=None,
+                    help="L2 / L1; default 3 (1.5 with --quick, so that L3 has documents to serve)")
     ap.add_argument("--write-policy", default="write_through")
     ap.add_argument("--prefetch-policy", default="timeout")
     ap.add_argument("--policy", default="lpm")
@@ -144,6 +146,8 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.quick:
         args.docs, args.questions, args.doc_tokens, args.output_len = 8, 3, 600, 8
+    if args.hicache_ratio is None:
+        args.hicache_ratio = 1.5 if args.quick else 3.0
     return args
 
 
