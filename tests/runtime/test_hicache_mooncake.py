@@ -35,7 +35,8 @@ def master(tmp_path):
     binary = _master_binary()
     port = free_port()
     log = open(tmp_path / "master.log", "wb")
-    proc = subprocess.Popen([binary, f"--port={port}"], stdout=log, stderr=subprocess.STDOUT)
+    argv = [binary, f"--rpc_port={port}", "--rpc_address=127.0.0.1", f"--metrics_port={free_port()}"]
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     import socket
     while time.monotonic() < deadline:
