@@ -23,3 +23,31 @@ def test_flag_errors_are_reported_before_the_model_loads(tiny_model_path, tmp_pa
     with pytest.raises(RuntimeError, match="server exited with 2"):
         server.start()
     assert "hicache_ratio must be greater than 1" in server.log_tail()
+
+
+def test_file_tier_survives_a_server_restart(tiny_model_path, tmp_path):
+    """SIGTERM drains the queued page writes; the next server on the same directory serves
+    the document from L3 with the same greedy tokens and logprobs."""
+    import requests
+
+    doc = "Manual. " + " ".join(f"step{i} turns valve {i % 5}." for i in range(40)) + "\nQ: step9?"
+    body = {"text": doc, "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True},
+            "return_logprob": True}
+    flags = ["--enable-hierarchical-cache", "--hicache-storage-backend", "file",
+             "--hicache-storage-dir", str(tmp_path / "pages"), "--hicache-storage-prefetch-policy", "wait_complete",
+             "--hicache-storage-backend-extra-config", '{"prefetch_threshold": 64}']
+    outs = []
+    for run in range(2):
+        server = LiveServer(tiny_model_path, tmp_path, extra_args=flags).start()
+        try:
+            r = requests.post(server.url + "/generate", json=body, timeout=120)
+            r.raise_for_status()
+            outs.append(r.json())
+        finally:
+            assert server.stop() == 0, server.log_tail()
+    first, second = outs
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert second["meta_info"]["cached_tokens"] > 0
+    assert second["output_ids"] == first["output_ids"]
+    lp = [[x[0] for x in o["meta_info"]["output_token_logprobs"]] for o in outs]
+    assert max(abs(a - b) for a, b in zip(*lp)) < 4e-6
