@@ -70,6 +70,7 @@ def test_the_working_set_is_several_times_l1(reference):
     dict(page_size=4),
     dict(hicache_ratio=2.5, schedule_policy="lpm"),  # L2 also evicts: 6 documents > L2
     dict(hicache_ratio=2.5, hicache_storage_backend="file"),  # ... and L3 prefetches them back
+    dict(hicache_ratio=2.5, hicache_storage_backend="file", force_overlap_schedule=True),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "write_through")
 def test_hicache_on_matches_off(tiny_model_path, reference, config, tmp_path):
     prompts, expected = reference[:2]
