@@ -68,6 +68,7 @@ def test_the_working_set_is_several_times_l1(reference):
     dict(hicache_write_policy="write_through_selective"),
     dict(hicache_write_policy="write_back"),
     dict(page_size=4),
+    dict(chunked_prefill_size=64, hicache_write_policy="write_through_selective"),  # chunks re-insert
     dict(hicache_ratio=2.5, schedule_policy="lpm"),  # L2 also evicts: 6 documents > L2
     dict(hicache_ratio=2.5, hicache_storage_backend="file"),  # ... and L3 prefetches them back
     dict(hicache_ratio=2.5, hicache_storage_backend="file", force_overlap_schedule=True),
