@@ -72,18 +72,23 @@ def test_the_working_set_is_several_times_l1(reference):
     dict(hicache_ratio=2.5, schedule_policy="lpm"),  # L2 also evicts: 6 documents > L2
     dict(hicache_ratio=2.5, hicache_storage_backend="file"),  # ... and L3 prefetches them back
     dict(hicache_ratio=2.5, hicache_storage_backend="file", force_overlap_schedule=True),
+    dict(hicache_ratio=2.5, hicache_storage_backend="file", hicache_storage_prefetch_policy="best_effort"),
+    dict(hicache_ratio=2.5, hicache_storage_backend="file", hicache_storage_prefetch_policy="timeout"),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "write_through")
 def test_hicache_on_matches_off(tiny_model_path, reference, config, tmp_path):
     prompts, expected = reference[:2]
     config = {"max_total_tokens": L1_TOKENS, "hicache_ratio": 8.0, **config}
     if "hicache_storage_backend" in config:
-        config.update(hicache_storage_dir=str(tmp_path), hicache_storage_prefetch_policy="wait_complete",
-                      hicache_storage_backend_extra_config='{"prefetch_threshold": 64}')
+        config = {"hicache_storage_prefetch_policy": "wait_complete", **config,
+                  "hicache_storage_dir": str(tmp_path),
+                  "hicache_storage_backend_extra_config": '{"prefetch_threshold": 64}'}
     with make_engine(tiny_model_path, enable_hierarchical_cache=True, **config) as eng:
         assert_same(outputs(eng, prompts), expected)
         state = eng.get_internal_state()
         if "hicache_storage_backend" in config:
-            assert state["hicache_hit_tokens_l3"] > 0 and state["hicache_prefetch_count"] > 0, state
+            assert state["hicache_prefetch_count"] > 0, state
+            if config["hicache_storage_prefetch_policy"] != "best_effort":  # (that one may stop at once)
+                assert state["hicache_hit_tokens_l3"] > 0, state
         if config.get("hicache_write_policy") != "write_through_selective":  # (copies re-used nodes only)
             assert state["hicache_hit_tokens_l2"] > 0, state  # prefixes came back from the host
             assert state["l2_load_bytes"] > 0 and state["hicache_load_back_count"] > 0
