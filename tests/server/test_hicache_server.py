@@ -43,11 +43,15 @@ def test_file_tier_survives_a_server_restart(tiny_model_path, tmp_path):
             r = requests.post(server.url + "/generate", json=body, timeout=120)
             r.raise_for_status()
             outs.append(r.json())
+            metrics = requests.get(server.url + "/metrics", timeout=30).text
         finally:
             assert server.stop() == 0, server.log_tail()
     first, second = outs
     assert first["meta_info"]["cached_tokens"] == 0
     assert second["meta_info"]["cached_tokens"] > 0
     assert second["output_ids"] == first["output_ids"]
+    l3 = [line for line in metrics.splitlines()  # the second server's /metrics
+          if line.startswith("lmprog:hicache_hit_tokens{") and 'tier="L3"' in line]
+    assert l3 and float(l3[0].split()[-1]) > 0, metrics
     lp = [[x[0] for x in o["meta_info"]["output_token_logprobs"]] for o in outs]
     assert max(abs(a - b) for a, b in zip(*lp)) < 4e-6
