@@ -190,3 +190,16 @@ def test_bad_configurations_fail_at_start_up(tiny_model_path, tmp_path):
         make_engine(tiny_model_path, enable_hierarchical_cache=True, max_total_tokens=L1_TOKENS,
                     hicache_storage_backend="file", hicache_storage_dir=str(tmp_path),
                     hicache_storage_backend_extra_config='{"prefetch_treshold": 1}')
+
+
+def test_bfloat16_host_tier_stays_close(tiny_model_path, reference):
+    """L2 in bfloat16 under a float32 pool: load-backs carry KV rounded once to bf16 (the
+    conversion is unit-tested bit for bit in tests/cache); outputs stay close, not identical."""
+    prompts, expected = reference[:2]
+    with make_engine(tiny_model_path, enable_hierarchical_cache=True, max_total_tokens=L1_TOKENS,
+                     hicache_ratio=8.0, hicache_host_dtype="bfloat16") as eng:
+        got = outputs(eng, prompts)
+        assert eng.get_internal_state()["hicache_hit_tokens_l2"] > 0
+        eng.check_integrity()
+    worst = max(abs(a - b) for (_, la), (_, lb) in zip(got, expected) for a, b in zip(la, lb))
+    assert 0 < worst < 1e-2, worst  # > 0: the rounded copies were really used
