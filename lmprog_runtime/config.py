@@ -24,6 +24,12 @@ EMBEDDING_POOLINGS = ("last", "mean")  # model_executor/embedding.py
 # Weight-only quantization on the CPU (model_executor/quant.py). auto: only for weights that arrive
 # quantized (GGUF) with --dtype auto, and only where start-up measures a faster decode step.
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
+# HiCache (docs/hicache.md): SGLang's names and defaults.
+HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+HICACHE_IO_BACKENDS = ("kernel", "direct")  # both copy with torch here (index_select/index_copy)
+HICACHE_STORAGE_BACKENDS = ("file", "mooncake")
+HICACHE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+HICACHE_HOST_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,18 @@ class ServerArgs:
     force_overlap_schedule: bool = False
     stream_interval: int = 1
     incremental_streaming_output: bool = False  # streamed chunks carry deltas, not the text so far
+    # hierarchical cache (HiCache, docs/hicache.md): L2 host pool, L3 storage
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0                 # host pool tokens / device pool tokens
+    hicache_size: float = 0.0                  # host pool GB; overrides the ratio when > 0
+    hicache_write_policy: str = "write_through"
+    hicache_io_backend: str = "kernel"
+    hicache_host_dtype: str = "auto"           # auto: the device pool's dtype (lmprog's own flag)
+    hicache_storage_backend: Optional[str] = None
+    hicache_storage_prefetch_policy: str = "timeout"
+    hicache_storage_backend_extra_config: Optional[str] = None  # JSON object or @file.json
+    hicache_storage_dir: Optional[str] = None  # file backend; default: env, then /tmp/hicache
+    hicache_storage_max_gb: float = 16.0       # file backend: LRU size limit of the directory
     # kernels
     attention_backend: Optional[str] = None
     num_threads: Optional[int] = None
@@ -106,6 +124,31 @@ class ServerArgs:
         if self.tp_size != 1:
             raise ValueError(f"tp_size (--tp-size/--tp): tensor parallelism is not supported yet; "
                              f"got {self.tp_size}, expected 1 (one device).")
+        self._check_hicache()
+
+    def _check_hicache(self) -> None:
+        _check_choice("hicache_write_policy", self.hicache_write_policy, HICACHE_WRITE_POLICIES)
+        _check_choice("hicache_io_backend", self.hicache_io_backend, HICACHE_IO_BACKENDS)
+        _check_choice("hicache_host_dtype", self.hicache_host_dtype, HICACHE_HOST_DTYPES)
+        _check_choice("hicache_storage_prefetch_policy", self.hicache_storage_prefetch_policy,
+                      HICACHE_PREFETCH_POLICIES)
+        if self.hicache_storage_backend is not None:
+            _check_choice("hicache_storage_backend", self.hicache_storage_backend, HICACHE_STORAGE_BACKENDS)
+        if self.hicache_ratio <= 1 and self.hicache_size <= 0:
+            raise ValueError(f"hicache_ratio must be greater than 1 (the host pool must be larger than "
+                             f"the device pool), got {self.hicache_ratio}.")
+        if self.hicache_size < 0 or self.hicache_storage_max_gb <= 0:
+            raise ValueError(f"hicache_size must be >= 0 and hicache_storage_max_gb > 0, got "
+                             f"{self.hicache_size} and {self.hicache_storage_max_gb}.")
+        if self.enable_hierarchical_cache and self.disable_radix_cache:
+            raise ValueError("enable_hierarchical_cache needs the radix cache; drop disable_radix_cache.")
+        if self.hicache_storage_backend is not None and not self.enable_hierarchical_cache:
+            raise ValueError("hicache_storage_backend needs enable_hierarchical_cache.")
+
+    @property
+    def resolved_hicache_storage_dir(self) -> str:
+        """The file backend's directory: the flag, else SGLang's environment variable, else /tmp/hicache."""
+        return self.hicache_storage_dir or HICACHE_FILE_STORAGE_DIR
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "ServerArgs":
@@ -155,6 +198,21 @@ FLAG_HELP = {
     "stream_interval": "tokens between two streamed chunks",
     "incremental_streaming_output": "streamed chunks carry only what is new (text, output_ids, output "
                                     "logprobs) instead of everything so far",
+    "enable_hierarchical_cache": "HiCache: keep KV evicted from the device pool in a host pool (L2) "
+                                 "and optional storage (L3), and load it back instead of recomputing",
+    "hicache_ratio": "host pool size as a multiple of the device pool (> 1)",
+    "hicache_size": "host pool size in GB (0: use --hicache-ratio)",
+    "hicache_write_policy": "when KV is copied to the host pool: write_through (at first insertion), "
+                            "write_through_selective (at the second: re-used prefixes only), write_back (at eviction)",
+    "hicache_io_backend": "how tiers copy pages (kernel, direct; both copy the same way on a CPU)",
+    "hicache_host_dtype": "dtype of the host pool (auto: the device pool's)",
+    "hicache_storage_backend": "L3 storage: file or mooncake (unset: no L3)",
+    "hicache_storage_prefetch_policy": "how long a request waits for its L3 prefetch: best_effort, "
+                                       "wait_complete, timeout",
+    "hicache_storage_backend_extra_config": "L3 backend settings, a JSON object or @file.json",
+    "hicache_storage_dir": "directory of the file backend (unset: $SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, "
+                           "else /tmp/hicache)",
+    "hicache_storage_max_gb": "size limit of the file backend's directory in GB (least recently used pages go)",
     "attention_backend": "attention kernels (unset: torch_native on a CPU, triton on a GPU)",
     "num_threads": "CPU threads for the model (unset: the cores this process may use)",
     "quantization": "CPU weight-only quantization (auto: for quantized GGUF weights where measured faster)",
@@ -201,7 +259,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             "dtype": DTYPES, "device": DEVICES, "schedule_policy": SCHEDULE_POLICIES,
             "grammar_backend": GRAMMAR_BACKENDS, "attention_backend": ATTENTION_BACKENDS,
             "quantization": QUANTIZATIONS, "tool_call_parser": TOOL_CALL_PARSERS,
-            "embedding_pooling": EMBEDDING_POOLINGS,
+            "embedding_pooling": EMBEDDING_POOLINGS, "hicache_write_policy": HICACHE_WRITE_POLICIES,
+            "hicache_io_backend": HICACHE_IO_BACKENDS, "hicache_storage_backend": HICACHE_STORAGE_BACKENDS,
+            "hicache_storage_prefetch_policy": HICACHE_PREFETCH_POLICIES,
+            "hicache_host_dtype": HICACHE_HOST_DTYPES,
         }.get(f.name)
         parser.add_argument(*flags, type=kind, default=default, choices=choices, help=help_text,
                             dest=f.name)
@@ -235,7 +296,10 @@ TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Small C kernels compiled at first use (native.py): the compiler, or none at all (the torch
 # and numpy fallbacks); LMPROG_NO_C_WALK is the older name of the switch.
 C_COMPILER = os.environ.get("CC") or None
-NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_KERNELS") or os.environ.get("LMPROG_NO_C_WALK"))
+NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_KERNELS") or os.environ.get("LMPROG_NO_C_WALK")),
+NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_WALK"))
+# HiCache `file` storage directory when --hicache-storage-dir is not given (SGLang's variable).
+HICACHE_FILE_STORAGE_DIR = os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or "/tmp/hicache"
 # Derived artifacts (e.g. the config and tokenizer converted from a GGUF file).
 CACHE_DIR = os.environ.get("LMPROG_CACHE_DIR") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lmprog")

@@ -45,6 +45,7 @@ from lmprog_runtime.scheduler.batch import StepPlan, build_forward_batch
 from lmprog_runtime.scheduler.faults import Stage, error_reason, fail_request
 from lmprog_runtime.scheduler.grammar_mask import MaskBuilder
 from lmprog_runtime.scheduler.grammars import GrammarQueue
+from lmprog_runtime.scheduler.limits import DECODE_LIKE_EXTEND
 from lmprog_runtime.scheduler.outbox import Outbox, error_output
 from lmprog_runtime.scheduler.output import JumpForward, PostProcessor
 from lmprog_runtime.scheduler.policy import SchedulePolicy
@@ -56,6 +57,7 @@ from lmprog_runtime.scheduler.weights import WeightControl
 logger = logging.getLogger(__name__)
 
 STATS_EVERY_STEPS = 8  # scheduler gauges ride along with every 8th batch of outputs
+PREFETCH_POLL_S = 0.005  # seconds an idle step waits for a storage prefetch to finish
 
 
 def _new_stats() -> dict:
@@ -102,6 +104,10 @@ class Scheduler:
 
     def _build_kv(self, runner, tree) -> KVManager:
         allocator = TokenSlotAllocator(runner.max_total_num_tokens, self.limits.page_size)
+        if tree is None and self.args.enable_hierarchical_cache:
+            from lmprog_runtime.cache.hicache_setup import build_hicache
+            tree, hicache = build_hicache(self.args, runner, allocator, self.limits.page_size)
+            return KVManager(runner.req_to_token_pool, allocator, tree, hicache)
         if tree is None:
             from lmprog_runtime.cache.radix import RadixCache
             tree = RadixCache(allocator, page_size=self.limits.page_size,
@@ -165,7 +171,11 @@ class Scheduler:
                 return
         if error is not None:
             return self._fail(req, error)
+        self._enqueue(req)
+
+    def _enqueue(self, req: Req) -> None:
         self.waiting.append(req)
+        self.kv.prefetch(req)  # HiCache L3 → L2 while it waits
 
     def _fail(self, req: Req, reason: FinishReason) -> None:
         req.finish(reason)
@@ -177,6 +187,7 @@ class Scheduler:
         reason = FinishReason.abort(msg.message)
         for r in [r for r in self.waiting if hit(r)]:
             self.waiting.remove(r)
+            self.kv.forget_prefetch(r)
             self._fail(r, reason)
         for r in self.grammars.remove_matching(hit):
             self._fail(r, reason)
@@ -194,8 +205,8 @@ class Scheduler:
         batch = build_forward_batch(plan, self.runner)
         t1 = time.perf_counter()
         logits = self._forward(plan, lambda: self._run_forward(plan, batch))
+        self._timed_forward(plan, time.perf_counter() - t1)
         mask = self.masks.build(plan.sampled_reqs())
-        self.stats["forward_s"] += time.perf_counter() - t1
         return self._after_forward(plan, logits, mask, t0)
 
     def step_overlapped(self) -> bool:
@@ -213,8 +224,13 @@ class Scheduler:
         self._take_messages(block=False)
         mask = self.masks.build(plan.sampled_reqs())
         logits = self._forward(plan, future.result)
-        self.stats["forward_s"] += time.perf_counter() - t1
+        self._timed_forward(plan, time.perf_counter() - t1)
         return self._after_forward(plan, logits, mask, t0)
+
+    def _timed_forward(self, plan: StepPlan, seconds: float) -> None:
+        self.stats["forward_s"] += seconds
+        prompt = sum(it.num_tokens for it in plan.items if it.num_tokens > DECODE_LIKE_EXTEND)
+        self.kv.observe_prefill(prompt, seconds)  # HiCache's cost model learns the prefill rate
 
     def _after_forward(self, plan: StepPlan, logits, mask, t0: float) -> bool:
         """The tail both loops share: sample + post-process, release, account, send."""
@@ -244,6 +260,7 @@ class Scheduler:
     def _idle_step(self) -> bool:
         self._release_finished()
         self._flush()
+        self.kv.wait_for_storage(PREFETCH_POLL_S)  # queued requests may wait on L3 reads
         return False
 
     def _admit(self) -> StepPlan:
@@ -252,7 +269,8 @@ class Scheduler:
             ready, failed = self.grammars.poll()
             for r, reason in failed:
                 self._fail(r, reason)
-            self.waiting.extend(ready)
+            for r in ready:
+                self._enqueue(r)
         decision = self.admission.admit(self.running, self.waiting)
         for r in decision.failed:
             self.waiting.remove(r)
@@ -273,6 +291,7 @@ class Scheduler:
             r.cached_tokens = r.kv_len
             self.stats["num_prompt_tokens"] += r.prompt_len
             self.stats["num_cached_tokens"] += r.kv_len
+            self.kv.count_tier_hits(r)
 
     def _release_finished(self) -> None:
         keep = []
@@ -366,6 +385,7 @@ class Scheduler:
             "weight_version": self.weights.version,
             "memory_released": list(self.weights.released),
             **s,
+            **(kv.hicache.state() if kv.hicache is not None else {}),
         }
 
     def _audit(self) -> str:
@@ -405,3 +425,4 @@ class Scheduler:
                     self.check_integrity()
         finally:
             self.watchdog.stop()
+            self.kv.close()  # HiCache: ends prefetches, waits for queued storage writes
