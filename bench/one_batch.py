@@ -1,10 +1,10 @@
 """One-batch benchmark (after SGLang's bench_one_batch): the model runner alone, no scheduler.
 
-Measures the machine first (matmul peak in fp32/bf16, memory-copy bandwidth), then
+Measures the machine first (matmul peak in fp32/bf16, memory-copy and read-only bandwidth), then
 prefill tokens/s for one prompt and decode tokens/s at several batch sizes through
 `ModelRunner.forward`, and relates them to the machine:
 - prefill as % of matmul peak (FLOPs ~ 2 x params x tokens + attention),
-- each decode step vs its floor "bytes of weights that step reads / copy bandwidth" (with
+- each decode step vs its floor "bytes of weights that step reads / read bandwidth" (with
   `--quantization`, small batches read the packed weights, large ones the kept dense copy),
 - the batch-32 / batch-1 decode throughput ratio.
 
@@ -59,6 +59,12 @@ def copy_gbps(mbytes: int = 256) -> float:
     src = torch.empty(mbytes << 20, dtype=torch.uint8, device=DEVICE).random_()
     dst = torch.empty_like(src)
     return 2 * src.numel() / best_time(lambda: dst.copy_(src)) / 1e9  # read + write
+
+
+def read_gbps(mbytes: int = 256) -> float:
+    """Read-only bandwidth (what streaming weights through a decode step gets): a float32 sum."""
+    src = torch.empty((mbytes << 20) // 4, dtype=torch.float32, device=DEVICE).uniform_()
+    return 4 * src.numel() / best_time(lambda: src.sum()) / 1e9
 
 
 def step_weight_bytes(model: torch.nn.Module, batch: int) -> int:
@@ -142,7 +148,7 @@ def main():
     bar.update()
     peak["bfloat16"] = matmul_gflops(torch.bfloat16)
     bar.update()
-    bandwidth = copy_gbps()
+    bandwidth, read_bandwidth = copy_gbps(), read_gbps()
     bar.update()
 
     batches = Batches(runner, max_len)
@@ -155,7 +161,7 @@ def main():
         "model": args.model_path, "dtype": dtype_name, "quantization": runner.quantization,
         "formats": str(runner.formats), "cpu_flags": cpu_flags(), "threads": torch.get_num_threads(), "params": params,
         "device": str(runner.device), "attention_backend": runner.attention_backend_name,
-        "matmul_peak_gflops": peak, "copy_bandwidth_gbps": bandwidth,
+        "matmul_peak_gflops": peak, "copy_bandwidth_gbps": bandwidth, "read_bandwidth_gbps": read_bandwidth,
         "prefill": {"input_len": n, "seconds": t_prefill, "tokens_per_s": n / t_prefill,
                     "pct_of_matmul_peak": 100 * prefill_flops / t_prefill / 1e9 / peak.get(dtype_name, peak["float32"])},
         "decode": {},
@@ -163,7 +169,7 @@ def main():
     for bs in args.batch_sizes:
         # each step attends over n cached tokens (their values do not change the timing)
         t = best_time(lambda: runner.forward(batches.make(bs, n, 1)), reps=max(3, args.output_len // 4))
-        floor_ms = 1e3 * step_weight_bytes(runner.model, bs) / (bandwidth / 2 * 1e9)  # weights read once
+        floor_ms = 1e3 * step_weight_bytes(runner.model, bs) / (read_bandwidth * 1e9)  # weights read once
         result["decode"][str(bs)] = {"step_ms": 1e3 * t, "tokens_per_s": bs / t, "floor_ms": floor_ms,
                                      "over_floor": 1e3 * t / floor_ms}
         bar.update()
@@ -200,7 +206,7 @@ def report(r: dict) -> None:
     print(f"\nmodel {r['model']} ({r['params'] / 1e6:.0f}M params), {r['dtype']}, "
           f"weights {r['quantization']}, {r['threads']} threads; CPU {r['cpu_flags']}")
     print(f"matmul peak: fp32 {r['matmul_peak_gflops']['float32']:.0f} GFLOP/s, "
-          f"bf16 {r['matmul_peak_gflops']['bfloat16']:.0f} GFLOP/s; copy bandwidth {r['copy_bandwidth_gbps']:.1f} GB/s")
+          f"bf16 {r['matmul_peak_gflops']['bfloat16']:.0f} GFLOP/s; copy bandwidth {r['copy_bandwidth_gbps']:.1f} GB/s, read {r['read_bandwidth_gbps']:.1f} GB/s")
     p = r["prefill"]
     print(f"prefill {p['input_len']} tokens: {p['tokens_per_s']:.0f} tok/s ({p['pct_of_matmul_peak']:.0f}% of peak)")
     print(f"{'batch':>6} {'step ms':>9} {'tok/s':>9} {'floor ms':>9} {'x floor':>8}")

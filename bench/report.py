@@ -210,8 +210,10 @@ def write_report(manifest: dict, results_dir: str, doc_path: str) -> None:
              "`bench/results/` and this file is rewritten by `python bench/run_all.py --report-only`.", "",
              "## Machine", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in machine.items()), "",
              "## Systems", "",
-             "Same model everywhere: the embedded SmolLM2-135M-Instruct GGUF (Q4_1). lmprog and HF "
-             "`transformers` dequantize it to fp32; llama.cpp runs the Q4_1 weights as stored. Greedy "
+             "Same model everywhere: the embedded SmolLM2-135M-Instruct GGUF (Q4_1). lmprog keeps the weights "
+             "4- or 8-bit where its start-up probe measures that faster (`--quantization auto`), else "
+             "dequantizes to fp32; HF `transformers` dequantizes to fp32; llama.cpp runs the Q4_1 weights "
+             "as stored. Greedy "
              "decoding; serving requests generate exactly their output length (`ignore_eos`; for "
              "llama.cpp a logit bias that bans the end tokens).", ""]
     for name, command in manifest.get("servers", {}).items():

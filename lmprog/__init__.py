@@ -1,7 +1,7 @@
 """lmprog: a Python-embedded language for LLM programs.
 
 SGLang's frontend surface: a program written for SGLang runs with `import lmprog as sgl`.
-Pure Python; the runtime (and torch) is imported only by the in-process `Engine` backend.
+Pure Python; the runtime (and torch) is imported only when an in-process `Engine` is built.
 """
 
 from lmprog.api import (assistant, assistant_begin, assistant_end, flush_cache, function, gen, gen_int,
@@ -13,10 +13,10 @@ from lmprog.choices import greedy_token_selection, token_length_normalized, unco
 from lmprog.global_config import global_config
 from lmprog.interpreter import ProgramError
 from lmprog.ir import SamplingParams
+from lmprog.offline import Engine, Runtime
 from lmprog.program import SglFunction
 from lmprog.state import ProgramState, ProgramStateGroup
 
-Engine = EngineBackend
 __version__ = "0.1.0"
 
 __all__ = [
@@ -24,7 +24,7 @@ __all__ = [
     "system", "system_begin", "system_end", "user", "user_begin", "user_end",
     "assistant", "assistant_begin", "assistant_end",
     "set_default_backend", "flush_cache", "get_server_info", "global_config",
-    "RuntimeEndpoint", "Engine", "EngineBackend", "OpenAI", "BaseBackend",
+    "RuntimeEndpoint", "Runtime", "Engine", "EngineBackend", "OpenAI", "BaseBackend",
     "greedy_token_selection", "token_length_normalized", "unconditional_likelihood_normalized",
     "ChatTemplate", "get_chat_template", "register_chat_template",
     "ProgramState", "ProgramStateGroup", "ProgramError", "SamplingParams", "SglFunction",

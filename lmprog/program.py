@@ -197,7 +197,7 @@ def run_program_batch(program: SglFunction, backend, batch_arguments: List[Dict[
         return run_program(program, backend, (), arguments, default_sampling_para, stream=False, sync=True)
 
     if generator_style:
-        return _run_batch_generator(one, batch_arguments, num_threads)
+        return _run_batch_generator(one, batch_arguments, num_threads, progress_bar)
     bar = _progress(progress_bar, len(batch_arguments))
     try:
         if num_threads == 1:
@@ -216,7 +216,18 @@ def run_program_batch(program: SglFunction, backend, batch_arguments: List[Dict[
         bar and bar.close()
 
 
-def _run_batch_generator(one, batch_arguments, num_threads):
+def _run_batch_generator(one, batch_arguments, num_threads, progress_bar: bool):
+    """States in input order as they finish; the bar (if any) counts the states yielded."""
+    bar = _progress(progress_bar, len(batch_arguments))
+    try:
+        for state in _batch_states(one, batch_arguments, num_threads):
+            bar and bar.update(1)
+            yield state
+    finally:
+        bar and bar.close()
+
+
+def _batch_states(one, batch_arguments, num_threads):
     if num_threads == 1:
         for arguments in batch_arguments:
             yield one(arguments)

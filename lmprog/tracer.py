@@ -210,6 +210,7 @@ def _tracer_for(program, arguments: Dict[str, Any], backend, only_trace_prefix: 
     args = {name: Argument(name, None) for name in program.arg_names}
     args.update(arguments)
     args.update(program.bind_arguments)
+    backend = getattr(backend, "endpoint", backend)  # an Engine or Runtime: its program backend
     return TracerProgramState(backend, args, only_trace_prefix), args
 
 

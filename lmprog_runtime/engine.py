@@ -16,12 +16,15 @@ from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Union
 
 from lmprog_runtime import __version__
 from lmprog_runtime.config import ServerArgs
+from lmprog_runtime.messages import MEMORY_TAGS, MemoryOccupationReq, UpdateWeightsReq
+from lmprog_runtime.model_paths import DEFAULT_MODEL, DEFAULT_MODEL_ID, resolve_model_path, tokenizer_folder_if_ready
 from lmprog_runtime.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 
 _GENERATE_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob",
-                  "return_text_in_logprobs", "rid", "cache_salt", "extra_key", "return_prompt_token_ids")
+                  "return_text_in_logprobs", "rid", "cache_salt", "extra_key", "return_prompt_token_ids",
+                  "session_params")
 
 
 def build_scheduler(args: ServerArgs, faults=None):
@@ -33,9 +36,9 @@ def build_scheduler(args: ServerArgs, faults=None):
     runner = ModelRunner(args)
 
     def grammar_factory():  # built on the first constrained request: vocab indexing costs seconds
-        from lmprog_runtime.constrained import create_grammar_backend
+        from lmprog_runtime.constrained import create_serving_backend
         cfg = runner.model_config
-        return create_grammar_backend(
+        return create_serving_backend(
             args.grammar_backend, runner.tokenizer, cfg.vocab_size, cfg.eos_token_ids,
             whitespace_pattern=args.constrained_json_whitespace_pattern)
 
@@ -44,15 +47,21 @@ def build_scheduler(args: ServerArgs, faults=None):
 
 
 def model_info(args: ServerArgs, runner) -> Dict[str, Any]:
+    """SGLang's /model_info. `model_path` is what a client can load the model by: the Hugging
+    Face id of the embedded default, else the resolved local path; `tokenizer_path` a folder
+    with `tokenizer.json` where one exists (a GGUF's converted tokenizer)."""
     cfg = runner.model_config
     tok = runner.tokenizer
+    tokenizer_source = resolve_model_path(args.tokenizer_path or args.model_path)
     return {
-        "model_path": args.model_path,
+        "model_path": DEFAULT_MODEL_ID if args.model_path == DEFAULT_MODEL else runner.model_path,
         "served_model_name": args.served_model_name or _model_name(args.model_path),
-        "tokenizer_path": args.tokenizer_path or args.model_path,
+        "tokenizer_path": tokenizer_folder_if_ready(tokenizer_source),
         "is_generation": True,
         "preferred_sampling_params": None,
         "weight_version": "default",
+        "reasoning_parser": None,
+        "tool_call_parser": None,
         "model_type": cfg.architecture,
         "architectures": [_HF_ARCHITECTURES.get(cfg.architecture, cfg.architecture)],
         "context_length": args.context_length or cfg.context_length,
@@ -88,7 +97,8 @@ class Engine:
                                              daemon=True)
         self._loop_thread.start()
         self.tm = TokenizerManager(self.tokenizer, runner.model_config.vocab_size,
-                                   self.scheduler.context_len, send=self._inbox.put)
+                                   self.scheduler.context_len, send=self._inbox.put,
+                                   incremental_streaming=self.server_args.incremental_streaming_output)
         self._sched_thread = threading.Thread(target=self._run_scheduler, name="lmprog-scheduler",
                                               daemon=True)
         self._sched_thread.start()
@@ -181,7 +191,49 @@ class Engine:
         return self._call(self.tm.control("internal_state")).data
 
     def get_model_info(self) -> dict:
-        return dict(self._model_info)
+        return {**self._model_info, "weight_version": self.tm.weight_version}
+
+    def encode(self, prompt: Union[str, List[str], List[int], List[List[int]]]):
+        """Embeddings (SGLang's Engine.encode): {"embedding", "meta_info"}, a list for a batch."""
+        from lmprog_runtime.messages import EmbedReq
+
+        batch = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
+        items = prompt if batch else [prompt]
+        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in items]
+        reply = self._call(self.tm.control("embed", 300.0, EmbedReq(ids, self.server_args.embedding_pooling)))
+        if not reply.success:
+            raise RuntimeError(f"embedding failed: {reply.message}")
+        out = [{"embedding": v, "meta_info": {"prompt_tokens": len(p)}}
+               for v, p in zip(reply.data["embeddings"], ids)]
+        return out if batch else out[0]
+
+    # -- RL hooks and sessions (docs/http_api.md) ------------------------------------------
+    def update_weights_from_disk(self, model_path: str, weight_version: Optional[str] = None) -> dict:
+        """Load new weights in place (only while idle); flushes the prefix cache."""
+        return self._control(UpdateWeightsReq(model_path, weight_version), timeout=600.0)
+
+    def release_memory_occupation(self, tags: Optional[List[str]] = None) -> dict:
+        return self._control(MemoryOccupationReq(True, tuple(tags or MEMORY_TAGS)), timeout=120.0)
+
+    def resume_memory_occupation(self, tags: Optional[List[str]] = None) -> dict:
+        return self._control(MemoryOccupationReq(False, tuple(tags or MEMORY_TAGS)), timeout=600.0)
+
+    def get_weight_version(self) -> str:
+        return self.tm.weight_version
+
+    def _control(self, msg, timeout: float) -> dict:
+        reply = self._call(self.tm.control(msg.kind, timeout, msg))
+        return {"success": reply.success, "message": reply.message, **reply.data}
+
+    def open_session(self, capacity_of_str_len: int = 0, session_id: Optional[str] = None) -> str:
+        return self._call(self._in_loop(self.tm.sessions.open, capacity_of_str_len, session_id))
+
+    def close_session(self, session_id: str) -> None:
+        self._call(self._in_loop(self.tm.sessions.close, session_id))
+
+    @staticmethod
+    async def _in_loop(fn, *args):  # the session store belongs to the tokenizer manager's loop
+        return fn(*args)
 
     def get_server_info(self) -> dict:
         info = self.server_args.to_dict()

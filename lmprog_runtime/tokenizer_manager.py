@@ -20,6 +20,8 @@ from lmprog_runtime.detokenize import IncrementalDetokenizer
 from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason,
                                      FlushCacheReq, GetInternalStateReq, TokenizedGenerateReq)
 from lmprog_runtime.sampling_params import SamplingParams
+from lmprog_runtime.sessions import SESSION_PARAM_KEYS, SessionError, SessionStore
+from lmprog_runtime.streaming import DeltaCursor
 
 logger = logging.getLogger(__name__)
 
@@ -27,11 +29,10 @@ logger = logging.getLogger(__name__)
 GENERATE_FIELDS = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
     "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "stream", "cache_salt",
-    "extra_key", "return_prompt_token_ids", "log_metrics",
+    "extra_key", "return_prompt_token_ids", "log_metrics", "session_params",
 }
-IGNORED_FIELDS = {"lora_path", "session_params", "priority", "custom_labels", "no_logs", "modalities",
-                  "return_hidden_states", "bootstrap_host", "bootstrap_port", "bootstrap_room",
-                  "routed_dp_rank", "data_parallel_rank", "background", "conversation_id"}
+IGNORED_FIELDS = {"lora_path", "priority", "custom_labels", "no_logs", "modalities",
+                  "return_hidden_states", "background", "conversation_id"}
 
 
 class RequestError(ValueError):
@@ -68,6 +69,7 @@ class GenerateJob:
     warmups: List[TokenizedGenerateReq]
     return_text_in_logprobs: bool
     return_prompt_token_ids: bool
+    session: Optional[dict] = None  # session_params of a request continuing in a session
 
 
 def spec_meta(verify_ct: int, draft_tokens: int, accepted: int) -> dict:
@@ -81,8 +83,12 @@ def spec_meta(verify_ct: int, draft_tokens: int, accepted: int) -> dict:
 
 class TokenizerManager:
     def __init__(self, tokenizer, vocab_size: int, context_len: int, send: Callable[[Any], None],
-                 on_finish: Optional[Callable[[ReqState], None]] = None):
+                 on_finish: Optional[Callable[[ReqState], None]] = None, incremental_streaming: bool = False):
+        """`incremental_streaming`: streams send deltas (--incremental-streaming-output)."""
         self.tokenizer = tokenizer
+        self.incremental_streaming = incremental_streaming
+        self.sessions = SessionStore(getattr(tokenizer, "bos_token_id", None))
+        self.weight_version = "default"  # the scheduler's, from its control replies
         self.vocab_size = vocab_size
         self.context_len = context_len
         self.send = send
@@ -96,7 +102,7 @@ class TokenizerManager:
     def parse(self, obj: dict) -> GenerateJob:
         if not isinstance(obj, dict):
             raise RequestError("The request body must be a JSON object.")
-        unknown = sorted(set(obj) - GENERATE_FIELDS - IGNORED_FIELDS)
+        unknown = sorted(k for k in set(obj) - GENERATE_FIELDS - IGNORED_FIELDS if obj[k] is not None)
         if unknown:
             raise RequestError(f"Unknown field(s) in the request: {', '.join(unknown)}.")
         text, input_ids = obj.get("text"), obj.get("input_ids")
@@ -114,6 +120,9 @@ class TokenizerManager:
             raise RequestError("Either text, input_ids or input_embeds should be provided.")
         if is_batch and not prompts:
             raise RequestError("The batch is empty.")
+        session = obj.get("session_params")
+        if session is not None:
+            prompts[0] = self._session_prompt(session, is_batch, prompts[0])
         count = len(prompts)
         sp_list = self._per_item(obj.get("sampling_params"), count, "sampling_params", True)
         for d in sp_list:
@@ -162,9 +171,22 @@ class TokenizerManager:
                 if sp.sampling_seed is not None:
                     sp.sampling_seed += k
                 reqs.append(TokenizedGenerateReq(rid=uuid.uuid4().hex, sampling_params=sp, **common))
+        if session is not None and n != 1:
+            raise RequestError("session_params: a request in a session takes n = 1.")
         return GenerateJob(reqs, is_batch or n > 1, stream, warmups,
                            bool(obj.get("return_text_in_logprobs", False)),
-                           bool(obj.get("return_prompt_token_ids", False)))
+                           bool(obj.get("return_prompt_token_ids", False)), session)
+
+    def _session_prompt(self, params, is_batch: bool, input_ids: List[int]) -> List[int]:
+        if is_batch:
+            raise RequestError("session_params: a request in a session takes one prompt, not a batch.")
+        if not isinstance(params, dict) or set(params) - set(SESSION_PARAM_KEYS):
+            raise RequestError("session_params must be an object with id, rid, offset, replace, "
+                               f"drop_previous_output; got {params!r}.")
+        try:
+            return self.sessions.prompt(params, input_ids)
+        except SessionError as e:
+            raise RequestError(str(e)) from None
 
     def _check_ids(self, ids) -> List[int]:
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -228,9 +250,14 @@ class TokenizerManager:
         return rids
 
     # -- submitting -----------------------------------------------------------------------
-    def _submit(self, msg: TokenizedGenerateReq) -> ReqState:
+    def _submit(self, msg: TokenizedGenerateReq, job: Optional[GenerateJob] = None) -> ReqState:
         if self.dead:
             raise RequestError(f"The scheduler is not running: {self.dead}", status=503)
+        if job is not None and job.session is not None:
+            try:
+                self.sessions.begin(job.session, msg.rid, msg.input_ids)
+            except SessionError as e:
+                raise RequestError(str(e)) from None
         state = ReqState(msg)
         self.states[msg.rid] = state
         self.send(msg)
@@ -250,7 +277,7 @@ class TokenizerManager:
         """Non-streaming: the final dict (or list of dicts for a batch)."""
         job = job or self.parse(obj)
         await self._warm(job)
-        states = [self._submit(m) for m in job.reqs]
+        states = [self._submit(m, job) for m in job.reqs]
         try:
             for st in states:
                 await self._wait(st)
@@ -266,11 +293,15 @@ class TokenizerManager:
                 raise RequestError(reason.message or "aborted", reason.status_code)
         return results if job.is_batch else results[0]
 
-    async def generate_stream(self, obj: dict, job: Optional[GenerateJob] = None) -> AsyncIterator[dict]:
-        """Streaming: cumulative chunk dicts (with "index" for a batch); errors as {"error": ...}."""
+    async def generate_stream(self, obj: dict, job: Optional[GenerateJob] = None,
+                              incremental: Optional[bool] = None) -> AsyncIterator[dict]:
+        """Streaming: chunk dicts (with "index" for a batch), cumulative or, with
+        `incremental` (default: the server's flag), deltas; errors as {"error": ...}."""
         job = job or self.parse(obj)
         await self._warm(job)
-        states = [self._submit(m) for m in job.reqs]
+        states = [self._submit(m, job) for m in job.reqs]
+        incremental = self.incremental_streaming if incremental is None else incremental
+        cursors = [DeltaCursor() for _ in states] if incremental else None
         try:
             pending = set(range(len(states)))
             while pending:
@@ -283,6 +314,8 @@ class TokenizerManager:
                     progressed = True
                     done = st.finished  # read before yielding: the state may finish meanwhile
                     chunk = self._chunk(st, job)
+                    if cursors is not None and "error" not in chunk:
+                        chunk = cursors[i].delta(chunk)
                     if job.is_batch:
                         chunk["index"] = i
                     yield chunk
@@ -305,10 +338,13 @@ class TokenizerManager:
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
         self.send(AbortReq(rid=rid, abort_all=abort_all))
 
-    async def control(self, kind: str, timeout: float = 30.0) -> ControlReply:
+    async def control(self, kind: str, timeout: float = 30.0, msg=None) -> ControlReply:
+        """A control round trip; `msg` (whose reply has this `kind`) defaults to the plain
+        request of `kind`."""
         if self.dead:
             raise RequestError(f"The scheduler is not running: {self.dead}", status=503)
-        msg = {"flush_cache": FlushCacheReq, "internal_state": GetInternalStateReq}[kind]()
+        if msg is None:
+            msg = {"flush_cache": FlushCacheReq, "internal_state": GetInternalStateReq}[kind]()
         fut = asyncio.get_running_loop().create_future()
         self.control_waiters.setdefault(kind, []).append(fut)
         self.send(msg)
@@ -317,6 +353,7 @@ class TokenizerManager:
     # -- scheduler outputs ----------------------------------------------------------------
     def handle_output(self, obj) -> None:
         if isinstance(obj, ControlReply):
+            self.weight_version = obj.data.get("weight_version", self.weight_version)
             waiters = self.control_waiters.get(obj.kind) or []
             if waiters:
                 fut = waiters.pop(0)
@@ -360,6 +397,7 @@ class TokenizerManager:
         st.finished_reason = reason
         st.meta["e2e_latency"] = now - st.created
         del self.states[st.msg.rid]
+        self.sessions.finish(st.msg.rid, st.output_ids, reason.is_error)
         if self.on_finish is not None:
             self.on_finish(st)
 
@@ -371,6 +409,7 @@ class TokenizerManager:
         st.finished_reason = reason
         st.event.set()
         del self.states[rid]
+        self.sessions.finish(rid, [], failed=True)
         self.abort(rid)
 
     @staticmethod
@@ -392,6 +431,7 @@ class TokenizerManager:
             st.finished_reason = FinishReason.error(503, f"The scheduler is not running: {message}")
             st.event.set()
             del self.states[rid]
+            self.sessions.finish(rid, [], failed=True)
         for waiters in self.control_waiters.values():
             for fut in waiters:
                 if not fut.done():
@@ -434,7 +474,7 @@ class TokenizerManager:
                 "completion_tokens": st.meta.get("completion_tokens", len(st.output_ids)),
                 "cached_tokens": st.meta.get("cached_tokens", 0),
                 "num_retractions": st.meta.get("num_retractions", 0),
-                "weight_version": "default"}
+                "weight_version": self.weight_version}
         if "spec" in st.meta:
             meta.update(spec_meta(*st.meta["spec"]))
         if st.finished:

@@ -45,7 +45,8 @@ def live_server_handle(tiny_model_path, tmp_path_factory):
     gone, the port free again."""
     from server_harness import LiveServer, pid_alive, port_is_free
 
-    server = LiveServer(tiny_model_path, tmp_path_factory.mktemp("live_server")).start()
+    server = LiveServer(tiny_model_path, tmp_path_factory.mktemp("live_server"),
+                        extra_args=["--tool-call-parser", "qwen25"]).start()  # tools: test_tool_calling.py
     import requests
     scheduler_pid = requests.get(server.url + "/get_server_info", timeout=30).json()["scheduler_pid"]
     yield server

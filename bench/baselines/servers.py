@@ -77,7 +77,7 @@ class ManagedServer:
                         return
             except OSError:
                 pass
-            time.sleep(1.0)
+            time.sleep(0.1)  # fine enough to time a start in seconds
         raise TimeoutError(f"{self.name} not ready after {self.ready_timeout:.0f}s; see {self.log_path}")
 
     def _log_tail(self, lines: int = 15) -> str:

@@ -12,7 +12,9 @@ _GENERATE_KEYS = ("sampling_params", "input_ids", "return_logprob", "logprob_sta
 
 
 class EngineBackend(NativeBackend):
-    """`Engine(model_path=..., **server_flags)` starts an in-process engine; `Engine(engine=e)` wraps one.
+    """The program backend over an in-process runtime: `EngineBackend(model_path=..., **server_flags)`
+    starts one, `EngineBackend(engine=e)` wraps a `lmprog_runtime.Engine`. (`lmprog.Engine`, SGLang's
+    offline engine, hands programs one of these as its `.endpoint`.)
 
     Payloads are exactly those `RuntimeEndpoint` would POST; `lmprog_runtime.Engine.generate`
     answers with the same JSON-shaped dicts. Attributes this class lacks (e.g. `tokenizer`)
@@ -64,5 +66,3 @@ class EngineBackend(NativeBackend):
     def __repr__(self):
         return f"EngineBackend({self.engine!r})"
 
-
-Engine = EngineBackend

@@ -22,6 +22,7 @@ class NativeBackend(BaseBackend):
         super().__init__()
         #: when a list, every payload sent is appended to it (tests and debugging)
         self.request_log: Optional[list] = None
+        self._streams_deltas: Optional[bool] = None
         self.model_info = self.get_model_info()
         self.chat_template = chat_template or chat_template_for_model(self.model_info, chat_template_name)
 
@@ -77,18 +78,31 @@ class NativeBackend(BaseBackend):
         payload["stream"] = True
         if self.request_log is not None:
             self.request_log.append(payload)
-        seen = ""
+        deltas, seen, meta = self.streams_deltas(), "", {}
         for data in self._generate_stream(payload):
             if "error" in data:
                 err = data["error"]
                 raise RuntimeError(f"stream failed: {err.get('message', err) if isinstance(err, dict) else err}")
             _raise_if_aborted(data)
             text = data.get("text", "")
-            if text.startswith(seen):  # cumulative text (the default server mode)
-                chunk, seen = text[len(seen):], text
-            else:  # a server with --incremental-streaming-output sends deltas
-                chunk, seen = text, seen + text
-            yield chunk, data.get("meta_info", {})
+            if deltas:  # --incremental-streaming-output: text and output logprobs are per chunk
+                chunk, seen, meta = text, seen + text, _accumulate(meta, data.get("meta_info") or {})
+            elif text.startswith(seen):  # cumulative text (the default server mode)
+                chunk, seen, meta = text[len(seen):], text, data.get("meta_info", {})
+            else:  # cumulative text that changed behind us: send only what is new
+                chunk, seen, meta = text, seen + text, data.get("meta_info", {})
+            yield chunk, dict(meta)
+
+    def streams_deltas(self) -> bool:
+        """Whether the server streams deltas (`--incremental-streaming-output`); asked once.
+        The executor always gets the cumulative meta_info, whichever the server sends."""
+        if self._streams_deltas is None:
+            try:
+                info = self.get_server_info() or {}
+            except Exception:  # a server without /get_server_info streams cumulatively (SGLang's default)
+                info = {}
+            self._streams_deltas = bool(info.get("incremental_streaming_output"))
+        return self._streams_deltas
 
     # --- select ---------------------------------------------------------------------------
     def select(self, s, choices: List[str], temperature: float,
@@ -134,6 +148,21 @@ def _choice_window(text: str, entries) -> list:
 def _mean_logprob(entries) -> float:
     values = [e[0] for e in entries if e[0] is not None]
     return sum(values) / len(values) if values else float("-inf")
+
+
+# meta_info lists that an incremental server sends per chunk (the rest is cumulative anyway)
+_OUTPUT_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+
+
+def _accumulate(total: dict, meta: dict) -> dict:
+    """`total` (the cumulative meta_info so far) with one delta chunk's `meta` folded in."""
+    out = dict(total)
+    for key, value in meta.items():
+        if key in _OUTPUT_LISTS and isinstance(value, list):
+            out[key] = total.get(key, []) + value
+        else:
+            out[key] = value
+    return out
 
 
 def _raise_if_aborted(item: dict) -> None:

@@ -5,8 +5,8 @@ query token per request against its first `seq_lens[b]` slots `table[rows[b], :]
 with `prefix` (slots [P] that every request's first P positions share, cascade) those keys are
 read once for the whole batch. The work is split by (kv head, chunk of prefix keys) and
 (request, kv head, chunk of own keys) across OpenMP threads, so one long context also uses
-every thread (chunks merged exactly). The kernel is paged_decode.c, compiled with the
-system C compiler into the cache directory at first use (keyed by source, flags and CPU);
+every thread (chunks merged exactly). The kernel is paged_decode.c, compiled by `native.build`
+into the cache directory at first use (keyed by source, flags and CPU);
 `available()` is False where that is impossible and callers keep the gather path.
 Query float32, K/V float32 or bfloat16 (widened exactly, float32 math); torch_native is the
 oracle (tests/runtime/test_paged_decode.py).
@@ -15,13 +15,8 @@ oracle (tests/runtime/test_paged_decode.py).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
 import pathlib
-import shutil
-import subprocess
-import tempfile
 import threading
 from typing import Optional
 
@@ -30,9 +25,6 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SOURCE = pathlib.Path(__file__).with_name("paged_decode.c")
-# -ffast-math minus finite-math (the kernel uses -inf): lets the dot products vectorize.
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
-          "-fassociative-math", "-fno-signed-zeros", "-shared", "-fPIC"]
 KV_DTYPES = (torch.float32, torch.bfloat16)  # K/V the kernel reads (the query is float32)
 MAX_D = 512  # head_dim limit (paged_decode.c)
 CHUNK = 512  # keys per task: long contexts split into this many-key pieces across threads
@@ -41,36 +33,13 @@ _lib: Optional[ctypes.CDLL] | bool = None
 enabled = True  # tests switch the kernel off to compare against the gather path
 
 
-def _cpu_key() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
-
-
 def _compile() -> Optional[ctypes.CDLL]:
-    from lmprog_runtime.config import CACHE_DIR
+    from lmprog_runtime import native
 
-    key = hashlib.sha256(_SOURCE.read_bytes() + repr(_FLAGS).encode() + _cpu_key().encode()).hexdigest()[:16]
-    out = pathlib.Path(CACHE_DIR) / "kernels" / f"paged_decode-{key}.so"
-    if not out.exists():
-        cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-        if cc is None:
-            logger.info("no C compiler: CPU decode attention gathers K/V instead")
-            return None
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        try:
-            os.close(fd)
-            subprocess.run([cc, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"], check=True, capture_output=True,
-                           timeout=120)
-            os.replace(tmp, out)  # atomic: concurrent builders all end with a whole file
-        except (OSError, subprocess.SubprocessError) as exc:
-            logger.warning("building the CPU paged decode kernel failed (%s): gathering K/V instead", exc)
-            pathlib.Path(tmp).unlink(missing_ok=True)
-            return None
-    lib = ctypes.CDLL(str(out))
+    lib = native.build(_SOURCE, native.NATIVE_FLAGS, cpu_specific=True)
+    if lib is None:
+        logger.info("no CPU paged decode kernel: decode attention gathers K/V instead")
+        return None
     p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.lm_paged_decode.argtypes = [p, p, p, i32, p, i64, p, i64, p, p, i32, i32, i32, i32, f32, i64, i32, p, p]
     lib.lm_paged_decode.restype = None

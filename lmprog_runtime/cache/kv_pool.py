@@ -7,6 +7,7 @@ request table likewise. Both pools only hand out indices; the allocator in
 
 from __future__ import annotations
 
+import math
 from typing import List
 
 import torch
@@ -37,6 +38,9 @@ class ReqToTokenPool:
         self._free_rows = list(range(1, self.size + 1))
 
 
+LAZY_ZERO_BYTES = 64 << 20  # CPU pools at least this large rely on the OS's zero pages
+
+
 class TokenToKVPool:
     """K and V for every layer: `k[layer]` is [num_slots + page_size, kv_heads, head_dim]."""
 
@@ -44,9 +48,32 @@ class TokenToKVPool:
                  dtype: torch.dtype, device="cpu", page_size: int = 1):
         self.size = num_slots
         self.num_layers = num_layers
-        shape = (num_layers, num_slots + page_size, num_kv_heads, head_dim)  # page 0 = padding
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.shape = (num_layers, num_slots + page_size, num_kv_heads, head_dim)  # page 0 = padding
+        self.dtype, self.device, self.page_size = dtype, device, page_size
+        self.allocate()
+
+    def allocate(self) -> None:
+        """(Re)create the K/V tensors, every slot finite (zero) until written.
+
+        Masked attention still multiplies the values it reads, so every slot must hold finite
+        numbers. On the CPU an allocation above glibc's largest mmap threshold (32 MiB) comes
+        straight from the OS as zero pages, faulted in on first write (zero-filling gigabytes up
+        front cost 2.5 s of every start); smaller ones and device memory may hold anything."""
+        nbytes = math.prod(self.shape) * torch.tensor([], dtype=self.dtype).element_size()
+        lazy = torch.device(self.device).type == "cpu" and nbytes >= LAZY_ZERO_BYTES
+        alloc = torch.empty if lazy else torch.zeros
+        self.k = alloc(self.shape, dtype=self.dtype, device=self.device)
+        self.v = alloc(self.shape, dtype=self.dtype, device=self.device)
+        self.k[:, :self.page_size].zero_()
+        self.v[:, :self.page_size].zero_()
+
+    def release(self) -> None:
+        """Free the K/V tensors (their slots hold nothing until `allocate`)."""
+        self.k = self.v = None
+
+    @property
+    def released(self) -> bool:
+        return self.k is None
 
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # loc [T]; k, v [T, kv_heads, head_dim]

@@ -15,10 +15,17 @@ Invariant (checked by `check_integrity` whenever the scheduler is idle and in te
     free pages + pages held by the tree + pages held by requests == all pages
 where a request holds the pages of positions [cache_protected_len, kv_len) and the
 tree holds (and, while the request runs, lock-protects) [0, cache_protected_len).
+
+With HiCache (`hicache`, a HiCacheController; the tree is a HiRadixCache) the host tier
+has the same invariant: free host pages + host pages of the tree + host pages held by
+prefetches == all host pages. `assign` also loads the host-resident part of a match back
+into the device pool (L2 → L1) when the controller says copying beats recomputing, and
+records where the prefix came from in `req.tier_hits` (device, host, storage tokens).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Iterable, Optional
 
 import torch
@@ -33,10 +40,11 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 class KVManager:
-    def __init__(self, req_pool: ReqToTokenPool, allocator: TokenSlotAllocator, tree):
+    def __init__(self, req_pool: ReqToTokenPool, allocator: TokenSlotAllocator, tree, hicache=None):
         self.req_pool = req_pool
         self.allocator = allocator
-        self.tree = tree  # RadixCache; tree.disable means no sharing
+        self.tree = tree  # RadixCache (HiRadixCache with hicache); tree.disable means no sharing
+        self.hicache = hicache
         self.page_size = allocator.page_size
 
     @property
@@ -50,7 +58,8 @@ class KVManager:
         the match ends inside it (the tree's contents stay the same)."""
         if not self.cache_enabled:
             return 0
-        return len(self.tree.match_prefix(self._matchable(req), req.namespace).indices)
+        match = self.tree.match_prefix(self._matchable(req), req.namespace)
+        return len(match.indices) + getattr(match, "host_len", 0)
 
     def match_node(self, req):
         """The deepest tree node of `req`'s cached prefix (the root when nothing matches);
@@ -74,7 +83,7 @@ class KVManager:
             return False
         req.row = self.req_pool.alloc()
         if self.cache_enabled:
-            match = self.tree.match_prefix(self._matchable(req), req.namespace)
+            match = self._match_and_load(req)
             n = len(match.indices)
             self.tree.inc_lock_ref(match.last_node)
             req.last_node = match.last_node
@@ -84,6 +93,56 @@ class KVManager:
             n = 0
         req.kv_len = req.cache_protected_len = n
         return True
+
+    def _match_and_load(self, req):
+        """The tree's match for `req`, with its host part loaded into the device pool when
+        that pays (else the request recomputes it); sets `req.tier_hits`."""
+        match = self.tree.match_prefix(self._matchable(req), req.namespace)
+        host_len = getattr(match, "host_len", 0)
+        loaded = 0
+        if host_len and self.hicache.should_load(host_len):
+            t0 = time.perf_counter()
+            done = self.tree.load_back(match, self._alloc)
+            if done is not None:
+                self.hicache.observe_load(time.perf_counter() - t0)
+                match, loaded = done, host_len
+        from_storage = min(loaded, self.hicache.take_from_storage(req.rid)) if self.hicache else 0
+        req.tier_hits = (len(match.indices) - loaded, loaded - from_storage, from_storage)
+        return match
+
+    # -- L3 prefetch (HiCache with a storage backend) -----------------------------------------
+    def prefetch(self, req) -> None:
+        """`req` entered the waiting queue: start reading its stored pages into L2."""
+        if self.hicache is not None:
+            self.hicache.prefetch(req.rid, self._matchable(req), req.namespace)
+
+    def storage_ready(self, req) -> bool:
+        """May `req` be admitted now (its prefetch ended, or its stop policy ends it now)?"""
+        return self.hicache is None or self.hicache.ready(req.rid)
+
+    def forget_prefetch(self, req) -> None:
+        if self.hicache is not None:
+            self.hicache.forget(req.rid)
+
+    def wait_for_storage(self, timeout_s: float) -> None:
+        """Nothing to compute: block up to `timeout_s` while a queued request's prefetch runs."""
+        if self.hicache is not None and self.hicache.prefetching():
+            self.hicache.wait_prefetch(timeout_s)
+
+    def observe_prefill(self, prompt_tokens: int, seconds: float) -> None:
+        """A forward computed `prompt_tokens` prompt tokens in `seconds` (the prefill rate)."""
+        if self.hicache is not None:
+            self.hicache.observe_prefill(prompt_tokens, seconds)
+
+    def count_tier_hits(self, req) -> None:
+        """`req`'s first admission: add where its cached prefix came from to the metrics."""
+        if self.hicache is not None:
+            for tier, n in zip(("l1", "l2", "l3"), req.tier_hits):
+                self.hicache.stats[f"hicache_hit_tokens_{tier}"] += n
+
+    def close(self) -> None:
+        if self.hicache is not None:
+            self.hicache.close()
 
     def unassign(self, req) -> None:
         """Undo `assign` before anything was computed (admission found no room)."""
@@ -212,9 +271,22 @@ class KVManager:
         if free + tree_tokens + held != total:  # not an assert: `python -O` must not skip it
             raise KVIntegrityError(
                 f"KV accounting broken: free {free} + tree {tree_tokens} + requests {held} != total {total}")
+        if self.hicache is not None:
+            self._check_host_tier()
+
+    def _check_host_tier(self) -> None:
+        host = self.tree.host_allocator
+        free, cached, held = host.available_size(), self.tree.host_total_size(), self.hicache.host_held()
+        if free + cached + held != host.size:
+            raise KVIntegrityError(f"host KV accounting broken: free {free} + tree {cached} + "
+                                   f"prefetches {held} != total {host.size}")
 
     def flush(self) -> None:
+        if self.hicache is not None:
+            self.hicache.flush()
         if self.cache_enabled:
             self.tree.reset()
         self.allocator.clear()
+        if self.hicache is not None:
+            self.tree.host_allocator.clear()
         self.req_pool.clear()

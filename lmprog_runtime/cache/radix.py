@@ -40,7 +40,7 @@ class KVIntegrityError(AssertionError):
 
 class TreeNode:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
-                 "namespace", "id")
+                 "namespace", "id", "host_value", "hit_count", "host_ref")
     _ids = itertools.count()
 
     def __init__(self, key: Tuple[int, ...] = (), value: Optional[torch.Tensor] = None,
@@ -54,6 +54,15 @@ class TreeNode:
         self.last_access_time = last_access_time
         self.namespace = namespace          # the subtree this node lives in
         self.id = next(TreeNode._ids)       # heap tie-break: older nodes first
+        # HiCache tiers (cache/hiradix.py); a plain RadixCache leaves them at None / 0.
+        self.host_value: Optional[torch.Tensor] = None  # int64 [len(key)] host-pool slots
+        self.hit_count = 0                  # inserts through this node (write_through_selective)
+        self.host_ref = 0                   # pins against host eviction (a load-back in progress)
+
+    @property
+    def evicted(self) -> bool:
+        """No device copy (the KV lives on the host tier only)."""
+        return self.value is None
 
     def __repr__(self) -> str:
         head = ",".join(map(str, self.key[:6])) + (",..." if len(self.key) > 6 else "")
@@ -80,6 +89,14 @@ def _common_prefix_len(node_key: tuple, key: tuple, start: int) -> int:
     while node_key[i] == key[start + i]:
         i += 1
     return i
+
+
+def _head(value: Optional[torch.Tensor], n: int) -> Optional[torch.Tensor]:
+    return None if value is None else value[:n].clone()
+
+
+def _tail(value: Optional[torch.Tensor], n: int) -> Optional[torch.Tensor]:
+    return None if value is None else value[n:].clone()
 
 
 class RadixCache:
@@ -129,8 +146,8 @@ class RadixCache:
         key = self._aligned_key(token_ids)
         if self.disable or not key:
             return MatchResult(self._empty(), self.root)
-        node, _, values = self._descend(key, namespace)
-        return MatchResult(torch.cat(values) if values else self._empty(), node)
+        node, _, path = self._descend(key, namespace)
+        return MatchResult(torch.cat([n.value for n in path]) if path else self._empty(), node)
 
     def insert(self, token_ids: Sequence[int], kv_indices: torch.Tensor,
                namespace: Hashable = None) -> int:
@@ -170,11 +187,11 @@ class RadixCache:
         """The key under which `node` sits in `node.parent.children`."""
         return self._page_key(node.parent, node.namespace, node.key, 0)
 
-    def _descend(self, key: tuple, namespace: Hashable) -> Tuple[TreeNode, int, List[torch.Tensor]]:
+    def _descend(self, key: tuple, namespace: Hashable) -> Tuple[TreeNode, int, List[TreeNode]]:
         """Walk `key` down from the root, touching each node and splitting where the match
-        ends inside one. Returns (deepest matched node, matched length, values on the path)."""
+        ends inside one. Returns (deepest matched node, matched length, nodes on the path)."""
         self._clock += 1
-        node, pos, values = self.root, 0, []
+        node, pos, path = self.root, 0, []
         while pos < len(key):
             child = node.children.get(self._page_key(node, namespace, key, pos))
             if child is None:
@@ -184,18 +201,21 @@ class RadixCache:
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access_time = self._clock
-            values.append(child.value)
+            path.append(child)
             node, pos = child, pos + n
-        return node, pos, values
+        return node, pos, path
 
     def _split(self, node: TreeNode, n: int) -> TreeNode:
         """Cut `node` after `n` tokens; returns the new prefix node, `node` keeps the suffix."""
         parent = node.parent
-        prefix = TreeNode(node.key[:n], node.value[:n].clone(), parent, node.namespace,
+        prefix = TreeNode(node.key[:n], _head(node.value, n), parent, node.namespace,
                           node.last_access_time)
         prefix.lock_ref = node.lock_ref  # same descendants, same locks
+        prefix.host_ref, prefix.hit_count = node.host_ref, node.hit_count
+        prefix.host_value = _head(node.host_value, n)
         parent.children[self._child_key(node)] = prefix  # same first page as before
-        node.key, node.value, node.parent = node.key[n:], node.value[n:].clone(), prefix
+        node.key, node.value, node.parent = node.key[n:], _tail(node.value, n), prefix
+        node.host_value = _tail(node.host_value, n)
         prefix.children[self._child_key(node)] = node
         return prefix
 
@@ -287,6 +307,9 @@ class RadixCache:
             n = len(node.key)
             if not (n > 0 and n % self.page_size == 0):
                 raise KVIntegrityError(f"{node!r}: key length not a page multiple")
+            if node.value is None:  # on a lower tier only: no device slots, never locked
+                self._check_evicted(node)
+                continue
             if not (node.value.dtype == torch.int64 and tuple(node.value.shape) == (n,)):
                 raise KVIntegrityError(f"{node!r}: value shape {tuple(node.value.shape)}, expected ({n},)")
             if not (node.lock_ref >= child_locks):
@@ -304,6 +327,9 @@ class RadixCache:
             every = torch.cat(slots)
             if not (torch.unique(every).numel() == every.numel()):
                 raise KVIntegrityError("a KV slot is held twice")
+
+    def _check_evicted(self, node: TreeNode) -> None:
+        raise KVIntegrityError(f"{node!r} has no KV slots")
 
     def pretty_print(self) -> str:
         """Print (and return) the tree, one node per line, indented by depth."""

@@ -35,5 +35,18 @@ def create_grammar_backend(name: str, tokenizer, vocab_size: int, eos_token_ids:
     return getattr(importlib.import_module(module), cls)(tokenizer, vocab_size, list(eos_token_ids), config)
 
 
-__all__ = ["create_grammar_backend", "Grammar", "GrammarBackend", "GrammarBackendConfig", "GrammarError",
+def create_serving_backend(name: str, tokenizer, vocab_size: int, eos_token_ids: Sequence[int],
+                           whitespace_pattern: Optional[str] = None):
+    """The scheduler's backend: `name` for every kind, except EBNF, which goes to xgrammar
+    (built on the first EBNF request) unless `name` is xgrammar itself (routed.py)."""
+    from lmprog_runtime.constrained.routed import RoutedBackend
+
+    primary = create_grammar_backend(name, tokenizer, vocab_size, eos_token_ids, whitespace_pattern)
+    if name == "xgrammar":
+        return primary
+    return RoutedBackend(primary, lambda: create_grammar_backend("xgrammar", tokenizer, vocab_size, eos_token_ids,
+                                                                  whitespace_pattern))
+
+
+__all__ = ["create_grammar_backend", "create_serving_backend", "Grammar", "GrammarBackend", "GrammarBackendConfig", "GrammarError",
            "GRAMMAR_KINDS", "UnsupportedSchemaError", "jump_forward_retokenize"]

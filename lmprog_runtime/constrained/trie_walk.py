@@ -2,20 +2,15 @@
 
 `TokenTrie(table)` is built once per tokenizer; `trie.mask(dfa, state, row)`
 sets `row[t] = True` for every token whose bytes the DFA can read from `state`. The walk
-runs in a small C function (trie_walk.c, compiled with the system C compiler into the
-cache directory at first use, like Triton's launcher) and falls back to a level-by-level
+runs in a small C function (trie_walk.c, compiled by `native.build` into the cache
+directory at first use) and falls back to a level-by-level
 numpy walk with the same result where no compiler is available.
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
 import pathlib
-import shutil
-import subprocess
-import tempfile
 import threading
 from typing import Optional, Sequence
 
@@ -31,39 +26,14 @@ _lib_lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] | bool = None
 
 
-def _cache_dir() -> pathlib.Path:
-    from lmprog_runtime.config import CACHE_DIR
-
-    return pathlib.Path(CACHE_DIR) / "kernels"
-
-
 def _compile() -> Optional[ctypes.CDLL]:
     """Build (once per source version) and load the C walker; None if that is impossible."""
-    from lmprog_runtime.config import C_COMPILER, NO_C_KERNELS
+    from lmprog_runtime import native
 
-    if NO_C_KERNELS:
+    lib = native.build(_SOURCE, ("-O2",), cpu_specific=False)
+    if lib is None:
+        logger.warning("no C trie walk: token masks use the slower numpy trie walk")
         return None
-    src = _SOURCE.read_bytes()
-    out = _cache_dir() / f"trie_walk-{hashlib.sha256(src).hexdigest()[:16]}.so"
-    if not out.exists():
-        cc = C_COMPILER or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-        if cc is None:
-            logger.warning("no C compiler found: token masks use the slower numpy trie walk")
-            return None
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        try:
-            subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(_SOURCE)],
-                           check=True, capture_output=True, timeout=120)
-            os.replace(tmp, out)  # atomic: concurrent builders all end with a whole file
-        except (OSError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", b"") or b""
-            logger.warning("building the C trie walk failed (%s %s): using the numpy walk",
-                           exc, detail.decode(errors="replace")[:200])
-            pathlib.Path(tmp).unlink(missing_ok=True)
-            return None
-    lib = ctypes.CDLL(str(out))
     ptr, i32 = ctypes.c_void_p, ctypes.c_int32  # raw addresses: data_as() costs ~5 us per array
     lib.lm_trie_mask.argtypes = [ptr, i32, ptr, i32, i32, i32, ptr, i32, ptr, ptr, ptr]
     lib.lm_trie_mask.restype = None

@@ -1,9 +1,10 @@
-"""Adapter: xgrammar (json / regex / ebnf) behind the same Grammar contract.
+"""Adapter: xgrammar (json / regex / ebnf / structural_tag) behind the same Grammar contract.
 
 Imported only when `create_grammar_backend("xgrammar", ...)` is called.
 """
 from __future__ import annotations
 
+import json
 from typing import Optional, Sequence
 
 import torch
@@ -69,8 +70,22 @@ class XGrammarBackend(GrammarBackend):
                 ctx = self.compiler.compile_regex(spec)
             elif kind == "ebnf":
                 ctx = self.compiler.compile_grammar(spec)
+            elif kind == "structural_tag":
+                ctx = self._compile_structural_tag(spec)
             else:
                 raise ValueError(f"{kind} grammars are not supported by the xgrammar backend")
         except Exception as exc:  # noqa: BLE001
             raise GrammarError(f"Failed to compile {kind} grammar: {exc}") from exc
         return XGrammarGrammar(ctx, self.vocab_size)
+
+    def _compile_structural_tag(self, spec: str):
+        """SGLang's legacy form {"structures": [{"begin", "schema", "end"}], "triggers": [...]},
+        or xgrammar's {"format": {...}} (with or without "type": "structural_tag")."""
+        tag = json.loads(spec)
+        if not isinstance(tag, dict):
+            raise ValueError("a structural tag is a JSON object")
+        if "structures" in tag:
+            items = [xgr.StructuralTagItem(begin=s["begin"], schema=s["schema"], end=s["end"])
+                     for s in tag["structures"]]
+            return self.compiler.compile_structural_tag(items, list(tag.get("triggers") or []))
+        return self.compiler.compile_structural_tag({**tag, "type": "structural_tag"})

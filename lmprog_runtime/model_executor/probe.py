@@ -6,7 +6,8 @@ A format is (weights, kernel dtype): ("none", float32 | bfloat16) for dense weig
 bound by reading weights (small batches) and can lose to the dense GEMM at large ones. So the
 probe times every allowed format at several batch sizes and returns
 - the dense dtype with the smallest summed time (the model's activation dtype),
-- the format with the fastest batch-1 step, and, when it is quantized, the first batch size
+- the format with the fastest batch-1 step (a quantized one only when it beats the dense
+  weights by QUANT_MARGIN), and, when it is quantized, the first batch size
   at which the dense weights are faster (`dense_rows`, None if never).
 Results are cached as JSON under CACHE_DIR keyed by CPU, torch, threads, shapes and candidates,
 so a warm start skips the ~1-3 s of timing.
@@ -28,9 +29,14 @@ from lmprog_runtime.model_executor.quant import QUANT_FORMATS, QuantLinear
 
 logger = logging.getLogger(__name__)
 
-PROBE_BATCHES = (1, 4, 16, 64)
+PROBE_BATCHES = (1, 4, 16, 32, 64)
+PROBE_VERSION = 2  # bump when a format's kernel changes (cached timings then no longer hold)
 PROBE_RETRIES = 2  # re-measurements when the machine was visibly busy during the probe
 PROBE_LAYERS = 4  # distinct weights per format: enough to overflow caches like the real model
+# A quantized format replaces the dense float32 weights only when its batch-1 step is at least
+# this much faster: near-ties flip with timing noise from one start to the next, and dense
+# float32 is the exact path.
+QUANT_MARGIN = 0.10
 Format = Tuple[str, str]  # (weights "none" | "int8" | "int4", kernel dtype name)
 
 
@@ -122,6 +128,9 @@ def choose(timings: Dict[Format, Dict[int, float]], require_quant: bool = False)
     dense_dtype = _dtype(min(dense, key=lambda f: sum(dense[f].values()))[1])
     pool = [f for f in timings if f[0] != "none"] if require_quant else list(timings)
     best = min(pool, key=lambda f: timings[f][1])
+    best_dense = min(dense, key=lambda f: dense[f][1])
+    if not require_quant and best[0] != "none" and timings[best][1] > (1 - QUANT_MARGIN) * dense[best_dense][1]:
+        best = best_dense  # not clearly faster than dense weights
     if best[0] == "none":
         return FormatChoice(dense_dtype, None, torch.float32, None)
     crossover = [b for b in sorted(next(iter(dense.values()), {}))
@@ -162,7 +171,7 @@ def probe_key(config, formats: List[Format]) -> str:
         cpu = "".join(line for line in info.splitlines() if line.startswith(("model name", "flags")))[:4000]
     except OSError:
         pass
-    parts = [cpu, torch.__version__, str(torch.get_num_threads()), repr(_shapes(config)),
+    parts = [str(PROBE_VERSION), cpu, torch.__version__, str(torch.get_num_threads()), repr(_shapes(config)),
              str((config.vocab_size, config.num_layers)), repr(sorted(formats)), repr(PROBE_BATCHES)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 

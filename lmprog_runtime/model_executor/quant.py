@@ -1,11 +1,12 @@
 """Weight-only quantized linear layers for the CPU decode path.
 
-Two formats, both run by torch's own CPU kernels:
+Two formats:
 - `int8`: one symmetric scale per output row; `w[n, k] = q[n, k] * scale[n]`, q in [-127, 127]
-  (`aten._weight_int8pack_mm`).
+  (lmprog's own kernel, qgemm.py, with float32 activations; `aten._weight_int8pack_mm` otherwise).
 - `int4`: groups of `INT4_GROUP` inputs per output row, asymmetric;
   `w[n, k] = (q[n, k] - 8) * scale[n, g] + zero[n, g]`, q in [0, 15], g = k // INT4_GROUP
-  (`aten._weight_int4pack_mm_for_cpu` on torch's packed layout).
+  (`aten._weight_int4pack_mm_for_cpu` on torch's packed layout; lmprog's qgemm.c, in its own
+  layout, with float32 activations).
 GGUF Q4_0 / Q4_1 blocks (32 values, fp16 scale [and min]) are exactly this int4 format with
 group 32, so `gguf_q4_blocks` converts them without a second rounding.
 
@@ -23,6 +24,8 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 from torch import nn
+
+from lmprog_runtime.model_executor import qgemm
 
 QUANT_MODES = ("none", "int8", "int4", "auto")
 QUANT_FORMATS = ("int8", "int4")
@@ -86,6 +89,8 @@ class QuantLinear(nn.Module):
     Buffers (all saved in the state dict, so a converted model reloads from safetensors):
     int8: qweight int8 [N, K], scales act_dtype [N];
     int4: qweight uint8 [N, K/2] (torch's CPU packing), scale_zeros act_dtype [K/32, N, 2];
+      with float32 activations and qgemm.c built (`native4`): qweight in qgemm.c's nibble order,
+      scale_zeros float32 [N, K/32, 2] (scale, zero - 8 * scale);
     dense (optional): the float weight [N, K] used when T >= dense_rows.
     """
 
@@ -96,9 +101,14 @@ class QuantLinear(nn.Module):
         self.fmt, self.act_dtype, self.dense_rows = fmt, act_dtype, dense_rows
         self.out_features, self.in_features = out_features, in_features
         n, k = out_features, in_features
+        # float32 int4 runs on qgemm.c, in its own layout (torch's float32 int4 kernel is slow)
+        self.native4 = fmt == "int4" and act_dtype == torch.float32 and qgemm.available()
         if fmt == "int8":
             self.register_buffer("qweight", torch.empty(n, k, dtype=torch.int8))
             self.register_buffer("scales", torch.empty(n, dtype=act_dtype))
+        elif self.native4:
+            self.register_buffer("qweight", torch.empty(n, k // 2, dtype=torch.uint8))
+            self.register_buffer("scale_zeros", torch.empty(n, k // INT4_GROUP, 2, dtype=torch.float32))
         else:
             self.register_buffer("qweight", torch.empty(n, k // 2, dtype=torch.uint8))
             self.register_buffer("scale_zeros", torch.empty(k // INT4_GROUP, n, 2, dtype=act_dtype))
@@ -116,6 +126,10 @@ class QuantLinear(nn.Module):
             q, scale = quantize_int8(w)
             self.qweight.copy_(q)
             self.scales.copy_(scale)
+        elif self.native4:
+            packed, sz = qgemm.pack_q4(*(int4 if int4 is not None else quantize_int4(w)))
+            self.qweight.copy_(packed)
+            self.scale_zeros.copy_(sz)
         else:
             q, scale, zero = int4 if int4 is not None else quantize_int4(w)
             self.qweight.copy_(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), INT4_INNER_K_TILES))
@@ -127,8 +141,12 @@ class QuantLinear(nn.Module):
         if self.dense is not None and x.shape[0] >= self.dense_rows:
             return nn.functional.linear(x, self.dense.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         xa = x.to(self.act_dtype)
-        if self.fmt == "int8":
+        if self.fmt == "int8" and xa.dtype == torch.float32 and xa.device.type == "cpu" and qgemm.available():
+            y = qgemm.q8_matmul(xa, self.qweight, self.scales)
+        elif self.fmt == "int8":
             y = torch.ops.aten._weight_int8pack_mm(xa, self.qweight, self.scales)
+        elif self.native4:
+            y = qgemm.q4_matmul(xa, self.qweight, self.scale_zeros)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xa, self.qweight, INT4_GROUP, self.scale_zeros)
         y = y.to(x.dtype)

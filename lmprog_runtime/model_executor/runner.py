@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import List
 
 import torch
 
@@ -173,3 +174,58 @@ class ModelRunner:
         self.attn_backend.init_forward_metadata(forward_batch)
         return self.model(forward_batch)
 
+
+    # -- RL hooks (the scheduler calls these only while no request runs) ----------------------
+    def update_weights_from_disk(self, model_path: str) -> None:
+        """Load the weights at `model_path` in place of the current ones. The new model must
+        have the same architecture and shapes; on any failure the current weights stay."""
+        path = resolve_model_path(model_path)
+        config = load_model_config(path, self.server_args.context_length)
+        mismatch = _shape_mismatch(self.model_config, config)
+        if mismatch:
+            raise ValueError(f"model {model_path!r} does not fit the loaded one: {mismatch}")
+        old_path, self.model_path = self.model_path, path
+        try:
+            model = self._load_model()
+        except Exception:
+            self.model_path = old_path
+            raise
+        model.attn_backend = self.attn_backend
+        self.model = model
+
+    def release_memory(self, weights: bool = True, kv_cache: bool = True) -> None:
+        """Free the weights and/or the KV tensors; `resume_memory` re-creates them."""
+        if weights:
+            self.model = None
+        if kv_cache:
+            self.token_to_kv_pool.release()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def resume_memory(self, weights: bool = True, kv_cache: bool = True) -> None:
+        if kv_cache and self.token_to_kv_pool.released:
+            self.token_to_kv_pool.allocate()
+        if weights and self.model is None:
+            model = self._load_model()  # the current model_path: updated weights stay updated
+            model.attn_backend = self.attn_backend
+            self.model = model
+
+
+    def embed(self, prompts: List[List[int]], pooling: str) -> List[List[float]]:
+        """Normalized pooled embeddings of `prompts` (model_executor/embedding.py)."""
+        from lmprog_runtime.model_executor.embedding import pooled_embedding
+
+        if self.model is None:
+            raise RuntimeError("the weights are released (/resume_memory_occupation first)")
+        return [pooled_embedding(self.model, ids, self.device, pooling) for ids in prompts]
+
+
+_SHAPE_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                 "head_dim", "intermediate_size", "tie_word_embeddings", "attention_bias")
+
+
+def _shape_mismatch(old: ModelConfig, new: ModelConfig) -> str:
+    """'' when `new` can replace `old` in place, else the fields that differ."""
+    diffs = [f"{name} {getattr(old, name)!r} vs {getattr(new, name)!r}" for name in _SHAPE_FIELDS
+             if getattr(old, name) != getattr(new, name)]
+    return ", ".join(diffs)

@@ -32,8 +32,10 @@ def cache_file(model_path: str, formats, dtype: torch.dtype) -> Optional[str]:
     if not is_gguf(model_path):
         return None  # safetensors checkpoints already load memory-mapped
     # dense_rows itself is a runtime threshold; only whether dense copies exist shapes the file
+    from lmprog_runtime.model_executor import qgemm
+
     key = repr((CACHE_VERSION, torch.__version__, formats.quant, str(formats.act_dtype),
-                formats.dense_rows is not None, str(dtype)))
+                formats.dense_rows is not None, str(dtype), qgemm.available()))  # native int4 layout
     name = "weights-" + hashlib.sha256(key.encode()).hexdigest()[:16] + ".safetensors"
     return os.path.join(_gguf_cache_dir(model_path), name)
 

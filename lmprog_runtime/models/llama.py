@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmprog_runtime.model_executor import fused_ops
 from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 from lmprog_runtime.model_executor.loader import ModelConfig
 
@@ -75,6 +76,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
         """Normalize `x`, or with `residual` the sum `x + residual`, returning (normed, sum)."""
+        if fused_ops.usable(x, self.weight):  # float32 on the CPU: one C call (fused_ops.py)
+            normed, total = fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
+            return normed if residual is None else (normed, total)
         if residual is not None:
             x = x + residual
             return self._norm(x), x

@@ -196,6 +196,8 @@ class Admission:
         for r in self._candidates(waiting):
             if len(running) >= self.limits.max_running or budget <= 0 or input_budget <= 0:
                 break
+            if not self.kv.storage_ready(r):  # its L3 prefetch goes on (the stop policy said wait)
+                continue
             try:
                 chunk = self._try_admit(r, running, budget)
             except Exception as e:  # this request alone fails; the others are still admitted

@@ -59,6 +59,7 @@ class Req:
         self.cache_protected_len = 0
         self.last_node = None
         self.cached_tokens = 0  # reported: prompt tokens served from the cache, first admission
+        self.tier_hits = (0, 0, 0)  # of the last match: tokens found on (device, host, storage)
         self.num_retractions = 0
         self.kv_suspect = False  # failed mid-step (faults.fail_request): free its KV, never cache it
         # output bookkeeping

@@ -40,24 +40,28 @@ from lmprog_runtime.cache.allocator import TokenSlotAllocator
 from lmprog_runtime.cache.manager import KVManager
 from lmprog_runtime.config import GRAMMAR_COMPILE_TIMEOUT_S, ServerArgs
 from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason, FlushCacheReq,
-                                     GetInternalStateReq, TokenizedGenerateReq)
+                                     EmbedReq, GetInternalStateReq, MemoryOccupationReq, TokenizedGenerateReq,
+                                     UpdateWeightsReq)
 from lmprog_runtime.model_executor.sampler import Sampler
 from lmprog_runtime.scheduler.admission import Admission, AdmissionLimits
 from lmprog_runtime.scheduler.batch import StepPlan, build_forward_batch
 from lmprog_runtime.scheduler.faults import Stage, error_reason, fail_request
 from lmprog_runtime.scheduler.grammar_mask import MaskBuilder
 from lmprog_runtime.scheduler.grammars import GrammarQueue
+from lmprog_runtime.scheduler.limits import DECODE_LIKE_EXTEND
 from lmprog_runtime.scheduler.outbox import Outbox, error_output
 from lmprog_runtime.scheduler.output import JumpForward, PostProcessor
 from lmprog_runtime.scheduler.policy import SchedulePolicy
 from lmprog_runtime.scheduler.request import Req, SpecCounts
 from lmprog_runtime.scheduler.stops import StopChecker
 from lmprog_runtime.scheduler.watchdog import Watchdog
+from lmprog_runtime.scheduler.weights import WeightControl
 from lmprog_runtime.speculative.speculator import build_speculator
 
 logger = logging.getLogger(__name__)
 
 STATS_EVERY_STEPS = 8  # scheduler gauges ride along with every 8th batch of outputs
+PREFETCH_POLL_S = 0.005  # seconds an idle step waits for a storage prefetch to finish
 
 
 def _new_stats() -> dict:
@@ -79,6 +83,7 @@ class Scheduler:
                                              runner.req_to_token_pool.size, cfg.context_length)
         self.kv = self._build_kv(runner, tree)
         self.stats = _new_stats()
+        self.weights = WeightControl(runner, self.kv)
         policy = SchedulePolicy(server_args.schedule_policy, self.kv.cache_enabled)
         self.admission = Admission(self.limits, self.kv, policy, faults)
         self.grammars = GrammarQueue(grammar_factory, GRAMMAR_COMPILE_TIMEOUT_S)
@@ -93,6 +98,7 @@ class Scheduler:
         self.post.speculator = self.speculator
         self.waiting: deque = deque()
         self.running: List[Req] = []
+        self.embeds: List[EmbedReq] = []
         self.last_gen_throughput = 0.0
         self._tp_window = (0.0, 0)  # (busy seconds, generated tokens) at the window's start
         self._flushes = 0
@@ -104,6 +110,10 @@ class Scheduler:
 
     def _build_kv(self, runner, tree) -> KVManager:
         allocator = TokenSlotAllocator(runner.max_total_num_tokens, self.limits.page_size)
+        if tree is None and self.args.enable_hierarchical_cache:
+            from lmprog_runtime.cache.hicache_setup import build_hicache
+            tree, hicache = build_hicache(self.args, runner, allocator, self.limits.page_size)
+            return KVManager(runner.req_to_token_pool, allocator, tree, hicache)
         if tree is None:
             from lmprog_runtime.cache.radix import RadixCache
             tree = RadixCache(allocator, page_size=self.limits.page_size,
@@ -135,6 +145,10 @@ class Scheduler:
             return self.flush_cache()
         elif isinstance(msg, GetInternalStateReq):
             return ControlReply("internal_state", data=self.internal_state())
+        elif isinstance(msg, (UpdateWeightsReq, MemoryOccupationReq)):
+            return self.weights.handle(msg, self.is_idle())
+        elif isinstance(msg, EmbedReq):
+            self.embeds.append(msg)  # run between steps (run_embeds), never beside a forward
         else:
             raise TypeError(f"unknown message {type(msg).__name__}")
         return None
@@ -161,14 +175,18 @@ class Scheduler:
         limit = self.args.max_queued_requests
         if limit is not None and len(self.waiting) + len(self.grammars) >= limit:
             return self._fail(req, FinishReason.error(503, "The request queue is full.", "BadRequest"))
-        error = self.admission.check(req)
+        error = self.weights.refusal() or self.admission.check(req)
         if error is None and req.sampling.grammar is not None:
             error = self.grammars.submit(req)
             if error is None:
                 return
         if error is not None:
             return self._fail(req, error)
+        self._enqueue(req)
+
+    def _enqueue(self, req: Req) -> None:
         self.waiting.append(req)
+        self.kv.prefetch(req)  # HiCache L3 → L2 while it waits
 
     def _fail(self, req: Req, reason: FinishReason) -> None:
         req.finish(reason)
@@ -182,6 +200,7 @@ class Scheduler:
         reason = FinishReason.abort(msg.message)
         for r in [r for r in self.waiting if hit(r)]:
             self.waiting.remove(r)
+            self.kv.forget_prefetch(r)
             self._fail(r, reason)
         for r in self.grammars.remove_matching(hit):
             self._fail(r, reason)
@@ -199,8 +218,8 @@ class Scheduler:
         batch = build_forward_batch(plan, self.runner)
         t1 = time.perf_counter()
         logits = self._forward(plan, lambda: self._run_forward(plan, batch))
+        self._timed_forward(plan, time.perf_counter() - t1)
         mask = self.masks.build(plan.sampled_reqs())
-        self.stats["forward_s"] += time.perf_counter() - t1
         return self._after_forward(plan, logits, mask, t0)
 
     def step_overlapped(self) -> bool:
@@ -218,8 +237,13 @@ class Scheduler:
         self._take_messages(block=False)
         mask = self.masks.build(plan.sampled_reqs())
         logits = self._forward(plan, future.result)
-        self.stats["forward_s"] += time.perf_counter() - t1
+        self._timed_forward(plan, time.perf_counter() - t1)
         return self._after_forward(plan, logits, mask, t0)
+
+    def _timed_forward(self, plan: StepPlan, seconds: float) -> None:
+        self.stats["forward_s"] += seconds
+        prompt = sum(it.num_tokens for it in plan.items if it.num_tokens > DECODE_LIKE_EXTEND)
+        self.kv.observe_prefill(prompt, seconds)  # HiCache's cost model learns the prefill rate
 
     def _after_forward(self, plan: StepPlan, logits, mask, t0: float) -> bool:
         """The tail both loops share: sample + post-process, release, account, send."""
@@ -249,6 +273,7 @@ class Scheduler:
     def _idle_step(self) -> bool:
         self._release_finished()
         self._flush()
+        self.kv.wait_for_storage(PREFETCH_POLL_S)  # queued requests may wait on L3 reads
         return False
 
     def _admit(self) -> StepPlan:
@@ -257,7 +282,8 @@ class Scheduler:
             ready, failed = self.grammars.poll()
             for r, reason in failed:
                 self._fail(r, reason)
-            self.waiting.extend(ready)
+            for r in ready:
+                self._enqueue(r)
         drafts = self.speculator.propose(self.running) if self.speculator is not None else None
         decision = self.admission.admit(self.running, self.waiting, drafts)
         for r in decision.failed:
@@ -279,6 +305,7 @@ class Scheduler:
             r.cached_tokens = r.kv_len
             self.stats["num_prompt_tokens"] += r.prompt_len
             self.stats["num_cached_tokens"] += r.kv_len
+            self.kv.count_tier_hits(r)
 
     def _release_finished(self) -> None:
         keep = []
@@ -307,7 +334,19 @@ class Scheduler:
             self._tp_window = (self.stats["step_s"], self.stats["num_generated_tokens"])
 
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or len(self.grammars))
+        return not (self.waiting or self.running or len(self.grammars) or self.embeds)
+
+    def run_embeds(self) -> None:
+        """Answer the queued embedding requests (each fails alone with its message)."""
+        embeds, self.embeds = self.embeds, []
+        for msg in embeds:
+            try:
+                vectors = self.runner.embed(msg.prompts, msg.pooling)
+                reply = ControlReply("embed", data={"embeddings": vectors})
+            except Exception as e:
+                logger.exception("embedding request failed")
+                reply = ControlReply("embed", success=False, message=f"{type(e).__name__}: {e}")
+            self._send(reply)
 
     # -- sending --------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -363,8 +402,11 @@ class Scheduler:
             "last_gen_throughput": self.last_gen_throughput,
             "integrity": self._audit() if self.is_idle() else "busy",
             "watchdog_trips": self.watchdog.trips,
+            "weight_version": self.weights.version,
+            "memory_released": list(self.weights.released),
             **(self.speculator.internal_state() if self.speculator is not None else {}),
             **s,
+            **(kv.hicache.state() if kv.hicache is not None else {}),
         }
 
     def _audit(self) -> str:
@@ -395,6 +437,7 @@ class Scheduler:
                 self._take_messages(block=self.is_idle())
                 if self._stop:
                     return
+                self.run_embeds()
                 self.watchdog.step_begin()
                 busy = step()
                 self.watchdog.step_end()
@@ -403,3 +446,4 @@ class Scheduler:
                     self.check_integrity()
         finally:
             self.watchdog.stop()
+            self.kv.close()  # HiCache: ends prefetches, waits for queued storage writes

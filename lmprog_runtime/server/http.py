@@ -115,12 +115,12 @@ async def write_sse(request: web.Request, chunks: AsyncIterator[Any]) -> web.Str
     return resp
 
 
-async def control(rt, kind: str, timeout: float = 30.0):
+async def control(rt, kind: str, timeout: float = 30.0, msg=None):
     """A control round trip to the scheduler; 503 at once when it is not running."""
     if rt.dead:
         raise RequestError(f"The scheduler is not running: {rt.dead}", 503)
     try:
-        return await rt.tm.control(kind, timeout)
+        return await rt.tm.control(kind, timeout, msg)
     except asyncio.TimeoutError:
         raise RequestError(f"The scheduler did not answer {kind!r} within {timeout:.0f}s.", 503) from None
 
@@ -136,7 +136,8 @@ async def auth_middleware(request: web.Request, handler):
     key = request.app[RUNTIME].args.api_key
     if key and request.method != "OPTIONS" and not request.path.startswith(OPEN_PREFIXES):
         if request.headers.get("Authorization", "") != f"Bearer {key}":
-            return web.json_response({"error": "Unauthorized"}, status=401)
+            return error_response("Incorrect API key provided: send 'Authorization: Bearer <--api-key>'.",
+                                  401)
     return await handler(request)
 
 
@@ -238,7 +239,8 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def get_model_info(request: web.Request) -> web.Response:
-    return web.json_response(request.app[RUNTIME].model_info)
+    rt = request.app[RUNTIME]
+    return web.json_response({**rt.model_info, "weight_version": rt.tm.weight_version})
 
 
 async def get_server_info(request: web.Request) -> web.Response:
@@ -328,12 +330,15 @@ NATIVE_ROUTES = [
 
 
 def create_app(runtime) -> web.Application:
+    from lmprog_runtime.server.admin_api import ADMIN_ROUTES
+    from lmprog_runtime.server.chat_api import CHAT_ROUTES
+    from lmprog_runtime.server.embeddings_api import EMBEDDING_ROUTES
     from lmprog_runtime.server.openai_api import OPENAI_ROUTES
 
     app = web.Application(middlewares=[error_middleware, auth_middleware, state_middleware],
                           client_max_size=runtime.args.max_request_bytes)
     app[RUNTIME] = runtime
-    for method, path, handler in NATIVE_ROUTES + OPENAI_ROUTES:
+    for method, path, handler in NATIVE_ROUTES + OPENAI_ROUTES + CHAT_ROUTES + EMBEDDING_ROUTES + ADMIN_ROUTES:
         app.router.add_route(method, path, handler)
     return app
 

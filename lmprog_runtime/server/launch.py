@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Optional
 
-from lmprog_runtime.config import ServerArgs, add_cli_args, from_cli_namespace
+from lmprog_runtime.config import ServerArgs, add_cli_args, from_cli_namespace, limit_malloc_arenas
 from lmprog_runtime.ipc import IpcPaths, SchedulerChannel, ServerChannel
 from lmprog_runtime.messages import SchedulerFailed, SchedulerReady, ShutdownReq
 
@@ -157,7 +157,9 @@ class ServerRuntime:
         self.schemas = request_schemas(Limits.of(self.args, self.info["vocab_size"]))
         self.max_token_bytes = _max_token_bytes(self.tokenizer)
         self.tm = TokenizerManager(self.tokenizer, self.info["vocab_size"], self.info["context_len"],
-                                   self.channel.send, on_finish=self.metrics.on_finish)
+                                   self.channel.send, on_finish=self.metrics.on_finish,
+                                   incremental_streaming=self.args.incremental_streaming_output)
+        self.tm.weight_version = self.info.get("weight_version", "default")
         self._recv_task = asyncio.create_task(self.channel.receive_loop(self._on_message))
         loop.add_reader(self.process.sentinel, self._on_child_exit)
 
@@ -237,6 +239,7 @@ class ServerRuntime:
             self.on_dead(f"the scheduler restart failed: {e}")
             return
         self.tm.control_waiters.clear()  # futures of the dead scheduler, already failed
+        self.tm.weight_version = self.info.get("weight_version", "default")  # a new scheduler's weights
         self.tm.dead = None
         self.restarting = False
         self._recv_task = asyncio.create_task(self.channel.receive_loop(self._on_message))
@@ -391,6 +394,7 @@ def main(argv=None) -> int:
         return 2
     _setup_logging(args.log_level)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    limit_malloc_arenas()
     try:
         return asyncio.run(serve(args, progress=lambda line: print(line, flush=True)))
     except RuntimeError as e:

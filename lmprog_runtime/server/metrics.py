@@ -44,6 +44,33 @@ _COUNTERS = {
 }
 
 
+# HiCache series (docs/hicache.md), present when the scheduler runs it:
+# name -> (help, label name, {label value: key in the internal state})
+_HICACHE = {
+    "lmprog:hicache_hit_tokens": ("Prompt tokens served from each KV tier (first admissions).", "tier",
+                                  {"L1": "hicache_hit_tokens_l1", "L2": "hicache_hit_tokens_l2",
+                                   "L3": "hicache_hit_tokens_l3"}),
+    "lmprog:hicache_bytes_loaded": ("KV bytes read from a tier (L2: host to device; L3: storage to host).",
+                                    "tier", {"L2": "l2_load_bytes", "L3": "l3_read_bytes"}),
+    "lmprog:hicache_bytes_written": ("KV bytes written to a tier (L2: device to host; L3: host to storage).",
+                                     "tier", {"L2": "l2_write_bytes", "L3": "l3_write_bytes"}),
+    "lmprog:hicache_load_back_decisions": ("Host-resident prefixes loaded back vs recomputed.", "decision",
+                                           {"load": "hicache_decisions_load",
+                                            "recompute": "hicache_decisions_recompute"}),
+    "lmprog:hicache_copy_bytes_per_second": ("Measured tier bandwidth (cost-model input).", "tier",
+                                             {"L2": "hicache_l2_load_bytes_per_s",
+                                              "L3": "hicache_l3_read_bytes_per_s"}),
+    "lmprog:hicache_seconds_sum": ("Total seconds of load-backs (L2 to L1) and prefetches (L3 to L2).", "op",
+                                   {"load_back": "hicache_load_back_seconds_sum",
+                                    "prefetch": "hicache_prefetch_seconds_sum"}),
+    "lmprog:hicache_seconds_count": ("Number of load-backs and prefetches.", "op",
+                                     {"load_back": "hicache_load_back_count", "prefetch": "hicache_prefetch_count"}),
+    "lmprog:hicache_prefill_tokens_per_second": ("Measured prefill rate (cost-model input).", None,
+                                                 {"": "hicache_prefill_tokens_per_s"}),
+    "lmprog:hicache_host_tokens": ("Tokens with a copy in the host pool (L2).", None, {"": "hicache_host_tokens"}),
+}
+
+
 class _SchedulerGauges:
     """A collector that reports the gauges of the last scheduler state it was given."""
 
@@ -64,6 +91,17 @@ class _SchedulerGauges:
                 family = CounterMetricFamily(f"sglang:{name}", doc, labels=["model_name"])
                 family.add_metric([self.model_name], float(value))
                 yield family
+        if "hicache_host_pool_tokens" in self.state:
+            yield from self._hicache()
+
+    def _hicache(self):
+        for name, (doc, label, keys) in _HICACHE.items():
+            family = GaugeMetricFamily(name, doc, labels=["model_name"] + ([label] if label else []))
+            for value, key in keys.items():
+                v = self.state.get(key)
+                if isinstance(v, (int, float)):
+                    family.add_metric([self.model_name] + ([value] if label else []), float(v))
+            yield family
 
 
 class ServerMetrics:

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from lmprog_runtime.server.http import RUNTIME, off_loop, read_request, write_sse
 from lmprog_runtime.server.limits import check_fanout, check_output_room, check_prompt_size
+from lmprog_runtime.server.tools import ToolPlan, calls_as_text, tool_prompt
 from lmprog_runtime.server.validate import SchemaError
 from lmprog_runtime.tokenizer_manager import RequestError
 
@@ -75,14 +76,18 @@ def _base_request(body: dict, sampling: dict, stream: bool) -> dict:
             "extra_key": body.get("extra_key")}
 
 
-def render_chat(rt, messages, body: dict) -> List[int]:
-    """Token ids of `messages` through the model's chat template (with a generation prompt)."""
+def render_chat(rt, messages, body: dict, plan: Optional[ToolPlan] = None) -> List[int]:
+    """Token ids of `messages` through the model's chat template (with a generation prompt).
+    A template that cannot render tools gets them as a system message, and earlier
+    assistant `tool_calls` as text in the parser's format."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list.")
     conv = [_message(m, i) for i, m in enumerate(messages)]
     template = _chat_template(rt)
     if template is None:
         raise RequestError("The model has no chat template; start the server with --chat-template.")
+    if plan is not None and "tools" not in template:
+        conv = _tools_as_text(conv, plan)
     cont = bool(body.get("continue_final_message")) and conv[-1]["role"] == "assistant"
     try:
         text = rt.tokenizer.apply_chat_template(
@@ -91,6 +96,20 @@ def render_chat(rt, messages, body: dict) -> List[int]:
     except Exception as e:  # jinja raise_exception(), missing variables, ...
         raise RequestError(f"Cannot apply the chat template: {e}") from None
     return rt.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _tools_as_text(conv: List[dict], plan: ToolPlan) -> List[dict]:
+    written = []
+    for m in conv:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = calls_as_text(m["tool_calls"], plan.parser)
+            m = {**m, "content": f"{m['content']}\n{calls}" if m["content"] else calls}
+        written.append(m)
+    conv = written
+    prompt = tool_prompt(plan)
+    if conv[0]["role"] in ("system", "developer"):
+        return [{**conv[0], "content": conv[0]["content"] + "\n\n" + prompt}] + conv[1:]
+    return [{"role": "system", "content": prompt}] + conv
 
 
 def _message(m, i: int) -> dict:
@@ -232,7 +251,7 @@ async def _completion_stream(rt, body, obj, job, prompt_texts, n):
     sent_text: Dict[int, str] = {}
     sent_lp: Dict[int, int] = {}
     finals: Dict[int, dict] = {}
-    async for chunk in rt.tm.generate_stream(obj, job):
+    async for chunk in rt.tm.generate_stream(obj, job, incremental=False):  # deltas computed here
         if "error" in chunk:
             yield chunk
             return
@@ -256,82 +275,6 @@ async def _completion_stream(rt, body, obj, job, prompt_texts, n):
             finals[i] = chunk
     if (body.get("stream_options") or {}).get("include_usage"):
         usage_chunk = _envelope(obj["rid"], body, rt, "text_completion", [])
-        usage_chunk["usage"] = _usage([finals[i] for i in sorted(finals)], n)
-        yield usage_chunk
-
-
-# -- /v1/chat/completions ----------------------------------------------------------------------
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    rt = request.app[RUNTIME]
-    body = await _openai_body(request, "/v1/chat/completions")
-    max_tokens = body.get("max_completion_tokens")
-    max_tokens = body.get("max_tokens") if max_tokens is None else max_tokens
-    obj = _base_request(body, _sampling(body, max_tokens, rt.args.max_grammar_bytes), bool(body.get("stream")))
-    top = body.get("top_logprobs")
-    if top and not body.get("logprobs"):
-        raise SchemaError("top_logprobs", "0 or unset unless logprobs is true", top)
-    if body.get("input_ids") is not None:
-        obj["input_ids"] = body["input_ids"]
-    else:
-        obj["input_ids"] = await off_loop(rt, render_chat, rt, body["messages"], body)
-    if body.get("logprobs"):
-        obj.update(return_logprob=True, top_logprobs_num=top or 0)
-    job = await off_loop(rt, rt.tm.parse, obj)
-    check_output_room(rt, job, [max_tokens is not None], [bool(body.get("clamp_max_tokens"))],
-                      "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens",
-                      "clamp_max_tokens")
-    n = body.get("n") or 1
-    if obj["stream"]:
-        return await write_sse(request, _chat_stream(rt, body, obj, job, n))
-    results = await rt.tm.generate(obj, job)
-    results = results if isinstance(results, list) else [results]
-    choices = []
-    for i, r in enumerate(results):
-        kind, matched = _finish(r)
-        lp = _chat_logprobs(*_output_logprobs(r["meta_info"])) if body.get("logprobs") else None
-        choices.append({"index": i, "message": {"role": "assistant", "content": r["text"],
-                                                "reasoning_content": None, "tool_calls": None},
-                        "logprobs": lp, "finish_reason": kind, "matched_stop": matched})
-    resp = _envelope(obj["rid"], body, rt, "chat.completion", choices)
-    resp["usage"] = _usage(results, n)
-    return web.json_response(resp)
-
-
-async def _chat_stream(rt, body, obj, job, n):
-    with_lp = bool(body.get("logprobs"))
-    sent_text: Dict[int, str] = {}
-    sent_lp: Dict[int, int] = {}
-    finals: Dict[int, dict] = {}
-
-    def chunk_of(i, delta, lp=None, kind=None, matched=None):
-        choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": kind}
-        if kind:
-            choice["matched_stop"] = matched
-        return _envelope(obj["rid"], body, rt, "chat.completion.chunk", [choice])
-
-    async for chunk in rt.tm.generate_stream(obj, job):
-        if "error" in chunk:
-            yield chunk
-            return
-        i = chunk.get("index", 0)
-        if i not in sent_text:
-            sent_text[i] = ""
-            yield chunk_of(i, {"role": "assistant", "content": ""})
-        delta = chunk["text"][len(sent_text[i]):]
-        sent_text[i] = chunk["text"]
-        lp = None
-        if with_lp:
-            entries, tops = _output_logprobs(chunk["meta_info"], sent_lp.get(i, 0))
-            sent_lp[i] = sent_lp.get(i, 0) + len(entries)
-            lp = _chat_logprobs(entries, tops) if entries else None
-        if delta or lp:
-            yield chunk_of(i, {"content": delta}, lp)
-        kind, matched = _finish(chunk)
-        if kind:
-            finals[i] = chunk
-            yield chunk_of(i, {}, None, kind, matched)
-    if (body.get("stream_options") or {}).get("include_usage"):
-        usage_chunk = _envelope(obj["rid"], body, rt, "chat.completion.chunk", [])
         usage_chunk["usage"] = _usage([finals[i] for i in sorted(finals)], n)
         yield usage_chunk
 
@@ -360,5 +303,5 @@ async def retrieve_model(request: web.Request) -> web.Response:
 
 OPENAI_ROUTES = [
     ("GET", "/v1/models", list_models), ("GET", "/v1/models/{model}", retrieve_model),
-    ("POST", "/v1/completions", completions), ("POST", "/v1/chat/completions", chat_completions),
+    ("POST", "/v1/completions", completions),
 ]

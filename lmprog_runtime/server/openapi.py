@@ -32,6 +32,17 @@ ROUTE_DOCS: Dict[str, tuple] = {
     "/v1/models/{model}": ("OpenAI: one model card (404 for other names).", False),
     "/v1/completions": ("OpenAI text completions.", True),
     "/v1/chat/completions": ("OpenAI chat completions (the model's chat template).", True),
+    "/v1/embeddings": ("OpenAI embeddings (pooled final hidden states, L2-normalized; float or base64).",
+                       True),
+    "/encode": ("SGLang's native embeddings of text or token ids (single or batch).", True),
+    "/open_session": ("Open a session; answers its id. Requests continue in it with session_params.", True),
+    "/close_session": ("Close a session (its requests can no longer be continued).", True),
+    "/update_weights_from_disk": ("Load new weights in place (idle only); flushes the cache, bumps "
+                                  "weight_version.", True),
+    "/release_memory_occupation": ("Free the weights and KV tensors (idle only); generation answers "
+                                   "503 until resumed.", True),
+    "/resume_memory_occupation": ("Re-create what /release_memory_occupation freed.", True),
+    "/get_weight_version": ("The weight version (meta_info.weight_version of new outputs).", False),
 }
 _ERROR = {"type": "object", "required": ["error"], "properties": {
     "error": {"type": "object", "required": ["message", "type", "code"], "properties": {

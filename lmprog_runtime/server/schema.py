@@ -115,9 +115,26 @@ def sampling_schema(lim: Limits) -> dict:
     }}
 
 
-_IGNORED_GENERATE = ("lora_path", "session_params", "priority", "custom_labels", "no_logs", "modalities",
-                     "return_hidden_states", "bootstrap_host", "bootstrap_port", "bootstrap_room",
-                     "routed_dp_rank", "data_parallel_rank", "background", "conversation_id")
+_IGNORED_GENERATE = ("lora_path", "priority", "custom_labels", "no_logs", "modalities",
+                     "return_hidden_states", "background", "conversation_id")
+# SGLang fields for features this server does not have yet: a request that sets one is a 400
+# naming it (accepting and ignoring them would silently do something else than asked).
+_DISAGGREGATION = "prefill/decode disaggregation is not supported yet (one server, one device)"
+_DATA_PARALLEL = "data parallelism is not supported yet (one scheduler)"
+UNSUPPORTED_FIELDS = {"bootstrap_host": _DISAGGREGATION, "bootstrap_port": _DISAGGREGATION,
+                      "bootstrap_room": _DISAGGREGATION, "bootstrap_pair_key": _DISAGGREGATION,
+                      "data_parallel_rank": _DATA_PARALLEL, "routed_dp_rank": _DATA_PARALLEL}
+
+
+def _unsupported() -> Dict[str, dict]:
+    return {k: {"x-unsupported": why, "description": f"not supported yet: {why}"}
+            for k, why in UNSUPPORTED_FIELDS.items()}
+
+
+SESSION_PARAMS = {"type": "object", "additionalProperties": False, "required": ["id"], "properties": {
+    "id": _string(MAX_RID_CHARS, description="an open session's id (from /open_session)"),
+    "rid": _RID, "offset": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+    "replace": _BOOL, "drop_previous_output": _BOOL}}
 
 
 def generate_schema(lim: Limits) -> dict:
@@ -136,9 +153,10 @@ def generate_schema(lim: Limits) -> dict:
                                                           "maxItems": b}]},
         "return_text_in_logprobs": _BOOL,
         "cache_salt": per_item(_string(MAX_RID_CHARS)), "extra_key": per_item(_string(MAX_RID_CHARS)),
-        "return_prompt_token_ids": _BOOL, "log_metrics": _BOOL,
+        "return_prompt_token_ids": _BOOL, "log_metrics": _BOOL, "session_params": SESSION_PARAMS,
     }
     props.update({k: {"description": "accepted and ignored (SGLang compatibility)"} for k in _IGNORED_GENERATE})
+    props.update(_unsupported())
     return {"type": "object", "additionalProperties": False, "properties": props}
 
 
@@ -156,11 +174,15 @@ def _openai_common(lim: Limits) -> Dict[str, dict]:
         "logit_bias": _logit_bias(lim),
         "min_tokens": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
         "regex": {**grammar, "format": "regex"}, "ebnf": grammar, "json_schema": {"anyOf": [grammar, _OBJECT]},
-        "response_format": {"type": "object", "properties": {
+        "response_format": {"type": "object", "required": ["type"], "properties": {
             "type": {"type": "string", "enum": ["text", "json_object", "json_schema", "structural_tag"]},
-            "json_schema": _OBJECT}},
+            "json_schema": {"type": "object", "properties": {
+                "name": _string(64), "description": _string(), "schema": _OBJECT,
+                "strict": {**_BOOL, "x-note": "constrained output always follows the schema exactly"}}}}},
         "rid": _RID, "cache_salt": _string(MAX_RID_CHARS), "extra_key": _string(MAX_RID_CHARS),
-        "user": _string(MAX_RID_CHARS),
+        "user": _string(MAX_RID_CHARS, description="a string of at most 256 characters (an end-user id; "
+                                                   "accepted, not used)"),
+        **_unsupported(),
     }
 
 
@@ -177,6 +199,15 @@ def completion_schema(lim: Limits) -> dict:
         "echo": _BOOL, "suffix": _string(), "best_of": {"type": "integer", "minimum": 1, "maximum": 1}}}
 
 
+_FUNCTION_NAME = _string(64, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                         description="a function name of 1 to 64 letters, digits, _ . or -")
+TOOL = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": _FUNCTION_NAME, "description": _string(), "parameters": _OBJECT, "strict": _BOOL}}}}
+NAMED_TOOL_CHOICE = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {"name": _FUNCTION_NAME}}}}
 _PART = {"type": "object", "required": ["type"], "properties": {
     "type": {"type": "string", "enum": ["text"]}, "text": _string()}}
 _MESSAGE = {"type": "object", "required": ["role"], "properties": {
@@ -191,8 +222,9 @@ def chat_schema(lim: Limits) -> dict:
         "messages": {"type": "array", "items": _MESSAGE, "minItems": 1, "maxItems": MAX_MESSAGES},
         "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
         "logprobs": _BOOL, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
-        "tools": {"type": "array", "items": _OBJECT},
-        "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto"]}, _OBJECT]},
+        "tools": {"type": "array", "items": TOOL, "maxItems": 128},
+        "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, NAMED_TOOL_CHOICE]},
+        "parallel_tool_calls": _BOOL,
         "continue_final_message": _BOOL, "chat_template_kwargs": _OBJECT,
         "input_ids": _token_ids(lim, 1)}}
 
@@ -202,7 +234,7 @@ def tokenize_schema(lim: Limits) -> dict:
         "prompt": _one_or_list(_string(), lim.max_batch_size),
         "messages": {"type": "array", "items": _MESSAGE, "minItems": 1, "maxItems": MAX_MESSAGES},
         "add_special_tokens": _BOOL, "model": _string(MAX_RID_CHARS),
-        "continue_final_message": _BOOL, "tools": {"type": "array", "items": _OBJECT},
+        "continue_final_message": _BOOL, "tools": {"type": "array", "items": TOOL, "maxItems": 128},
         "chat_template_kwargs": _OBJECT}}
 
 
@@ -215,12 +247,66 @@ def abort_schema(lim: Limits) -> dict:
     return {"type": "object", "properties": {"rid": _string(MAX_RID_CHARS), "abort_all": _BOOL}}
 
 
+def embeddings_schema(lim: Limits) -> dict:
+    b, ids = lim.max_batch_size, _token_ids(lim, 1)
+    text_or_ids = {"anyOf": [_string(minLength=1), {"type": "array", "items": _string(minLength=1),
+                                                     "minItems": 1, "maxItems": b},
+                             ids, {"type": "array", "items": ids, "minItems": 1, "maxItems": b}]}
+    return {"type": "object", "required": ["input"], "properties": {
+        "input": text_or_ids, "model": _string(MAX_RID_CHARS),
+        "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+        "dimensions": {"x-unsupported": "the vectors have the model's hidden size"},
+        "user": _string(MAX_RID_CHARS)}}
+
+
+def encode_schema(lim: Limits) -> dict:
+    b, ids = lim.max_batch_size, _token_ids(lim, 1)
+    return {"type": "object", "additionalProperties": False, "properties": {
+        "text": _one_or_list(_string(minLength=1), b),
+        "input_ids": {"anyOf": [ids, {"type": "array", "items": ids, "minItems": 1, "maxItems": b}]},
+        "rid": _RID}}
+
+
+def open_session_schema(lim: Limits) -> dict:
+    return {"type": "object", "additionalProperties": False, "properties": {
+        "capacity_of_str_len": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+        "session_id": _string(MAX_RID_CHARS, minLength=1),
+        "streaming": {"type": "boolean", "enum": [False],
+                      "description": "false (streaming sessions are not supported yet)"},
+        "timeout": {"x-unsupported": "sessions stay open until /close_session (no timeout yet)"}}}
+
+
+def close_session_schema(lim: Limits) -> dict:
+    return {"type": "object", "additionalProperties": False, "required": ["session_id"],
+            "properties": {"session_id": _string(MAX_RID_CHARS, minLength=1)}}
+
+
+def update_weights_schema(lim: Limits) -> dict:
+    return {"type": "object", "additionalProperties": False, "required": ["model_path"], "properties": {
+        "model_path": _string(4096, minLength=1),
+        "load_format": {"type": "string", "enum": ["auto"]},
+        "weight_version": _string(MAX_RID_CHARS, minLength=1),
+        "flush_cache": {"type": "boolean", "enum": [True], "description": "true (the cache is always flushed)"},
+        "abort_all_requests": _BOOL}}
+
+
+def memory_schema(lim: Limits) -> dict:
+    from lmprog_runtime.messages import MEMORY_TAGS
+
+    return {"type": "object", "additionalProperties": False, "properties": {
+        "tags": {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(MEMORY_TAGS)}}}}
+
+
 # endpoint path -> schema builder; aliases share their target's schema
 SCHEMAS = {
     "/generate": generate_schema, "/v1/completions": completion_schema, "/v1/chat/completions": chat_schema,
     "/tokenize": tokenize_schema, "/v1/tokenize": tokenize_schema,
     "/detokenize": detokenize_schema, "/v1/detokenize": detokenize_schema,
     "/abort_request": abort_schema,
+    "/v1/embeddings": embeddings_schema, "/encode": encode_schema,
+    "/open_session": open_session_schema, "/close_session": close_session_schema,
+    "/update_weights_from_disk": update_weights_schema,
+    "/release_memory_occupation": memory_schema, "/resume_memory_occupation": memory_schema,
 }
 
 

@@ -4,7 +4,8 @@ Schemas are plain JSON Schema dicts (the subset below), so the same tables that 
 request are published in `/openapi.json`. Supported keywords: type (one name or a list),
 enum, minimum, maximum, exclusiveMinimum, minLength, maxLength, pattern, minItems,
 maxItems, items, properties, required, additionalProperties (bool or schema),
-propertyNames, maxProperties, anyOf, format: regex (Python `re` syntax). A property whose value is JSON null counts as unset.
+propertyNames, maxProperties, anyOf, format: regex (Python `re` syntax), and `x-unsupported`
+(a message: any value but null is refused with it). A property whose value is JSON null counts as unset.
 
 Every violation raises `SchemaError` (a 400 RequestError) whose message names the field
 (a JSON path such as `sampling_params.logit_bias["5"]`), what was expected and what came.
@@ -121,6 +122,8 @@ def decompress(raw: bytes, encoding: str, max_size: int) -> bytes:
 # -- checking against a schema --------------------------------------------------------------
 def validate(value: Any, schema: dict, path: str = "") -> None:
     """Raise SchemaError at the first place `value` breaks `schema`."""
+    if "x-unsupported" in schema:  # a known field this server cannot honour yet (never ignored)
+        raise SchemaError(path, f"unset: {schema['x-unsupported']}", value)
     if "anyOf" in schema:
         return _any_of(value, schema, path)
     types = schema.get("type")

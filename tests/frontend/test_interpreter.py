@@ -363,6 +363,19 @@ def test_run_batch_arguments_and_modes(backend):
         prog.run_batch([()], backend=backend)
 
 
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_run_batch_generator_style_shows_a_progress_bar(backend, capsys, num_threads):
+    @sgl.function
+    def prog(s, a):
+        s += a + sgl.gen("x", max_tokens=1)
+
+    states = prog.run_batch([{"a": "1"}, {"a": "2"}, {"a": "3"}], backend=backend, generator_style=True,
+                            progress_bar=True, num_threads=num_threads)
+    assert capsys.readouterr().err == ""  # a generator: nothing runs (and no bar) until iterated
+    assert [st.text() for st in states] == ["1 scripted", "2 scripted", "3 scripted"]
+    assert "3/3" in capsys.readouterr().err  # the bar counted every state it yielded
+
+
 def test_run_batch_errors_stay_per_state():
     backend = ScriptedBackend(fail=lambda p: "bad" in str(p.get("text")))
 

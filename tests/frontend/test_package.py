@@ -10,7 +10,7 @@ SGLANG_NAMES = ["assistant", "assistant_begin", "assistant_end", "flush_cache", 
                 "gen_string", "get_server_info", "image", "select", "separate_reasoning", "set_default_backend",
                 "system", "system_begin", "system_end", "user", "user_begin", "user_end", "video",
                 "RuntimeEndpoint", "greedy_token_selection", "token_length_normalized",
-                "unconditional_likelihood_normalized", "global_config", "OpenAI", "Engine"]
+                "unconditional_likelihood_normalized", "global_config", "OpenAI", "Engine", "Runtime"]
 
 
 def test_sglang_public_names_exist():

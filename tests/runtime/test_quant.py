@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lmprog_runtime.config import ServerArgs
-from lmprog_runtime.model_executor import probe
+from lmprog_runtime.model_executor import probe, qgemm
 from lmprog_runtime.model_executor.quant import (
     INT4_GROUP, QuantLinear, dequantize_int4, gguf_q4_blocks, quantize_int4, quantize_int8,
 )
@@ -55,6 +55,22 @@ def test_quant_linear_matches_its_dequantized_weight(fmt, act):
     assert (y - (ref_x @ deq.t() + bias)).abs().max() <= tol
 
 
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_native_int8_kernel_matches_torch_int8_kernel(rows, monkeypatch):
+    """qgemm.c (float32 activations) against torch's int8 kernel on the same int8 weights,
+    with an output count that leaves a tail of rows (97 = 24 blocks of 4 + 1)."""
+    if not qgemm.available():
+        pytest.skip("no C compiler: QuantLinear keeps torch's int8 kernel")
+    torch.manual_seed(3)
+    w, x = torch.randn(97, 160) * 0.05, torch.randn(rows, 160)
+    lin = QuantLinear("int8", 97, 160, torch.float32)
+    lin.set_weight(w)
+    native = lin(x)
+    monkeypatch.setattr(qgemm, "enabled", False)
+    reference = lin(x)
+    torch.testing.assert_close(native, reference, rtol=1e-4, atol=1e-5)
+
+
 def test_dense_rows_switch_to_the_kept_dense_weight():
     torch.manual_seed(2)
     w, x = torch.randn(32, 64), torch.randn(8, 64)
@@ -91,6 +107,8 @@ def test_choose_picks_fastest_batch1_and_the_crossover():
     assert probe.choose(slow).quant is None
     forced = probe.choose(slow, require_quant=True)
     assert forced.quant == "int8" and forced.dense_rows == 1
+    near_tie = {("none", "float32"): {1: 40, 4: 70}, ("int8", "bfloat16"): {1: 39, 4: 60}}
+    assert probe.choose(near_tie).quant is None  # within QUANT_MARGIN: timing noise, keep exact fp32
 
 
 def test_probe_consistency_check():

@@ -37,7 +37,10 @@ def test_auth_required(server):
     assert requests.post(url + "/generate", json=body, timeout=30).status_code == 401
     bad = {"Authorization": "Bearer wrong"}
     r = requests.post(url + "/generate", json=body, headers=bad, timeout=30)
-    assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}
+    assert r.status_code == 401
+    err = r.json()["error"]  # the OpenAI envelope the official clients parse
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "authentication_error" and err["code"] == 401 and "API key" in err["message"]
     assert requests.post(url + "/generate", json=body, headers=AUTH, timeout=30).status_code == 200
     assert requests.get(url + "/get_server_info", timeout=30).status_code == 401
     info = requests.get(url + "/get_server_info", headers=AUTH, timeout=30).json()
@@ -51,8 +54,9 @@ def test_auth_with_openai_client(server):
     good = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
     assert good.completions.create(model="m", prompt="hi", max_tokens=2).usage.completion_tokens == 2
     bad = openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0)
-    with pytest.raises(openai.AuthenticationError):
+    with pytest.raises(openai.AuthenticationError) as excinfo:
         bad.models.list()
+    assert excinfo.value.type == "authentication_error" and str(excinfo.value.code) == "401"
 
 
 def test_sigint_shuts_down_cleanly(server):

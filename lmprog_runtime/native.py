@@ -1,0 +1,61 @@
+"""Small C kernels compiled with the system C compiler at first use, like Triton's launcher.
+
+`build(source, flags, cpu_specific)` compiles `source` into CACHE_DIR/kernels once per
+(source, flags[, CPU flags]) and loads it; it returns None where that is impossible (no
+compiler, a failed build, or LMPROG_NO_C_KERNELS set), and callers keep their pure-torch or
+numpy path. Concurrent builders all end with a whole file (atomic rename).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+from typing import Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+# -march=native kernels: -ffast-math minus finite-math (kernels may use -inf), so reductions vectorize.
+NATIVE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+                "-fassociative-math", "-fno-signed-zeros")
+
+
+def cpu_key() -> str:
+    """This CPU's feature flags (kernels built with -march=native are valid only where built)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def build(source: pathlib.Path, flags: Sequence[str], cpu_specific: bool) -> Optional[ctypes.CDLL]:
+    from lmprog_runtime.config import C_COMPILER, CACHE_DIR, NO_C_KERNELS
+
+    if NO_C_KERNELS:
+        return None
+    key = source.read_bytes() + repr(list(flags)).encode() + (cpu_key().encode() if cpu_specific else b"")
+    out = pathlib.Path(CACHE_DIR) / "kernels" / f"{source.stem}-{hashlib.sha256(key).hexdigest()[:16]}.so"
+    if not out.exists():
+        cc = C_COMPILER or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        if cc is None:
+            logger.warning("no C compiler: %s is not built, a slower path is used", source.name)
+            return None
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", tmp, str(source), "-lm"], check=True,
+                           capture_output=True, timeout=120)
+            os.replace(tmp, out)
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = (getattr(exc, "stderr", b"") or b"").decode(errors="replace")[:300]
+            logger.warning("building %s failed (%s %s): a slower path is used", source.name, exc, detail)
+            pathlib.Path(tmp).unlink(missing_ok=True)
+            return None
+    return ctypes.CDLL(str(out))

@@ -1,0 +1,165 @@
+"""HiRadixCache unit tests over real pools: write policies, L1 eviction onto L2, load-back
+bytes, host eviction in LRU order, revival by insert, host-only inserts, the smaller host
+dtype, and a random walk of every operation with the two-tier audit after each step."""
+
+import random
+
+import pytest
+import torch
+
+from hicache_helpers import LAYERS, assert_kv, audit, full_match, kv_of, make, put
+
+
+def test_write_through_evict_keeps_host_copy_and_loads_back_same_bytes():
+    tree, pool = make()
+    doc = list(range(100, 140))
+    put(tree, pool, doc)
+    assert tree.host_total_size() == 40  # backed up at the first insert
+    assert tree.evict(40) == 40
+    audit(tree)
+    m = tree.match_prefix(doc)
+    assert len(m.indices) == 0 and m.host_len == 40
+    loaded = tree.load_back(m, tree.allocator.alloc)
+    assert len(loaded.indices) == 40 and loaded.host_len == 0
+    assert_kv(pool, loaded.indices, doc)
+    audit(tree)
+
+
+def test_write_through_selective_backs_up_on_reuse_only():
+    tree, pool = make(policy="write_through_selective")
+    doc = list(range(1, 21))
+    put(tree, pool, doc)
+    assert tree.host_total_size() == 0
+    put(tree, pool, doc + [5, 6])  # the document is re-used: now it is worth a host copy
+    assert tree.host_total_size() == 20
+    tree.evict(64)
+    audit(tree)
+    assert tree.match_prefix(doc).host_len == 20  # the re-used part survives, the tail was deleted
+    assert tree.match_prefix(doc + [5, 6]).host_len == 20
+
+
+def test_write_back_copies_at_eviction_with_ancestors():
+    tree, pool = make(policy="write_back")
+    a, b = list(range(1, 17)), list(range(1, 9)) + list(range(50, 58))
+    put(tree, pool, a)
+    put(tree, pool, b)
+    assert tree.host_total_size() == 0
+    tree.evict(8)  # one leaf: its shared parent is backed up first, and stays resident
+    audit(tree)
+    assert tree.host_total_size() >= 16
+    tree.evict(64)
+    for seq in (a, b):
+        m = full_match(tree, seq)
+        assert len(m.indices) == 16
+        assert_kv(pool, m.indices, seq)
+    audit(tree)
+
+
+def test_host_eviction_is_lru_and_never_touches_resident_nodes():
+    tree, pool = make(device=32, host=48)
+    docs = [list(range(d * 100, d * 100 + 16)) for d in range(5)]
+    for d in docs:
+        put(tree, pool, d)  # device eviction drops device copies, host eviction deletes the oldest
+    audit(tree)
+    assert tree.match_prefix(docs[0]).host_len == 0 and len(tree.match_prefix(docs[0]).indices) == 0
+    last = tree.match_prefix(docs[-1])
+    assert len(last.indices) == 16  # resident (and backed up)
+    assert tree.host_total_size() <= 48
+
+
+def test_insert_revives_evicted_nodes_with_the_callers_slots():
+    tree, pool = make()
+    doc = list(range(10, 30))
+    put(tree, pool, doc)
+    tree.evict(20)
+    assert tree.evictable_size() == 0
+    slots = tree.allocator.alloc(20)
+    for layer in range(LAYERS):
+        kv = kv_of(doc, layer)
+        pool.set_kv(layer, slots, kv, -kv)
+    assert tree.insert(doc, slots) == 0  # nothing resident: the tree took all 20 slots
+    audit(tree)
+    m = tree.match_prefix(doc)
+    assert torch.equal(m.indices, slots) and m.host_len == 0
+
+
+def test_insert_host_attaches_below_the_cached_prefix():
+    tree, pool = make()
+    doc = list(range(1, 41))
+    put(tree, pool, doc[:16])
+    host = tree.alloc_host(24)
+    tree.io.write_page(host, tree.io.page_bytes(host))  # any bytes: only the bookkeeping matters here
+    assert tree.insert_host(doc, 16, host) == 0
+    audit(tree)
+    m = tree.match_prefix(doc)
+    assert len(m.indices) == 16 and m.host_len == 24
+    again = tree.alloc_host(24)
+    assert tree.insert_host(doc, 16, again) == 24  # already there: the caller frees all
+    tree.host_allocator.free(again)
+    gone = tree.alloc_host(8)
+    assert tree.insert_host(list(range(900, 940)), 32, gone) == 8  # the path to 32 does not exist
+    tree.host_allocator.free(gone)
+    audit(tree)
+
+
+def test_bfloat16_host_pool_round_trips_through_the_conversion():
+    tree, pool = make(host_dtype=torch.bfloat16)
+    doc = list(range(3, 35))
+    put(tree, pool, doc)
+    tree.evict(32)
+    m = full_match(tree, doc)
+    assert_kv(pool, m.indices, doc, dtype=torch.bfloat16)  # rounded once to bf16, widened exactly
+    exact = kv_of(doc, 0)
+    assert not torch.equal(pool.k[0, m.indices], exact)  # the conversion really happened
+    assert torch.allclose(pool.k[0, m.indices], exact, rtol=1e-2)
+
+
+def test_page_bytes_round_trip():
+    tree, pool = make(page_size=4)
+    doc = list(range(7, 23))
+    put(tree, pool, doc)
+    node = tree.match_prefix(doc).last_node
+    data = tree.io.page_bytes(node.host_value)
+    assert len(data) == tree.io.page_nbytes(16)
+    fresh = tree.alloc_host(16)
+    tree.io.write_page(fresh, data)
+    h = tree.io.host_pool
+    assert torch.equal(h.k[:, fresh], h.k[:, node.host_value])
+    assert torch.equal(h.v[:, fresh], h.v[:, node.host_value])
+    tree.host_allocator.free(fresh)
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_random_operations_keep_both_tiers_exact(policy, page_size):
+    rng = random.Random(f"{policy}-{page_size}")
+    tree, pool = make(device=64, host=160, page_size=page_size, policy=policy)
+    stems = [[rng.randrange(50) for _ in range(rng.randrange(4, 24))] for _ in range(6)]
+    for step in range(300):
+        op = rng.random()
+        seq = rng.choice(stems) + [rng.randrange(50) for _ in range(rng.randrange(0, 12))]
+        seq = seq[:len(seq) - len(seq) % page_size] or seq[:page_size]
+        if op < 0.45:
+            put(tree, pool, seq, namespace=rng.choice([None, "salt"]))
+        elif op < 0.75:
+            m = tree.match_prefix(seq)
+            if m.host_len:
+                loaded = tree.load_back(m, lambda n: _alloc_evicting(tree, n))
+                if loaded is not None:
+                    assert_kv(pool, loaded.indices, list(seq[:len(loaded.indices)]))
+        elif op < 0.9:
+            tree.evict(rng.randrange(1, 40))
+        else:
+            tree.evict_host(rng.randrange(1, 40))
+        audit(tree)
+    tree.reset()
+    audit(tree)
+    assert tree.allocator.available_size() == 64 and tree.host_allocator.available_size() == 160
+
+
+def _alloc_evicting(tree, n):
+    slots = tree.allocator.alloc(n)
+    if slots is None:
+        tree.evict(n - tree.allocator.available_size())
+        slots = tree.allocator.alloc(n)
+    return slots
