@@ -148,7 +148,8 @@ def speculative(results_dir: str) -> List[str]:
     out = ["## Speculative decoding: NGRAM on vs off (`bench/bench_speculative.py`)", "",
            f"SmolLM2-135M, greedy{quick}; requests run in groups of the batch size. Accept length = tokens per "
            "verify step (accepted drafts + 1), the mean of the requests' `meta_info.spec_accept_length`. "
-           "Aim: ≥ 1.8x at batch 1 on document QA and JSON extraction, ≥ 0.95x on free chat.", "",
+           "Aim: ≥ 1.8x at batch 1 on document QA and JSON extraction, ≥ 0.95x on free chat. "
+           f"Weights: `--dtype {d['config'].get('dtype', 'auto')}`.", "",
            "| workload | batch | requests | off tok/s | on tok/s | speedup | accept length | identical outputs |",
            "|---|---:|---:|---:|---:|---:|---:|---|"]
     for p in d["points"]:
@@ -162,7 +163,21 @@ def speculative(results_dir: str) -> List[str]:
         for r in d["llama_cpp"]:
             out.append(f"| {r['workload']} | {r['spec_type']} | {_f(r['tokens_per_s'], 1)} | "
                        f"{r['draft_n_accepted']} / {r['draft_n']} |")
-    out += ["", "```\npython bench/bench_speculative.py [--quick] [--llama-spec-types ngram-simple,ngram-mod]\n```",
+    fp32 = _load(results_dir, "speculative_fp32.json")
+    if fp32 and fp32 is not d:
+        out += ["", "The same with `--dtype float32` (dense float32 weights: outputs are token-identical, as measured here; "
+                    "with the quantized formats "
+                    "`--dtype auto` picks, a step's kernel and activation rounding depend on how many rows it "
+                    "has, so outputs drift when a verify step adds rows, as they do between batch sizes "
+                    "without speculation):", "",
+                "| workload | batch | off tok/s | on tok/s | speedup | accept length | identical outputs |",
+                "|---|---:|---:|---:|---:|---:|---|"]
+        for p in fp32["points"]:
+            out.append(f"| {p['workload']} | {p['batch']} | {_f(p['tokens_per_s_off'], 1)} | "
+                       f"{_f(p['tokens_per_s_on'], 1)} | **{_f(p['speedup'], 2)}x** | "
+                       f"{_f(p['mean_accept_length'], 2)} | {'yes' if p['identical_outputs'] else 'no'} |")
+    out += ["", "```\npython bench/bench_speculative.py [--quick] [--llama-spec-types ngram-simple,ngram-mod]\n"
+            "python bench/bench_speculative.py --dtype float32 --out bench/results/speculative_fp32.json\n```",
             "![speculative](../bench/results/speculative.png)", ""]
     return out
 
@@ -178,7 +193,9 @@ def hicache(results_dir: str) -> List[str]:
     if not d:
         return []
     cfg, runs = d["config"], d["runs"]
-    size = "quick sizes (`--quick`)" if cfg.get("quick") else "the issue's sizes"
+    issue = cfg["docs"] == 32 and cfg["questions"] == 8 and cfg["doc_tokens"] == 1500
+    size = ("quick sizes (`--quick`)" if cfg.get("quick") else "the issue's sizes" if issue
+            else "smaller than the issue's 32 documents x 8 questions")
     out = ["## HiCache: documents beyond L1 (`bench/bench_hicache.py`)", "",
            f"{cfg['docs']} distinct ~{cfg['doc_tokens']}-token documents x {cfg['questions']} questions in one "
            f"random order, {cfg['concurrency']} requests in flight, {cfg['output_len']} output tokens, L1 = "
@@ -220,8 +237,7 @@ def _hicache_why(cfg: dict, runs: dict) -> List[str]:
             "that prefill saving (decode steps cost the same), and TTFT also carries queueing behind other "
             "prefills. SGLang's up-to-6x figures come from GPUs with many more reuses per document and from "
             "overlapping the copies with the forward layer by layer on CUDA streams; here the copies are "
-            "synchronous memcpys and the machine was shared with other work when these figures were taken "
-            "(run on a quiet machine for comparable numbers)."]
+            "synchronous memcpys."]
 
 
 def overlap(results_dir: str) -> List[str]:
