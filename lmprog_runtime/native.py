@@ -16,7 +16,8 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
-from typing import Optional, Sequence
+import threading
+from typing import Callable, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -59,3 +60,23 @@ def build(source: pathlib.Path, flags: Sequence[str], cpu_specific: bool) -> Opt
             pathlib.Path(tmp).unlink(missing_ok=True)
             return None
     return ctypes.CDLL(str(out))
+
+
+class Kernel:
+    """A C kernel built and loaded on first use: `lib()` is the loaded library, or None where
+    it cannot be built. `declare(lib)` sets the functions' ctypes signatures once."""
+
+    def __init__(self, source: pathlib.Path, flags: Sequence[str], cpu_specific: bool,
+                 declare: Callable[[ctypes.CDLL], None]):
+        self.source, self.flags, self.cpu_specific, self.declare = source, tuple(flags), cpu_specific, declare
+        self._lib: Optional[ctypes.CDLL] | bool = None
+        self._lock = threading.Lock()
+
+    def lib(self) -> Optional[ctypes.CDLL]:
+        with self._lock:
+            if self._lib is None:
+                lib = build(self.source, self.flags, self.cpu_specific)
+                if lib is not None:
+                    self.declare(lib)
+                self._lib = lib or False
+        return self._lib or None

@@ -15,45 +15,32 @@ oracle (tests/runtime/test_paged_decode.py).
 from __future__ import annotations
 
 import ctypes
-import logging
 import pathlib
-import threading
 from typing import Optional
 
 import torch
 
-logger = logging.getLogger(__name__)
+from lmprog_runtime import native
 
 _SOURCE = pathlib.Path(__file__).with_name("paged_decode.c")
 KV_DTYPES = (torch.float32, torch.bfloat16)  # K/V the kernel reads (the query is float32)
 MAX_D = 512  # head_dim limit (paged_decode.c)
 CHUNK = 512  # keys per task: long contexts split into this many-key pieces across threads
-_lock = threading.Lock()
-_lib: Optional[ctypes.CDLL] | bool = None
 enabled = True  # tests switch the kernel off to compare against the gather path
 
 
-def _compile() -> Optional[ctypes.CDLL]:
-    from lmprog_runtime import native
-
-    lib = native.build(_SOURCE, native.NATIVE_FLAGS, cpu_specific=True)
-    if lib is None:
-        logger.info("no CPU paged decode kernel: decode attention gathers K/V instead")
-        return None
+def _declare(lib: ctypes.CDLL) -> None:
     p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.lm_paged_decode.argtypes = [p, p, p, i32, p, i64, p, i64, p, p, i32, i32, i32, i32, f32, i64, i32, p, p]
     lib.lm_paged_decode.restype = None
-    return lib
+
+
+_KERNEL = native.Kernel(_SOURCE, native.NATIVE_FLAGS, True, _declare)
 
 
 def available() -> bool:
-    global _lib
-    if not enabled:
-        return False
-    with _lock:
-        if _lib is None:
-            _lib = _compile() or False
-    return bool(_lib)
+    """False where the kernel cannot be built (no C compiler): callers gather K/V instead."""
+    return enabled and _KERNEL.lib() is not None
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
@@ -73,7 +60,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     own_chunks = max(0 if P else 1, ((max_seq_len or int(seq_lens.max())) - P + CHUNK - 1) // CHUNK)
     scratch = torch.empty(B * KV * (pre_chunks + own_chunks) * (H // KV) * (D + 2), dtype=torch.float32)
     out = torch.empty_like(q)
-    _lib.lm_paged_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
+    _KERNEL.lib().lm_paged_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
                          prefix.data_ptr(), P,
                          table.data_ptr(), table.stride(0), rows.data_ptr(), seq_lens.data_ptr(), B, H, KV, D,
                          scale, CHUNK, torch.get_num_threads(), scratch.data_ptr(), out.data_ptr())

@@ -27,7 +27,6 @@ host-only leaves. `match_prefix` returns device indices plus the host part's len
 
 from __future__ import annotations
 
-import heapq
 from typing import Callable, Hashable, List, NamedTuple, Optional, Sequence
 
 import torch
@@ -213,18 +212,7 @@ class HiRadixCache(RadixCache):
 
     def evict(self, num_tokens: int) -> int:
         """Free at least `num_tokens` device tokens (LRU device leaves) if that many are evictable."""
-        if num_tokens <= 0:
-            return 0
-        heap = [(n.last_access_time, n.id, n) for n in self._nodes() if self._device_leaf(n)]
-        heapq.heapify(heap)
-        freed = 0
-        while freed < num_tokens and heap:
-            _, _, node = heapq.heappop(heap)
-            parent = node.parent
-            freed += self._evict_device(node)
-            if parent is not self.root and self._device_leaf(parent):
-                heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
-        return freed
+        return self._evict_lru(num_tokens, self._device_leaf, self._evict_device)
 
     def _evict_device(self, node: TreeNode) -> int:
         n = len(node.key)
@@ -240,21 +228,8 @@ class HiRadixCache(RadixCache):
 
     def evict_host(self, num_tokens: int) -> int:
         """Free at least `num_tokens` host tokens by deleting host-only leaves, LRU first."""
-        if num_tokens <= 0:
-            return 0
-
-        def host_leaf(n):
-            return n.evicted and not n.children and n.host_ref == 0
-        heap = [(n.last_access_time, n.id, n) for n in self._nodes() if host_leaf(n)]
-        heapq.heapify(heap)
-        freed = 0
-        while freed < num_tokens and heap:
-            _, _, leaf = heapq.heappop(heap)
-            parent = leaf.parent
-            freed += self._delete_leaf(leaf)
-            if parent is not self.root and host_leaf(parent):
-                heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
-        return freed
+        return self._evict_lru(num_tokens, lambda n: n.evicted and not n.children and n.host_ref == 0,
+                               self._delete_leaf)
 
     def _delete_subtree(self, node: TreeNode) -> None:
         order, stack = [], [node]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Hashable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Hashable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -253,17 +253,25 @@ class RadixCache:
     def evict(self, num_tokens: int) -> int:
         """Free at least `num_tokens` tokens (whole leaves, least recently used first) if
         that many are evictable; returns the tokens freed."""
-        if self.disable or num_tokens <= 0:
+        if self.disable:
             return 0
-        heap = [(n.last_access_time, n.id, n) for n in self._nodes()
-                if not n.children and n.lock_ref == 0]
+        return self._evict_lru(num_tokens, lambda n: not n.children and n.lock_ref == 0, self._delete_leaf)
+
+    def _evict_lru(self, num_tokens: int, candidate: Callable[[TreeNode], bool],
+                   remove: Callable[[TreeNode], int]) -> int:
+        """`remove` (returning the tokens it freed) the least recently used nodes that are
+        `candidate`s until `num_tokens` are freed or none is left; a parent that becomes a
+        candidate once its child is gone joins the queue."""
+        if num_tokens <= 0:
+            return 0
+        heap = [(n.last_access_time, n.id, n) for n in self._nodes() if candidate(n)]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
-            _, _, leaf = heapq.heappop(heap)
-            parent = leaf.parent
-            freed += self._delete_leaf(leaf)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            _, _, node = heapq.heappop(heap)
+            parent = node.parent
+            freed += remove(node)
+            if parent is not self.root and candidate(parent):
                 heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
         return freed
 

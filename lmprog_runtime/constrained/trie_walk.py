@@ -9,43 +9,31 @@ numpy walk with the same result where no compiler is available.
 from __future__ import annotations
 
 import ctypes
-import logging
 import pathlib
-import threading
 from typing import Optional, Sequence
 
 import numpy as np
 
-logger = logging.getLogger(__name__)
+from lmprog_runtime import native
 
 MAX_TOKEN_BYTES = 255  # trie depth is stored in a uint8; longer tokens are never allowed
 _NODE = np.dtype([("skip", np.int32), ("tok", np.int32), ("byte", np.uint8), ("depth", np.uint8)],
                  align=True)  # matches lm_node in trie_walk.c (12 bytes)
 _SOURCE = pathlib.Path(__file__).with_name("trie_walk.c")
-_lib_lock = threading.Lock()
-_lib: Optional[ctypes.CDLL] | bool = None
 
 
-def _compile() -> Optional[ctypes.CDLL]:
-    """Build (once per source version) and load the C walker; None if that is impossible."""
-    from lmprog_runtime import native
-
-    lib = native.build(_SOURCE, ("-O2",), cpu_specific=False)
-    if lib is None:
-        logger.warning("no C trie walk: token masks use the slower numpy trie walk")
-        return None
+def _declare(lib: ctypes.CDLL) -> None:
     ptr, i32 = ctypes.c_void_p, ctypes.c_int32  # raw addresses: data_as() costs ~5 us per array
     lib.lm_trie_mask.argtypes = [ptr, i32, ptr, i32, i32, i32, ptr, i32, ptr, ptr, ptr]
     lib.lm_trie_mask.restype = None
-    return lib
+
+
+_KERNEL = native.Kernel(_SOURCE, ("-O2",), False, _declare)
 
 
 def c_walker() -> Optional[ctypes.CDLL]:
-    global _lib
-    with _lib_lock:
-        if _lib is None:
-            _lib = _compile() or False
-        return _lib or None
+    """The C walker, built once per source version; None (numpy walk) if that is impossible."""
+    return _KERNEL.lib()
 
 
 class TokenTrie:

@@ -9,32 +9,25 @@ from __future__ import annotations
 
 import ctypes
 import pathlib
-import threading
 from typing import Optional, Tuple
 
 import torch
 
-_SOURCE = pathlib.Path(__file__).with_name("fused_ops.c")
-_lock = threading.Lock()
-_lib: Optional[ctypes.CDLL] | bool = None
+from lmprog_runtime import native
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+    lib.lm_add_rms_norm.argtypes = [p, p, p, p, p, i64, i64, f32, i32]
+    lib.lm_add_rms_norm.restype = None
+
+
+_KERNEL = native.Kernel(pathlib.Path(__file__).with_name("fused_ops.c"), native.NATIVE_FLAGS, True, _declare)
 enabled = True  # tests switch the C ops off to compare against torch's
 
 
 def available() -> bool:
-    global _lib
-    if not enabled:
-        return False
-    with _lock:
-        if _lib is None:
-            from lmprog_runtime import native
-
-            lib = native.build(_SOURCE, native.NATIVE_FLAGS, cpu_specific=True)
-            if lib is not None:
-                p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-                lib.lm_add_rms_norm.argtypes = [p, p, p, p, p, i64, i64, f32, i32]
-                lib.lm_add_rms_norm.restype = None
-            _lib = lib or False
-    return bool(_lib)
+    return enabled and _KERNEL.lib() is not None
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -52,7 +45,7 @@ def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torc
     if residual is not None:
         residual = residual.contiguous()
         total = torch.empty_like(x)
-    _lib.lm_add_rms_norm(x.data_ptr(), 0 if residual is None else residual.data_ptr(),
+    _KERNEL.lib().lm_add_rms_norm(x.data_ptr(), 0 if residual is None else residual.data_ptr(),
                          0 if total is None else total.data_ptr(), weight.data_ptr(), out.data_ptr(), T, H,
                          eps, torch.get_num_threads())
     return out, total

@@ -13,34 +13,26 @@ from __future__ import annotations
 
 import ctypes
 import pathlib
-import threading
-from typing import Optional
 
 import torch
 
-_SOURCE = pathlib.Path(__file__).with_name("qgemm.c")
-_lock = threading.Lock()
-_lib: Optional[ctypes.CDLL] | bool = None
+from lmprog_runtime import native
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    lib.lm_q8_gemm.argtypes = [p, i32, i32, p, p, i64, p, i32]
+    lib.lm_q8_gemm.restype = None
+    lib.lm_q4_gemm.argtypes = [p, i32, i32, p, p, i64, p, p, i32]
+    lib.lm_q4_gemm.restype = None
+
+
+_KERNEL = native.Kernel(pathlib.Path(__file__).with_name("qgemm.c"), native.NATIVE_FLAGS, True, _declare)
 enabled = True  # tests switch the kernel off to compare against torch's
 
 
 def available() -> bool:
-    global _lib
-    if not enabled:
-        return False
-    with _lock:
-        if _lib is None:
-            from lmprog_runtime import native
-
-            lib = native.build(_SOURCE, native.NATIVE_FLAGS, cpu_specific=True)
-            if lib is not None:
-                p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-                lib.lm_q8_gemm.argtypes = [p, i32, i32, p, p, i64, p, i32]
-                lib.lm_q8_gemm.restype = None
-                lib.lm_q4_gemm.argtypes = [p, i32, i32, p, p, i64, p, p, i32]
-                lib.lm_q4_gemm.restype = None
-            _lib = lib or False
-    return bool(_lib)
+    return enabled and _KERNEL.lib() is not None
 
 
 def q8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -50,7 +42,7 @@ def q8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Te
     x = x.contiguous()
     T, K = x.shape
     y = torch.empty(T, q.shape[0], dtype=torch.float32)
-    _lib.lm_q8_gemm(x.data_ptr(), T, K, q.data_ptr(), scale.data_ptr(), q.shape[0], y.data_ptr(),
+    _KERNEL.lib().lm_q8_gemm(x.data_ptr(), T, K, q.data_ptr(), scale.data_ptr(), q.shape[0], y.data_ptr(),
                     torch.get_num_threads())
     return y
 
@@ -74,6 +66,6 @@ def q4_matmul(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor) -> torch.
     T, K = x.shape
     y = torch.empty(T, packed.shape[0], dtype=torch.float32)
     xsum = torch.empty(T, K // 32, dtype=torch.float32)
-    _lib.lm_q4_gemm(x.data_ptr(), T, K, packed.data_ptr(), sz.data_ptr(), packed.shape[0], y.data_ptr(),
+    _KERNEL.lib().lm_q4_gemm(x.data_ptr(), T, K, packed.data_ptr(), sz.data_ptr(), packed.shape[0], y.data_ptr(),
                     xsum.data_ptr(), torch.get_num_threads())
     return y
