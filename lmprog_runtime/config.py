@@ -84,6 +84,9 @@ class ServerArgs:
     attention_backend: Optional[str] = None
     num_threads: Optional[int] = None
     quantization: str = "auto"
+    # one kernel per weight format for every batch size, so a request's greedy output does not
+    # depend on its batch-mates, speculation or the cache (model_executor/quant.py)
+    enable_deterministic_inference: bool = False
     # constrained decoding
     grammar_backend: str = "outlines"
     disable_jump_forward: bool = False
@@ -237,6 +240,9 @@ FLAG_HELP = {
     "attention_backend": "attention kernels (unset: torch_native on a CPU, triton on a GPU)",
     "num_threads": "CPU threads for the model (unset: the cores this process may use)",
     "quantization": "CPU weight-only quantization (auto: for quantized GGUF weights where measured faster)",
+    "enable_deterministic_inference": "greedy outputs independent of batch-mates, speculation and the "
+                                      "prefix cache: quantized weights use their kernel at every batch "
+                                      "size (no dense-weight crossover; slower prefill)",
     "grammar_backend": "engine for regex / JSON schema / EBNF constraints (none: refuse them)",
     "disable_jump_forward": "do not emit the forced text of a constraint without decoding it",
     "constrained_json_whitespace_pattern": "regex for whitespace between JSON tokens (unset: none allowed)",

@@ -15,6 +15,7 @@ so a warm start skips the ~1-3 s of timing.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -139,11 +140,16 @@ def choose(timings: Dict[Format, Dict[int, float]], require_quant: bool = False)
 
 
 def select_formats(dtype: str, quantization: str, device: torch.device, config,
-                   source_quantized: bool) -> FormatChoice:
+                   source_quantized: bool, deterministic: bool = False) -> FormatChoice:
     """The weight format for `--dtype` / `--quantization` (see config.py for the flags' rules).
 
     `auto` quantizes only on a CPU, with `--dtype auto`, for weights that arrive quantized
     (GGUF), and only when the probe measures a faster batch-1 step.
+    `deterministic` (--enable-deterministic-inference): float32 for `auto`, and quantized kernels
+    only with float32 activations and at every batch size (no dense crossover). Those kernels give a row the same
+    result whatever the other rows; bfloat16 activations would not break that themselves, but
+    rounding them turns the attention kernels' 1e-7 batch-dependent differences into bf16-ulp
+    ones, which flip greedy tokens (measured: 4 of 8 chat answers).
     """
     explicit_quant = quantization in QUANT_FORMATS
     if device.type != "cpu":
@@ -151,14 +157,18 @@ def select_formats(dtype: str, quantization: str, device: torch.device, config,
             raise ValueError(f"quantization {quantization!r} runs on the CPU only (got device {device.type!r})")
         return FormatChoice(_dtype(dtype), None, torch.float32, None)
     dense = [("none", "float32"), ("none", "bfloat16")] if dtype == "auto" else [("none", dtype)]
+    if deterministic and dtype == "auto":
+        dense = [("none", "float32")]  # activations and KV in float32 too, for the same reason
     quants = []
     if explicit_quant or (quantization == "auto" and dtype == "auto" and source_quantized):
         quants = [(q, d) for q in ([quantization] if explicit_quant else list(QUANT_FORMATS))
-                  for d in ("float32", "bfloat16")]
+                  for d in (("float32",) if deterministic else ("float32", "bfloat16"))]
     if len(dense) == 1 and not quants:
         return FormatChoice(_dtype(dense[0][1]), None, torch.float32, None)
     timings = measure_cached(config, dense + quants)
     choice = choose(timings, require_quant=explicit_quant)
+    if deterministic:
+        choice = dataclasses.replace(choice, dense_rows=None)
     logger.info("weight formats (decode-step matmuls): %s -> %s", describe(timings), choice)
     return choice
 

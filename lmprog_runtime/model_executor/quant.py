@@ -91,7 +91,8 @@ class QuantLinear(nn.Module):
     int4: qweight uint8 [N, K/2] (torch's CPU packing), scale_zeros act_dtype [K/32, N, 2];
       with float32 activations and qgemm.c built (`native4`): qweight in qgemm.c's nibble order,
       scale_zeros float32 [N, K/32, 2] (scale, zero - 8 * scale);
-    dense (optional): the float weight [N, K] used when T >= dense_rows.
+    dense (optional): the weight the kernel stands for, dequantized, [N, K], used when
+      T >= dense_rows.
     """
 
     def __init__(self, fmt: str, out_features: int, in_features: int, act_dtype: torch.dtype,
@@ -126,16 +127,23 @@ class QuantLinear(nn.Module):
             q, scale = quantize_int8(w)
             self.qweight.copy_(q)
             self.scales.copy_(scale)
+            stored = q.float() * self.scales.float()[:, None]
         elif self.native4:
-            packed, sz = qgemm.pack_q4(*(int4 if int4 is not None else quantize_int4(w)))
+            blocks = int4 if int4 is not None else quantize_int4(w)
+            packed, sz = qgemm.pack_q4(*blocks)
             self.qweight.copy_(packed)
             self.scale_zeros.copy_(sz)
+            stored = blocks[0].float() * _per_input(sz[..., 0]) + _per_input(sz[..., 1])
         else:
             q, scale, zero = int4 if int4 is not None else quantize_int4(w)
             self.qweight.copy_(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), INT4_INNER_K_TILES))
             self.scale_zeros.copy_(torch.stack([scale.t(), zero.t()], dim=-1))
+            sz = self.scale_zeros.float()  # rounded to act_dtype, as the kernel reads it
+            stored = dequantize_int4((q, sz[..., 0].t(), sz[..., 1].t()))
         if self.dense is not None:
-            self.dense.copy_(w if w is not None else dequantize_int4(int4))
+            # the weight the quantized kernel computes with, not `w`: which path a row takes then
+            # changes only rounding, not the model (a prompt and its decode see one set of weights)
+            self.dense.copy_(stored)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense is not None and x.shape[0] >= self.dense_rows:
@@ -155,6 +163,11 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.fmt}, in={self.in_features}, out={self.out_features}, act={self.act_dtype}, "
                 f"dense_rows={self.dense_rows}")
+
+
+def _per_input(per_group: torch.Tensor) -> torch.Tensor:
+    """[N, K/group] -> [N, K]: each group's value repeated over its inputs."""
+    return per_group.float().repeat_interleave(INT4_GROUP, dim=1)
 
 
 # -- the model ---------------------------------------------------------------------------------------

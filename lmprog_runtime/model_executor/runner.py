@@ -116,7 +116,8 @@ class ModelRunner:
             return FormatChoice(select_dtype("auto", self.device, self.model_config), None, torch.float32, None)
         # only `auto` with `--dtype auto` asks whether the file's weights arrive quantized
         quantized = args.quantization == "auto" and args.dtype == "auto" and gguf_is_quantized(self.model_path)
-        return select_formats(args.dtype, args.quantization, self.device, self.model_config, quantized)
+        return select_formats(args.dtype, args.quantization, self.device, self.model_config, quantized,
+                              deterministic=args.enable_deterministic_inference)
 
     def _build_model(self, quantized_structure: bool) -> torch.nn.Module:
         """The model on the meta device (with empty QuantLinears when `quantized_structure`)."""

@@ -72,12 +72,57 @@ def test_native_int8_kernel_matches_torch_int8_kernel(rows, monkeypatch):
 
 
 def test_dense_rows_switch_to_the_kept_dense_weight():
+    """At dense_rows rows the layer multiplies by its dequantized weight: the same model as its
+    kernel below that (not the original `w`), with only the rounding order changed."""
     torch.manual_seed(2)
     w, x = torch.randn(32, 64), torch.randn(8, 64)
     lin = QuantLinear("int4", 32, 64, torch.float32, dense_rows=8)
     lin.set_weight(w)
-    torch.testing.assert_close(lin(x), x @ w.t())  # 8 rows: dense, exact
-    assert not torch.allclose(lin(x[:7]), x[:7] @ w.t(), rtol=0, atol=1e-6)  # 7 rows: 4-bit
+    deq = dequantize_int4(quantize_int4(w))
+    torch.testing.assert_close(lin(x), x @ deq.t())  # 8 rows: the dense copy
+    assert not torch.allclose(lin(x), x @ w.t(), rtol=0, atol=1e-3)  # ... of the 4-bit weight
+    torch.testing.assert_close(lin(x[:7]), (x @ deq.t())[:7], rtol=1e-4, atol=1e-4)  # 7 rows: kernel
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("act", [torch.float32, torch.bfloat16])
+def test_dense_copy_is_the_kernels_weight(fmt, act):
+    """The dense path and the kernel compute with one weight: they differ by accumulation order
+    (float32 kernels) or by the kernel's bfloat16 input rounding (2^-8 relative per term)."""
+    torch.manual_seed(3)
+    w, x = torch.randn(64, 128) * 0.1, torch.randn(40, 128)
+    dense = QuantLinear(fmt, 64, 128, act, dense_rows=1)
+    kernel = QuantLinear(fmt, 64, 128, act)
+    dense.set_weight(w)
+    kernel.set_weight(w)
+    a, b = dense(x), kernel(x)
+    bound = (x.abs() @ w.abs().t()) * (2.0 ** -8 if act == torch.bfloat16 else 1e-6) + 1e-5
+    assert ((a - b).abs() <= bound).all(), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("act", [torch.float32, torch.bfloat16])
+def test_quant_kernels_are_batch_invariant(fmt, act):
+    """Each row's result does not depend on the other rows: what --enable-deterministic-inference
+    relies on (the dense float32 GEMM does not promise this: it differs by ~1e-6 between 1 and 40 rows)."""
+    torch.manual_seed(4)
+    lin = QuantLinear(fmt, 96, 128, act)
+    lin.set_weight(torch.randn(96, 128))
+    x = torch.randn(40, 128)
+    full = lin(x)
+    for rows in (1, 2, 7, 16, 33):
+        assert torch.equal(lin(x[:rows]), full[:rows]), rows
+
+
+def test_deterministic_inference_drops_the_dense_crossover(tiny_model_path, monkeypatch):
+    monkeypatch.setattr(probe, "measure_cached", lambda config, formats: {
+        f: {b: (1.0 if f[0] == "none" else 0.5 * b) for b in probe.PROBE_BATCHES} for f in formats})
+    args = dict(model_path=tiny_model_path, max_total_tokens=1024, max_running_requests=4, quantization="int4")
+    assert ModelRunner(ServerArgs(**args)).formats.dense_rows is not None
+    runner = ModelRunner(ServerArgs(enable_deterministic_inference=True, **args))
+    assert runner.quantization == "int4" and runner.formats.dense_rows is None
+    assert runner.formats.act_dtype == torch.float32  # bf16 rounding would amplify attention's noise
+    assert all(m.dense is None for m in runner.model.modules() if isinstance(m, QuantLinear))
 
 
 @pytest.mark.parametrize("kind,head", [("Q4_0", 2), ("Q4_1", 4)])
@@ -218,3 +263,36 @@ def test_select_formats_rules(tiny_model_path, tmp_path, monkeypatch):
     assert list(tmp_path.glob("probe/formats-*.json"))  # the timings were cached
     with pytest.raises(ValueError, match="CPU only"):
         probe.select_formats("auto", "int4", torch.device("cuda"), cfg, source_quantized=True)
+
+
+DETERMINISM_PROMPTS = ["the cat sat on the mat and the cat sat on the mat and the cat",
+                       "one two three one two three one two three one two",
+                       "hello", "a b c d e f g h i j k l m n o p q r s t u v w x y z a b c"]
+
+
+def _greedy(engine, batched: bool):
+    params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    if batched:
+        return [o["output_ids"] for o in engine.generate(DETERMINISM_PROMPTS, params)]
+    return [engine.generate(p, params)["output_ids"] for p in DETERMINISM_PROMPTS]
+
+
+def test_deterministic_int4_outputs_ignore_batch_speculation_and_cache(tiny_model_path):
+    """int4 with --enable-deterministic-inference: greedy tokens are the same one at a time, batched,
+    with NGRAM speculation (which verifies several rows per request) and from a warm cache."""
+    from engine_helpers import make_engine
+
+    runs = {}
+    for spec in (False, True):
+        kw = dict(speculative_algorithm="NGRAM") if spec else {}
+        engine = make_engine(tiny_model_path, quantization="int4", enable_deterministic_inference=True,
+                             max_total_tokens=4096, **kw)
+        try:
+            runs[spec, "sequential"] = _greedy(engine, batched=False)
+            runs[spec, "warm cache, batched"] = _greedy(engine, batched=True)
+            engine.check_integrity()
+        finally:
+            engine.shutdown()
+    want = runs[False, "sequential"]
+    for key, got in runs.items():
+        assert got == want, key
