@@ -1,0 +1,203 @@
+// The radix tree on a canvas: layout, pan/zoom, collapse, hit testing.
+// A canvas (not SVG) so 10,000+ nodes draw in milliseconds: only nodes inside the
+// viewport are drawn, and edge labels only when zoomed in far enough to read them.
+"use strict";
+
+const TreeView = (() => {
+  const COL = 170;      // world px between depths
+  const ROW = 16;       // world px between leaves
+  const LABEL_MIN_K = 0.55;  // zoom below which edge labels are not drawn
+
+  function create(canvas, onSelect) {
+    const v = { canvas, ctx: canvas.getContext("2d"), nodes: [], byId: new Map(), root: null,
+      collapsed: new Set(), k: 1, x: 30, y: 20, selected: null, drawn: 0, layoutMs: 0, drawMs: 0,
+      count: 0, visible: 0, onSelect, fitted: false };
+    attach(v);
+    return v;
+  }
+
+  // tree: /inspect/state's `tree` (nodes parents first). Rebuilds the layout.
+  function setTree(v, tree) {
+    const t0 = performance.now();
+    v.tree = tree;
+    v.byId = new Map();
+    v.root = { id: tree ? tree.root : 0, depth: 0, kids: [], tokens: 0, text: "", isRoot: true,
+      subtree_tokens: tree ? tree.total_tokens : 0 };
+    v.byId.set(v.root.id, v.root);
+    v.nodes = tree ? tree.nodes.map(n => Object.assign({ kids: [] }, n)) : [];
+    for (const n of v.nodes) v.byId.set(n.id, n);
+    for (const n of v.nodes) {
+      const p = v.byId.get(n.parent);
+      if (p) p.kids.push(n);
+    }
+    for (const n of v.byId.values()) n.kids.sort((a, b) => b.subtree_tokens - a.subtree_tokens);
+    v.count = v.nodes.length;
+    layout(v);
+    v.layoutMs = performance.now() - t0;
+    if (!v.fitted && v.count) { fit(v); v.fitted = true; }
+    draw(v);
+  }
+
+  // Leaves take consecutive rows; a parent sits at the middle of its children.
+  function layout(v) {
+    let row = 0, visible = 0;
+    for (const n of v.nodes) n.shownNow = false;  // set again below for nodes no collapse hides
+    const stack = [[v.root, false]];
+    while (stack.length) {
+      const [n, done] = stack.pop();
+      const open = !v.collapsed.has(n.id) && n.kids.length;
+      if (!done) {
+        n.shownNow = true;
+        n.hiddenNow = !!(n.hidden_children || (!open && n.kids.length));
+        n.x = n.isRoot ? 0 : (n.depth) * COL;
+        visible++;
+        if (!open) { n.y = row++ * ROW; continue; }
+        stack.push([n, true]);
+        for (let i = n.kids.length - 1; i >= 0; i--) stack.push([n.kids[i], false]);
+      } else {
+        n.y = (n.kids[0].y + n.kids[n.kids.length - 1].y) / 2;
+      }
+    }
+    v.rows = row;
+    v.visible = visible;
+  }
+
+  function resize(v) {
+    const r = v.canvas.getBoundingClientRect();
+    const dpr = window.devicePixelRatio || 1;
+    const w = Math.max(200, Math.round(r.width * dpr)), h = Math.max(100, Math.round(r.height * dpr));
+    if (v.canvas.width !== w || v.canvas.height !== h) { v.canvas.width = w; v.canvas.height = h; }
+    return dpr;
+  }
+
+  function fit(v) {
+    const dpr = resize(v);
+    const W = v.canvas.width / dpr, H = v.canvas.height / dpr;
+    let maxDepth = 1;
+    for (const n of v.nodes) if (n.depth > maxDepth) maxDepth = n.depth;
+    const k = Math.min(2, (W - 60) / ((maxDepth + 1) * COL), (H - 30) / Math.max(1, v.rows * ROW));
+    v.k = Math.max(k, 0.02);
+    v.x = 30; v.y = 15;
+  }
+
+  function color(n) {
+    if (n.isRoot) return "#667";
+    return n.tier === "host" ? "#e69a28" : "#3b7dd8";
+  }
+
+  function draw(v) {
+    const t0 = performance.now();
+    const dpr = resize(v);
+    const ctx = v.ctx, W = v.canvas.width / dpr, H = v.canvas.height / dpr;
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, W, H);
+    const k = v.k, ox = v.x, oy = v.y;
+    const sx = x => x * k + ox, sy = y => y * k + oy;
+    const pad = 40;
+    const inView = (x, y) => x > -pad && x < W + pad && y > -pad && y < H + pad;
+    const shown = [v.root, ...v.nodes.filter(n => isVisible(v, n))];
+    // edges
+    ctx.strokeStyle = "#b8c2cc"; ctx.lineWidth = 1; ctx.beginPath();
+    let drawn = 0;
+    for (const n of shown) {
+      if (n.isRoot) continue;
+      const p = v.byId.get(n.parent);
+      const x1 = sx(p.x), y1 = sy(p.y), x2 = sx(n.x), y2 = sy(n.y);
+      if (!inView(x1, y1) && !inView(x2, y2) && !crosses(y1, y2, H)) continue;
+      ctx.moveTo(x1, y1); ctx.lineTo(x1 + (x2 - x1) * 0.3, y2); ctx.lineTo(x2, y2);
+    }
+    ctx.stroke();
+    // nodes + labels
+    const labels = k >= LABEL_MIN_K;
+    ctx.font = "11px ui-monospace, monospace"; ctx.textBaseline = "bottom";
+    for (const n of shown) {
+      const x = sx(n.x), y = sy(n.y);
+      if (!inView(x, y)) continue;
+      drawn++;
+      const r = Math.max(2, Math.min(7, 2 + Math.log2(1 + (n.tokens || 0)) * 0.6)) * Math.min(1.5, Math.max(k, 0.5));
+      ctx.beginPath(); ctx.arc(x, y, r, 0, 2 * Math.PI);
+      ctx.fillStyle = color(n); ctx.fill();
+      if (n.lock_ref > 0) { ctx.lineWidth = 2; ctx.strokeStyle = "#1f2d3d"; ctx.stroke(); }
+      if (n.evict_rank !== null && n.evict_rank !== undefined) {
+        ctx.beginPath(); ctx.arc(x, y, r + 3, 0, 2 * Math.PI);
+        ctx.lineWidth = 2; ctx.strokeStyle = "#d83b3b"; ctx.stroke();
+        if (labels) { ctx.fillStyle = "#d83b3b"; ctx.fillText("#" + (n.evict_rank + 1), x + r + 4, y + 12); }
+      }
+      if (n.hiddenNow) {
+        ctx.fillStyle = "#999"; ctx.beginPath(); ctx.arc(x + r + 5, y, 2.5, 0, 2 * Math.PI); ctx.fill();
+      }
+      if (n.id === v.selected) {
+        ctx.beginPath(); ctx.arc(x, y, r + 6, 0, 2 * Math.PI); ctx.lineWidth = 1.5;
+        ctx.strokeStyle = "#111"; ctx.stroke();
+      }
+      if (labels && !n.isRoot) {
+        const p = v.byId.get(n.parent);
+        ctx.fillStyle = "#334";
+        const tx = sx(p.x) + (x - sx(p.x)) * 0.32 + 3;
+        ctx.fillText(clip(n.text, Math.max(4, Math.floor((x - tx) / 6.6))), tx, y - 2);
+      }
+    }
+    v.drawn = drawn;
+    v.drawMs = performance.now() - t0;
+  }
+
+  function crosses(y1, y2, H) { return (y1 < 0 && y2 > H) || (y2 < 0 && y1 > H); }
+
+  function clip(text, n) {
+    const t = JSON.stringify(text || "").slice(1, -1);
+    return t.length > n ? t.slice(0, Math.max(1, n - 1)) + "…" : t;
+  }
+
+  function isVisible(v, n) {  // no collapsed ancestor (hidden nodes keep stale coordinates)
+    return n.shownNow !== false;
+  }
+
+  function nodeAt(v, px, py) {
+    const wx = (px - v.x) / v.k, wy = (py - v.y) / v.k;
+    let best = null, bestD = (10 / v.k) ** 2;
+    for (const n of [v.root, ...v.nodes]) {
+      const d = (n.x - wx) ** 2 + (n.y - wy) ** 2;
+      if (d < bestD && isVisible(v, n)) { best = n; bestD = d; }
+    }
+    return best;
+  }
+
+  function toggle(v, n) {
+    if (!n || !n.kids.length) return;
+    if (v.collapsed.has(n.id)) v.collapsed.delete(n.id); else v.collapsed.add(n.id);
+    layout(v); draw(v);
+  }
+
+  function collapseBelow(v, depth) {
+    v.collapsed = new Set(v.nodes.filter(n => n.depth >= depth && n.kids.length).map(n => n.id));
+    layout(v); fit(v); draw(v);
+  }
+
+  function expandAll(v) { v.collapsed = new Set(); layout(v); fit(v); draw(v); }
+
+  function attach(v) {
+    const c = v.canvas;
+    let drag = null, moved = false;
+    c.addEventListener("mousedown", e => { drag = [e.offsetX, e.offsetY, v.x, v.y]; moved = false; });
+    window.addEventListener("mouseup", () => { drag = null; });
+    c.addEventListener("mousemove", e => {
+      if (!drag) return;
+      if (Math.abs(e.offsetX - drag[0]) + Math.abs(e.offsetY - drag[1]) > 3) moved = true;
+      v.x = drag[2] + e.offsetX - drag[0]; v.y = drag[3] + e.offsetY - drag[1]; draw(v);
+    });
+    c.addEventListener("click", e => {
+      if (moved) return;
+      const n = nodeAt(v, e.offsetX, e.offsetY);
+      v.selected = n ? n.id : null; draw(v); v.onSelect(n);
+    });
+    c.addEventListener("dblclick", e => toggle(v, nodeAt(v, e.offsetX, e.offsetY)));
+    c.addEventListener("wheel", e => {
+      e.preventDefault();
+      const f = Math.exp(-e.deltaY * 0.0015), k = Math.min(8, Math.max(0.01, v.k * f));
+      v.x = e.offsetX - (e.offsetX - v.x) * (k / v.k); v.y = e.offsetY - (e.offsetY - v.y) * (k / v.k);
+      v.k = k; draw(v);
+    }, { passive: false });
+  }
+
+  return { create, setTree, draw, fit, toggle, collapseBelow, expandAll, nodeAt };
+})();
