@@ -123,6 +123,7 @@ INSPECT_MAX_NODES_CAP = 20000     # the most a client may ask for
 @dataclass(frozen=True)
 class InspectReq:
     max_nodes: int = INSPECT_MAX_NODES_DEFAULT
+    include_tree: bool = True  # False: skip the tree walk (O(nodes)); the page asks less often for it
     kind: str = "inspect"
 
 

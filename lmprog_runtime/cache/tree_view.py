@@ -51,8 +51,12 @@ def eviction_order(tree, nodes: List, k: int) -> List[int]:
     gone: set = set()
 
     def candidate(n) -> bool:
-        return (n.value is not None and n.lock_ref == 0
-                and all(c.value is None or c.id in gone for c in n.children.values()))
+        if n.value is None or n.lock_ref:
+            return False
+        for c in n.children.values():
+            if c.value is not None and c.id not in gone:
+                return False
+        return True
 
     heap = [(n.last_access_time, n.id, n) for n in nodes if candidate(n)]
     heapq.heapify(heap)
@@ -72,16 +76,18 @@ def _measure(tree, nodes: List) -> tuple:
     depth: Dict[int, int] = {tree.root.id: 0}
     for n in nodes:
         depth[n.id] = depth[n.parent.id] + 1
-    sub: Dict[int, int] = {}
-    for n in reversed(nodes):  # children before parents
-        sub[n.id] = len(n.key) + sum(sub[c.id] for c in n.children.values())
+    sub: Dict[int, int] = dict.fromkeys(depth, 0)
+    for n in reversed(nodes):  # children before parents: a node's total is final here
+        total = sub[n.id] + len(n.key)
+        sub[n.id] = total
+        sub[n.parent.id] += total
     return depth, sub
 
 
 def _select(nodes: List, depth: dict, sub: dict, max_nodes: int) -> List:
     if len(nodes) <= max_nodes:
         return nodes
-    ranked = sorted(nodes, key=lambda n: (-sub[n.id], depth[n.id], n.id))[:max_nodes]
+    ranked = heapq.nsmallest(max_nodes, nodes, key=lambda n: (-sub[n.id], depth[n.id], n.id))
     return sorted(ranked, key=lambda n: (depth[n.id], n.id))  # parents before children
 
 

@@ -147,13 +147,16 @@ def _counters(s) -> dict:
     return out
 
 
-def build_snapshot(s, max_nodes: int) -> dict:
-    """The snapshot of scheduler `s`; at most `max_nodes` tree nodes (capped)."""
+def build_snapshot(s, max_nodes: int, include_tree: bool = True) -> dict:
+    """The snapshot of scheduler `s`; at most `max_nodes` tree nodes (capped). `tree_s`:
+    seconds the tree walk took (None when skipped: `tree` is then None too)."""
     t0 = time.perf_counter()
     max_nodes = max(1, min(int(max_nodes), INSPECT_MAX_NODES_CAP))
     kv = s.kv
-    tree = (tree_view(kv.tree, s.tokenizer.decode, max_nodes, EVICT_NEXT) if kv.cache_enabled else None)
-    snap = {"time": time.time(), "monotonic": time.monotonic(), "tree": tree, **_queues(s, time.monotonic()),
+    walk = include_tree and kv.cache_enabled
+    tree = tree_view(kv.tree, s.tokenizer.decode, max_nodes, EVICT_NEXT) if walk else None
+    tree_s = time.perf_counter() - t0 if walk else None
+    snap = {"cache_enabled": kv.cache_enabled, "tree_s": tree_s, "time": time.time(), "monotonic": time.monotonic(), "tree": tree, **_queues(s, time.monotonic()),
             "retractions": s.stats["num_retractions"], "steps": s.steps.rows(), "pool": pool_view(kv, s.running),
             "host_pool": host_pool_view(kv), "grammars": grammar_view(s), "handoffs": handoff_view(s.handoff_probe),
             "counters": _counters(s), "speculative": s.speculator is not None,
@@ -165,7 +168,7 @@ def build_snapshot(s, max_nodes: int) -> dict:
 def inspect_reply(s, msg: InspectReq) -> ControlReply:
     """The scheduler's answer; a snapshot that fails is a failed reply, never a dead loop."""
     try:
-        return ControlReply("inspect", data=build_snapshot(s, msg.max_nodes))
+        return ControlReply("inspect", data=build_snapshot(s, msg.max_nodes, msg.include_tree))
     except Exception as e:  # noqa: BLE001
         logger.exception("inspector snapshot failed")
         return ControlReply("inspect", success=False, message=f"snapshot failed: {type(e).__name__}: {e}")

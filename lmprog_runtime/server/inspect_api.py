@@ -3,7 +3,8 @@
     GET /inspect                      the page (static files of this package, nothing fetched)
     GET /inspect/{tree,inspect}.js,   its scripts and style
         /inspect/inspect.css
-    GET /inspect/state?max_nodes=N    the scheduler's snapshot, JSON (N in [1, 20000], default 2000)
+    GET /inspect/state?max_nodes=N&tree=1   the scheduler's snapshot, JSON (N in [1, 20000],
+                                      default 2000; tree=0 skips the radix tree walk)
 
 The page files hold no data, so they load without the API key (a browser cannot send a
 header on navigation); `/inspect/state` is behind `--api-key` like every data route, and
@@ -30,7 +31,7 @@ PAGE_FILES = {  # path -> (file in STATIC_DIR, content type)
     "/inspect/inspect.js": ("inspect.js", "application/javascript"),
     "/inspect/inspect.css": ("inspect.css", "text/css"),
 }
-STATE_QUERY = ("max_nodes",)
+STATE_QUERY = ("max_nodes", "tree")
 SNAPSHOT_TIMEOUT_S = 10.0
 _files: dict = {}  # file name -> bytes, read once
 
@@ -48,13 +49,19 @@ async def page(request: web.Request) -> web.Response:
                         headers={"Cache-Control": "no-cache"})
 
 
-def parse_max_nodes(query) -> int:
-    """`max_nodes` of the query string; 400 naming the field for anything else."""
+def parse_query(query) -> InspectReq:
+    """The snapshot request of a query string; 400 naming the field for anything else."""
     for key in query:
         if key not in STATE_QUERY:
             raise SchemaError(key, f"one of the query parameters {list(STATE_QUERY)}", key,
                               f"an unknown parameter {key!r}")
-    raw = query.get("max_nodes")
+    tree = query.get("tree", "1")
+    if tree not in ("0", "1"):
+        raise SchemaError("tree", "0 or 1", tree)
+    return InspectReq(_max_nodes(query.get("max_nodes")), include_tree=tree == "1")
+
+
+def _max_nodes(raw) -> int:
     if raw is None:
         return INSPECT_MAX_NODES_DEFAULT
     expected = f"an integer in [1, {INSPECT_MAX_NODES_CAP}]"
@@ -68,8 +75,7 @@ def parse_max_nodes(query) -> int:
 
 async def state(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    max_nodes = parse_max_nodes(request.query)
-    reply = await control(rt, "inspect", SNAPSHOT_TIMEOUT_S, InspectReq(max_nodes))
+    reply = await control(rt, "inspect", SNAPSHOT_TIMEOUT_S, parse_query(request.query))
     if not reply.success:
         return error_response(reply.message, 500)
     # a 20,000-node snapshot is megabytes of JSON: encode it off the event loop

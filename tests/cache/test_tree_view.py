@@ -2,38 +2,11 @@
 predicts is the order eviction then takes, the bound keeps a connected tree, and taking
 the picture changes nothing."""
 
-import random
+from inspect_helpers import decode, put, random_tree
 
 from lmprog_runtime.cache.allocator import TokenSlotAllocator
 from lmprog_runtime.cache.radix import RadixCache
 from lmprog_runtime.cache.tree_view import eviction_order, tree_view
-
-
-def decode(ids):
-    return "".join(chr(97 + t % 26) for t in ids)
-
-
-def put(alloc, tree, tokens, namespace=None):
-    kv = alloc.alloc(len(tokens))
-    already = tree.insert(tokens, kv, namespace)
-    alloc.free(kv[:already])
-
-
-def random_tree(n_seqs, seed=0, size=1 << 16, vocab=6, length=(4, 24)):
-    """Branchy sequences over a tiny vocabulary: many shared prefixes, many splits."""
-    rng = random.Random(seed)
-    alloc = TokenSlotAllocator(size)
-    tree = RadixCache(alloc)
-    seqs = []
-    for _ in range(n_seqs):
-        base = rng.choice(seqs) if seqs and rng.random() < 0.7 else []
-        cut = rng.randint(0, len(base))
-        seq = base[:cut] + [rng.randrange(vocab) for _ in range(rng.randint(*length))]
-        put(alloc, tree, seq)
-        seqs.append(seq)
-        if rng.random() < 0.3:  # refresh an old path: LRU order differs from insertion order
-            tree.match_prefix(rng.choice(seqs))
-    return alloc, tree, seqs
 
 
 def fingerprint(tree):

@@ -7,13 +7,16 @@
   const POLL_MS = 1000;
   const HISTORY = 300;      // pool samples kept for the occupancy chart (one per poll)
   const MAX_ROWS = 300;     // table rows drawn at most
+  // The tree walk is O(tree nodes) on the scheduler thread: ask for it only so often that
+  // it takes at most TREE_BUDGET of the scheduler's time (every poll while it is cheap).
+  const TREE_BUDGET = 0.05;
   const OWNERS = ["request_held", "step_allocated", "tree_locked", "tree_evictable", "free"];
   const OWNER_COLORS = { free: "#d9e2ec", tree_evictable: "#8fb8ea", tree_locked: "#2f5f9e",
     request_held: "#4caf7a", step_allocated: "#b58be0" };
   const $ = id => document.getElementById(id);
 
   const st = { snap: null, history: [], key: sessionStorage.getItem("lmprog-inspect-key") || "",
-    timer: null, paused: false, polls: 0, errors: 0, lastRenderMs: 0, renders: 0,
+    timer: null, paused: false, nextTreeAt: 0, treeSnap: null, polls: 0, errors: 0, lastRenderMs: 0, renders: 0,
     seen: { maxBatchRows: 0, maxQueueRows: 0, treeCounts: [], poolUsed: [] }, lastError: null };
   const tree = TreeView.create($("tree-canvas"), showNode);
 
@@ -22,11 +25,13 @@
     const max = Math.max(1, Math.min(20000, parseInt($("max-nodes").value, 10) || 2000));
     const headers = st.key ? { Authorization: "Bearer " + st.key } : {};
     try {
-      const r = await fetch("/inspect/state?max_nodes=" + max, { headers, cache: "no-store" });
+      const wantTree = performance.now() >= st.nextTreeAt ? 1 : 0;
+      const r = await fetch(`/inspect/state?max_nodes=${max}&tree=${wantTree}`, { headers, cache: "no-store" });
       if (r.status === 401) { $("key-form").hidden = false; status("API key needed", true); return; }
       const body = await r.json();
       if (!r.ok) throw new Error((body.error && body.error.message) || r.statusText);
       st.polls++;
+      if (body.tree_s !== null) st.nextTreeAt = performance.now() + body.tree_s * 1000 / TREE_BUDGET - POLL_MS;
       render(body);
     } catch (e) {
       st.errors++; st.lastError = String(e);
@@ -49,8 +54,11 @@
     st.snap = snap;
     st.history.push({ t: snap.monotonic, pool: snap.pool });
     if (st.history.length > HISTORY) st.history.shift();
-    TreeView.setTree(tree, snap.tree);
-    treeSummary(snap.tree);
+    if (snap.tree_s !== null || !snap.cache_enabled) {  // else: the tree was not asked for this time
+      st.treeSnap = snap.tree;
+      TreeView.setTree(tree, snap.tree);
+      treeSummary(snap.tree);
+    }
     batchTable(snap.running || []);
     queueTable(snap);
     stepsChart(snap.steps || []);
@@ -59,7 +67,7 @@
     handoffTable(snap.handoffs);
     const ms = performance.now() - t0;
     st.lastRenderMs = ms; st.renders++;
-    st.seen.treeCounts.push(snap.tree ? snap.tree.num_nodes : 0);
+    st.seen.treeCounts.push(st.treeSnap ? st.treeSnap.num_nodes : 0);
     st.seen.poolUsed.push(snap.pool ? snap.pool.total - snap.pool.free : 0);
     status(`updated ${new Date(snap.time * 1000).toLocaleTimeString()} · snapshot ` +
       `${(snap.snapshot_s * 1000).toFixed(1)} ms · render ${ms.toFixed(1)} ms`);
@@ -67,7 +75,7 @@
   }
 
   function treeSummary(t) {
-    if (!t) { $("tree-summary").textContent = "radix cache off"; return; }
+    if (!t) { $("tree-summary").textContent = st.snap.cache_enabled ? "empty" : "radix cache off"; return; }
     const more = t.truncated ? ` (${t.truncated} smaller subtrees not shown)` : "";
     $("tree-summary").textContent = `${t.num_nodes} nodes, showing ${t.shown}${more} · ` +
       `${t.total_tokens} tokens (${t.evictable_tokens} evictable, ${t.locked_tokens} locked)` +
@@ -107,7 +115,7 @@
     fill($("batch").tBodies[0], running.map(r => [r.rid, r.prompt_tokens, r.cached_tokens,
       `${r.generated_tokens} / ${r.max_new_tokens}`, r.kv_len, r.grammar,
       r.spec_accept_length ? r.spec_accept_length.toFixed(2) : null, r.retractions, r.age_s.toFixed(1)]));
-    st.seen.maxBatchRows = Math.max(st.seen.maxBatchRows, running.length);
+    st.seen.maxBatchRows = Math.max(st.seen.maxBatchRows, $("batch").tBodies[0].rows.length);
     $("batch-summary").textContent = `${running.length} running · ${st.snap.overlap ? "overlap loop" : "plain loop"}` +
       (st.snap.speculative ? " · speculative" : "");
   }
@@ -116,7 +124,7 @@
     const rows = [...(snap.waiting || []), ...(snap.grammar_queue || [])];
     fill($("queue").tBodies[0], rows.map(r => [r.position >= 0 ? r.position + 1 : "", r.rid, r.prompt_tokens,
       r.generated_tokens, r.grammar, r.retractions, r.waited_s.toFixed(1), r.state]));
-    st.seen.maxQueueRows = Math.max(st.seen.maxQueueRows, rows.length);
+    st.seen.maxQueueRows = Math.max(st.seen.maxQueueRows, $("queue").tBodies[0].rows.length);
     const more = snap.waiting_truncated ? ` (+${snap.waiting_truncated} more)` : "";
     $("queue-summary").textContent = `${(snap.waiting || []).length} waiting${more}, ` +
       `${(snap.grammar_queue || []).length} compiling · policy ${snap.policy} · ${snap.retractions} retractions`;
@@ -170,7 +178,8 @@
     ctx.clearRect(0, 0, W, H);
     const hs = st.history, n = hs.length;
     if (n < 2) return;
-    const x = i => i / (HISTORY - 1) * W;
+    const span = Math.max(n, 60) - 1;  // fills the width as samples come (newest on the right)
+    const x = i => (i + span + 1 - n) / span * W;
     let base = hs.map(() => 0);
     for (const o of OWNERS) {
       const next = hs.map((s, i) => base[i] + s.pool[o] / s.pool.total);
@@ -203,7 +212,8 @@
   }
 
   function download() {
-    const blob = new Blob([JSON.stringify({ snapshot: st.snap, pool_history: st.history }, null, 1)],
+    const snapshot = Object.assign({}, st.snap, { tree: st.treeSnap });  // the tree as last fetched
+    const blob = new Blob([JSON.stringify({ snapshot, pool_history: st.history }, null, 1)],
       { type: "application/json" });
     const a = document.createElement("a");
     a.href = URL.createObjectURL(blob);

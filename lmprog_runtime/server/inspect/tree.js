@@ -10,8 +10,8 @@ const TreeView = (() => {
 
   function create(canvas, onSelect) {
     const v = { canvas, ctx: canvas.getContext("2d"), nodes: [], byId: new Map(), root: null,
-      collapsed: new Set(), k: 1, x: 30, y: 20, selected: null, drawn: 0, layoutMs: 0, drawMs: 0,
-      count: 0, visible: 0, onSelect, fitted: false };
+      collapsed: new Set(), kx: 1, ky: 1, x: 30, y: 20, selected: null, drawn: 0, layoutMs: 0, drawMs: 0,
+      count: 0, visible: 0, onSelect, fittedCount: 0 };
     attach(v);
     return v;
   }
@@ -34,7 +34,10 @@ const TreeView = (() => {
     v.count = v.nodes.length;
     layout(v);
     v.layoutMs = performance.now() - t0;
-    if (!v.fitted && v.count) { fit(v); v.fitted = true; }
+    // fit again when the tree changed size a lot (else keep the user's pan and zoom)
+    if (v.count && (!v.fittedCount || v.count > 2 * v.fittedCount || 2 * v.count < v.fittedCount)) {
+      fit(v); v.fittedCount = v.count;
+    }
     draw(v);
   }
 
@@ -75,8 +78,9 @@ const TreeView = (() => {
     const W = v.canvas.width / dpr, H = v.canvas.height / dpr;
     let maxDepth = 1;
     for (const n of v.nodes) if (n.depth > maxDepth) maxDepth = n.depth;
-    const k = Math.min(2, (W - 60) / ((maxDepth + 1) * COL), (H - 30) / Math.max(1, v.rows * ROW));
-    v.k = Math.max(k, 0.02);
+    // depth and rows are scaled apart, so a wide or a deep tree both fill the canvas
+    v.kx = Math.max(0.05, Math.min(2, (W - 60) / ((maxDepth + 1) * COL)));
+    v.ky = Math.max(0.002, Math.min(2, (H - 30) / Math.max(1, v.rows * ROW)));
     v.x = 30; v.y = 15;
   }
 
@@ -91,8 +95,8 @@ const TreeView = (() => {
     const ctx = v.ctx, W = v.canvas.width / dpr, H = v.canvas.height / dpr;
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, W, H);
-    const k = v.k, ox = v.x, oy = v.y;
-    const sx = x => x * k + ox, sy = y => y * k + oy;
+    const kx = v.kx, ky = v.ky, ox = v.x, oy = v.y, k = Math.min(kx, ky);
+    const sx = x => x * kx + ox, sy = y => y * ky + oy;
     const pad = 40;
     const inView = (x, y) => x > -pad && x < W + pad && y > -pad && y < H + pad;
     const shown = [v.root, ...v.nodes.filter(n => isVisible(v, n))];
@@ -108,7 +112,7 @@ const TreeView = (() => {
     }
     ctx.stroke();
     // nodes + labels
-    const labels = k >= LABEL_MIN_K;
+    const labels = ky >= LABEL_MIN_K;
     ctx.font = "11px ui-monospace, monospace"; ctx.textBaseline = "bottom";
     for (const n of shown) {
       const x = sx(n.x), y = sy(n.y);
@@ -153,10 +157,9 @@ const TreeView = (() => {
   }
 
   function nodeAt(v, px, py) {
-    const wx = (px - v.x) / v.k, wy = (py - v.y) / v.k;
-    let best = null, bestD = (10 / v.k) ** 2;
+    let best = null, bestD = 100;  // within 10 screen px
     for (const n of [v.root, ...v.nodes]) {
-      const d = (n.x - wx) ** 2 + (n.y - wy) ** 2;
+      const d = (n.x * v.kx + v.x - px) ** 2 + (n.y * v.ky + v.y - py) ** 2;
       if (d < bestD && isVisible(v, n)) { best = n; bestD = d; }
     }
     return best;
@@ -193,9 +196,10 @@ const TreeView = (() => {
     c.addEventListener("dblclick", e => toggle(v, nodeAt(v, e.offsetX, e.offsetY)));
     c.addEventListener("wheel", e => {
       e.preventDefault();
-      const f = Math.exp(-e.deltaY * 0.0015), k = Math.min(8, Math.max(0.01, v.k * f));
-      v.x = e.offsetX - (e.offsetX - v.x) * (k / v.k); v.y = e.offsetY - (e.offsetY - v.y) * (k / v.k);
-      v.k = k; draw(v);
+      const f = Math.exp(-e.deltaY * 0.0015);
+      const kx = Math.min(8, Math.max(0.01, v.kx * f)), ky = Math.min(8, Math.max(0.001, v.ky * f));
+      v.x = e.offsetX - (e.offsetX - v.x) * (kx / v.kx); v.y = e.offsetY - (e.offsetY - v.y) * (ky / v.ky);
+      v.kx = kx; v.ky = ky; draw(v);
     }, { passive: false });
   }
 
