@@ -83,3 +83,28 @@ def test_namespaces_hits_and_labels():
     assert salted["hits"] == 2 and salted["tokens"] == 30
     assert salted["text"] == decode(range(12)) + "…"  # the first EDGE_TOKENS tokens, then an ellipsis
     assert by_ns[None]["hits"] == 0 and by_ns[None]["text"] == decode(range(5))
+
+
+def test_hicache_tiers_and_device_eviction_order():
+    import random as _random
+
+    from hicache_helpers import make as make_hi, put as put_hi
+
+    tree, pool = make_hi(device=256, host=1024)
+    rng = _random.Random(4)
+    docs = [[rng.randrange(20) for _ in range(rng.randint(3, 12))] for _ in range(30)]
+    for d in docs:
+        put_hi(tree, pool, d)
+    tree.evict(60)  # some nodes now live on the host tier only
+    view = tree_view(tree, decode, max_nodes=10_000, evict_k=10_000)
+    tiers = {n["tier"] for n in view["nodes"]}
+    assert tiers == {"device", "host"} and view["host_tokens"] == tree.host_total_size()
+    assert all(n["backed_up"] for n in view["nodes"] if n["tier"] == "host")
+    predicted = view["eviction_next"]
+    actual = []
+    while True:
+        before = {n.id for n in tree.nodes() if n.value is not None}
+        if not tree.evict(1):
+            break
+        actual.extend(before - {n.id for n in tree.nodes() if n.value is not None})
+    assert predicted == actual
