@@ -29,7 +29,9 @@ RENDER_BOUND_MS = 5000  # generous: a 10,000-node render takes far less on an id
 
 @pytest.fixture(scope="module")
 def server(tiny_model_path, tmp_path_factory):
-    srv = LiveServer(tiny_model_path, tmp_path_factory.mktemp("inspector"), ["--api-key", KEY]).start()
+    # 3 running at most: a batch of 4 leaves one waiting, so the queue table has rows too
+    srv = LiveServer(tiny_model_path, tmp_path_factory.mktemp("inspector"),
+                     ["--api-key", KEY, "--max-running-requests", "3"]).start()
     yield srv
     srv.stop(signal.SIGTERM)
 
@@ -97,6 +99,8 @@ def _load(server, stop: threading.Event) -> None:
     """Requests with shared prefixes and long outputs until `stop`: the batch stays busy."""
     i = 0
     while not stop.is_set():
+        regex = {"text": "Answer yes or no:", "sampling_params": {"max_new_tokens": 8, "regex": "(yes|no)[.!]"}}
+        requests.post(server.url + "/generate", json=regex, headers=AUTH, timeout=120)
         texts = [f"System: you are helpful. User {i % 3} asks question {i}-{j} about radix trees"
                  for j in range(4)]
         body = {"text": texts, "sampling_params": {"max_new_tokens": 96, "temperature": 0, "ignore_eos": True}}
@@ -117,7 +121,8 @@ async def _watch_live(b: Browser, server, shots: str) -> dict:
     load = threading.Thread(target=_load, args=(server, stop), daemon=True)
     load.start()
     try:
-        await b.wait_for("inspector.state.seen.maxBatchRows >= 2", timeout=120)
+        await b.wait_for("inspector.state.seen.maxBatchRows >= 2 && inspector.state.seen.maxQueueRows >= 1",
+                         timeout=120)
         await b.screenshot(os.path.join(shots, "inspector-live.png"))
         await b.wait_for("new Set(inspector.state.seen.treeCounts).size >= 3", timeout=120)
     finally:
@@ -130,6 +135,7 @@ async def _watch_live(b: Browser, server, shots: str) -> dict:
         tree: inspector.tree.count, drawn: inspector.tree.drawn,
         seen: inspector.state.seen, errors: inspector.state.errors,
         poolSegments: document.querySelectorAll('#pool-bar div').length,
+        grammarRows: document.querySelectorAll('#grammars tbody tr').length,
         steps: inspector.state.snap.steps.length,
         summary: document.getElementById('tree-summary').textContent})""")}
 
@@ -145,6 +151,8 @@ def test_browser_shows_the_live_state(server, tmp_path):
     seen = got["seen"]
     assert got["errors"] == 0
     assert seen["maxBatchRows"] >= 2  # the batch table showed the running requests
+    assert seen["maxQueueRows"] >= 1  # and the one waiting for a row
+    assert got["grammarRows"] >= 1  # the regex's compiled grammar
     assert got["tree"] > got["first"]["tree"] and got["drawn"] > 0  # the tree grew on the canvas
     assert len(set(seen["poolUsed"])) >= 3 and got["poolSegments"] == 5  # the pool moved
     assert got["steps"] > 0 and "nodes" in got["summary"]

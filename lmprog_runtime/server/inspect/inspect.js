@@ -172,23 +172,27 @@
     poolChart();
   }
 
-  // Stacked areas of the owners over the last HISTORY polls.
+  // Stacked areas of the used slots by owner over the last HISTORY polls (free left out),
+  // scaled to the most used at any sample, so small changes stay visible.
   function poolChart() {
     const [ctx, W, H] = canvas2d("pool-canvas");
     ctx.clearRect(0, 0, W, H);
-    const hs = st.history, n = hs.length;
+    const hs = st.history, n = hs.length, used = OWNERS.filter(o => o !== "free");
     if (n < 2) return;
+    const top = Math.max(1, ...hs.map(s => used.reduce((a, o) => a + s.pool[o], 0))) * 1.1;
     const span = Math.max(n, 60) - 1;  // fills the width as samples come (newest on the right)
-    const x = i => (i + span + 1 - n) / span * W;
+    const x = i => (i + span + 1 - n) / span * W, y = v => H - v / top * (H - 14);
     let base = hs.map(() => 0);
-    for (const o of OWNERS) {
-      const next = hs.map((s, i) => base[i] + s.pool[o] / s.pool.total);
+    for (const o of used) {
+      const next = hs.map((s, i) => base[i] + s.pool[o]);
       ctx.beginPath();
-      next.forEach((v, i) => (i ? ctx.lineTo(x(i), H - v * H) : ctx.moveTo(x(i), H - v * H)));
-      for (let i = n - 1; i >= 0; i--) ctx.lineTo(x(i), H - base[i] * H);
+      next.forEach((v, i) => (i ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
+      for (let i = n - 1; i >= 0; i--) ctx.lineTo(x(i), y(base[i]));
       ctx.closePath(); ctx.fillStyle = OWNER_COLORS[o]; ctx.fill();
       base = next;
     }
+    ctx.fillStyle = "#556"; ctx.font = "11px system-ui";
+    ctx.fillText(`${Math.round(top)} slots (of ${hs[n - 1].pool.total}) · last ${n} polls`, 4, 11);
   }
 
   function grammarTable(g) {
