@@ -36,7 +36,9 @@ def test_snapshot_while_requests_run(tiny_engine):
     assert row["prompt_tokens"] > 0 and row["max_new_tokens"] == 160 and row["grammar"] is None
     assert 0 <= row["generated_tokens"] <= 160 and row["kv_len"] > 0
     pool = seen["pool"]
-    assert _owners_sum(pool) == pool["total"] and pool["step_allocated"] == 0  # the plain loop
+    assert _owners_sum(pool) == pool["total"]
+    if not seen["overlap"]:  # the plain loop answers between steps, never during a forward
+        assert pool["step_allocated"] == 0
     assert pool["tree_locked"] > 0  # running requests lock their cached prefixes
     after = tiny_engine.inspect_state()
     assert not after["running"] and after["pool"]["request_held"] == 0
@@ -47,6 +49,32 @@ def test_snapshot_while_requests_run(tiny_engine):
     assert steps and set(steps[-1]) == set(STEP_FIELDS)
     assert any(s["batch"] >= 2 for s in steps)
     assert all(s["forward_s"] > 0 and s["step_s"] >= s["forward_s"] for s in steps)
+
+
+def test_overlap_loop_steps_and_pool(tiny_model_path):
+    """The overlap loop answers while a forward runs: the CPU work it overlapped is timed,
+    and the slots given to that step show as step_allocated (never lost)."""
+    from lmprog_runtime import Engine
+
+    engine = Engine(model_path=tiny_model_path, dtype="float32", max_total_tokens=2048,
+                    force_overlap_schedule=True)
+    try:
+        params = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
+        worker = threading.Thread(target=engine.generate, args=(["overlap one", "overlap two"], params))
+        worker.start()
+        snaps = []
+        while worker.is_alive():
+            snaps.append(engine.inspect_state(include_tree=False))
+        worker.join()
+        snaps.append(engine.inspect_state())
+        assert all(s["overlap"] and s["tree"] is None for s in snaps[:-1]) and snaps[-1]["tree"] is not None
+        assert all(_owners_sum(s["pool"]) == s["pool"]["total"] and s["pool"]["step_allocated"] >= 0
+                   for s in snaps)
+        steps = snaps[-1]["steps"]
+        assert any(s["overlapped_s"] > 0 for s in steps)
+        assert all(s["overlapped_s"] <= s["forward_s"] for s in steps)
+    finally:
+        engine.shutdown()
 
 
 def test_hits_counted_on_reuse(tiny_engine):
