@@ -129,6 +129,15 @@ class Browser:
                 raise TimeoutError(f"waited {timeout}s for {expression!r}; console: {self.console[-5:]}")
             await asyncio.sleep(poll_s)
 
+    async def click(self, x: float, y: float, count: int = 1) -> None:
+        """A left click (or double click: count=2) at page coordinates (CSS pixels)."""
+        for n in range(1, count + 1):
+            for kind in ("mousePressed", "mouseReleased"):
+                await self.send("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=n)
+
+    async def allow_downloads(self, folder: str) -> None:
+        await self.send("Browser.setDownloadBehavior", behavior="allow", downloadPath=folder)
+
     async def screenshot(self, path: str) -> None:
         res = await self.send("Page.captureScreenshot", format="png", captureBeyondViewport=False)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

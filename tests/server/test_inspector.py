@@ -172,6 +172,51 @@ def _synthetic_snapshot(server, num_nodes: int) -> dict:
     return snap
 
 
+async def _node_on_screen(b: Browser) -> dict:
+    """Page coordinates of a drawn node with children (the first such in the snapshot)."""
+    return await b.eval("""(() => {
+        const v = inspector.tree, r = v.canvas.getBoundingClientRect();
+        const n = v.nodes.find(n => n.kids.length && n.shownNow && n.y * v.ky + v.y > 10
+                               && n.y * v.ky + v.y < r.height - 10 && n.x * v.kx + v.x < r.width - 10);
+        return n && {id: n.id, x: r.left + n.x * v.kx + v.x, y: r.top + n.y * v.ky + v.y};
+    })()""")
+
+
+@needs_chromium
+def test_browser_node_detail_collapse_and_download(server, tmp_path):
+    requests.post(server.url + "/generate", headers=AUTH, timeout=60, json={
+        "text": ["Shared start, then branch one", "Shared start, then branch two"],
+        "sampling_params": {"max_new_tokens": 4}}).raise_for_status()
+
+    async def run():
+        async with Browser() as b:
+            await _open_with_key(b, server.url)
+            await b.wait_for("inspector.tree.count >= 2")
+            await b.eval("inspector.stop()")
+            node = await _node_on_screen(b)
+            await b.click(node["x"], node["y"])
+            detail = await b.wait_for("document.getElementById('node-detail').innerText")
+            await b.click(node["x"], node["y"], count=2)
+            collapsed = await b.eval("[...inspector.tree.collapsed]")
+            await b.allow_downloads(str(tmp_path))
+            await b.eval("document.getElementById('download').click(), true")
+            for _ in range(100):
+                files = [f for f in os.listdir(tmp_path) if f.startswith("lmprog-inspect-") and f.endswith(".json")]
+                if files:
+                    break
+                await asyncio.sleep(0.1)
+            return node, detail, collapsed, files
+
+    node, detail, collapsed, files = asyncio.run(run())
+    assert f"id\t{node['id']}" in detail and "subtree tokens" in detail and "lock_ref" in detail
+    assert collapsed == [node["id"]]
+    assert len(files) == 1
+    with open(os.path.join(tmp_path, files[0])) as f:
+        saved = json.load(f)
+    assert saved["snapshot"]["tree"]["num_nodes"] >= 2 and saved["pool_history"]
+    assert {"running", "pool", "steps", "grammars"} <= set(saved["snapshot"])
+
+
 @needs_chromium
 def test_browser_renders_10000_nodes(server, tmp_path):
     snap = _synthetic_snapshot(server, 10_000)
