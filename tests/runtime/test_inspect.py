@@ -146,3 +146,58 @@ def test_disabled_engine_refuses(tiny_model_path):
             engine.inspect_state()
     finally:
         engine.shutdown()
+
+
+def _snapshots_while(engine, prompts, params, **kw) -> list:
+    """Snapshots taken while `engine` generates `prompts` on a worker thread, then one after."""
+    worker = threading.Thread(target=engine.generate, args=(prompts, params))
+    worker.start()
+    snaps = []
+    while worker.is_alive():
+        snaps.append(engine.inspect_state(**kw))
+        time.sleep(0.01)
+    worker.join()
+    return snaps + [engine.inspect_state(**kw)]
+
+
+def test_hicache_tiers_in_the_snapshot(tiny_model_path):
+    from engine_helpers import make_engine
+
+    docs = [f"Document {d}. " + " ".join(f"entry{d}x{i} holds value {i * 7 + d}." for i in range(28))
+            for d in range(4)]
+    with make_engine(tiny_model_path, enable_hierarchical_cache=True, max_total_tokens=512,
+                     hicache_ratio=4.0) as eng:
+        for doc in docs:  # ~300 tokens each: the device pool holds fewer than two
+            eng.generate(doc, {"max_new_tokens": 2, "temperature": 0})
+        snap = eng.inspect_state()
+    host, tree = snap["host_pool"], snap["tree"]
+    assert host is not None and host["tree"] == tree["host_tokens"] > 0
+    assert host["free"] + host["tree"] + host["prefetch_held"] == host["total"]
+    tiers = {n["tier"] for n in tree["nodes"]}
+    assert tiers == {"device", "host"}
+    assert _owners_sum(snap["pool"]) == snap["pool"]["total"]
+
+
+def test_speculative_accept_length_per_request(tiny_model_path):
+    from engine_helpers import make_engine
+
+    prompt = "one two three four five six seven eight " * 6  # n-grams the drafts can follow
+    params = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+    with make_engine(tiny_model_path, speculative_algorithm="NGRAM", max_total_tokens=4096) as eng:
+        snaps = _snapshots_while(eng, [prompt, prompt + "nine"], params, include_tree=False)
+    assert all(s["speculative"] for s in snaps)
+    rows = [r for s in snaps for r in s["running"]]
+    assert rows and all("spec_accept_length" in r for r in rows)
+    lengths = [r["spec_accept_length"] for r in rows if r["spec_accept_length"] is not None]
+    assert lengths and all(v >= 1.0 for v in lengths)  # accepted drafts + the bonus token, per verify
+
+
+def test_cache_off_has_no_tree(tiny_model_path):
+    from engine_helpers import make_engine
+
+    with make_engine(tiny_model_path, disable_radix_cache=True, max_total_tokens=1024) as eng:
+        eng.generate("No cache here", {"max_new_tokens": 3, "temperature": 0})
+        snap = eng.inspect_state()
+    assert snap["tree"] is None and snap["tree_s"] is None and not snap["cache_enabled"]
+    pool = snap["pool"]
+    assert pool["tree_evictable"] == pool["tree_locked"] == 0 and pool["free"] == pool["total"]

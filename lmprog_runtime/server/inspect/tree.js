@@ -89,60 +89,61 @@ const TreeView = (() => {
     return n.tier === "host" ? "#e69a28" : "#3b7dd8";
   }
 
+  // One frame: edges, then nodes with their marks and labels; only what is in view.
   function draw(v) {
     const t0 = performance.now();
     const dpr = resize(v);
-    const ctx = v.ctx, W = v.canvas.width / dpr, H = v.canvas.height / dpr;
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, W, H);
-    const kx = v.kx, ky = v.ky, ox = v.x, oy = v.y, k = Math.min(kx, ky);
-    const sx = x => x * kx + ox, sy = y => y * ky + oy;
-    const pad = 40;
-    const inView = (x, y) => x > -pad && x < W + pad && y > -pad && y < H + pad;
+    const W = v.canvas.width / dpr, H = v.canvas.height / dpr, pad = 40;
+    v.ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    v.ctx.clearRect(0, 0, W, H);
+    const f = { sx: x => x * v.kx + v.x, sy: y => y * v.ky + v.y, H, k: Math.min(v.kx, v.ky),
+      inView: (x, y) => x > -pad && x < W + pad && y > -pad && y < H + pad, labels: v.ky >= LABEL_MIN_K };
     const shown = [v.root, ...v.nodes.filter(n => isVisible(v, n))];
-    // edges
-    ctx.strokeStyle = "#b8c2cc"; ctx.lineWidth = 1; ctx.beginPath();
+    drawEdges(v, f, shown);
+    v.ctx.font = "11px ui-monospace, monospace"; v.ctx.textBaseline = "bottom";
     let drawn = 0;
     for (const n of shown) {
-      if (n.isRoot) continue;
-      const p = v.byId.get(n.parent);
-      const x1 = sx(p.x), y1 = sy(p.y), x2 = sx(n.x), y2 = sy(n.y);
-      if (!inView(x1, y1) && !inView(x2, y2) && !crosses(y1, y2, H)) continue;
-      ctx.moveTo(x1, y1); ctx.lineTo(x1 + (x2 - x1) * 0.3, y2); ctx.lineTo(x2, y2);
-    }
-    ctx.stroke();
-    // nodes + labels
-    const labels = ky >= LABEL_MIN_K;
-    ctx.font = "11px ui-monospace, monospace"; ctx.textBaseline = "bottom";
-    for (const n of shown) {
-      const x = sx(n.x), y = sy(n.y);
-      if (!inView(x, y)) continue;
-      drawn++;
-      const r = Math.max(2, Math.min(7, 2 + Math.log2(1 + (n.tokens || 0)) * 0.6)) * Math.min(1.5, Math.max(k, 0.5));
-      ctx.beginPath(); ctx.arc(x, y, r, 0, 2 * Math.PI);
-      ctx.fillStyle = color(n); ctx.fill();
-      if (n.lock_ref > 0) { ctx.lineWidth = 2; ctx.strokeStyle = "#1f2d3d"; ctx.stroke(); }
-      if (n.evict_rank !== null && n.evict_rank !== undefined) {
-        ctx.beginPath(); ctx.arc(x, y, r + 3, 0, 2 * Math.PI);
-        ctx.lineWidth = 2; ctx.strokeStyle = "#d83b3b"; ctx.stroke();
-        if (labels) { ctx.fillStyle = "#d83b3b"; ctx.fillText("#" + (n.evict_rank + 1), x + r + 4, y + 12); }
-      }
-      if (n.hiddenNow) {
-        ctx.fillStyle = "#999"; ctx.beginPath(); ctx.arc(x + r + 5, y, 2.5, 0, 2 * Math.PI); ctx.fill();
-      }
-      if (n.id === v.selected) {
-        ctx.beginPath(); ctx.arc(x, y, r + 6, 0, 2 * Math.PI); ctx.lineWidth = 1.5;
-        ctx.strokeStyle = "#111"; ctx.stroke();
-      }
-      if (labels && !n.isRoot) {
-        const p = v.byId.get(n.parent);
-        ctx.fillStyle = "#334";
-        const tx = sx(p.x) + (x - sx(p.x)) * 0.32 + 3;
-        ctx.fillText(clip(n.text, Math.max(4, Math.floor((x - tx) / 6.6))), tx, y - 2);
-      }
+      if (f.inView(f.sx(n.x), f.sy(n.y))) { drawNode(v, f, n); drawn++; }
     }
     v.drawn = drawn;
     v.drawMs = performance.now() - t0;
+  }
+
+  function drawEdges(v, f, shown) {
+    const ctx = v.ctx;
+    ctx.strokeStyle = "#b8c2cc"; ctx.lineWidth = 1; ctx.beginPath();
+    for (const n of shown) {
+      if (n.isRoot) continue;
+      const p = v.byId.get(n.parent);
+      const x1 = f.sx(p.x), y1 = f.sy(p.y), x2 = f.sx(n.x), y2 = f.sy(n.y);
+      if (!f.inView(x1, y1) && !f.inView(x2, y2) && !crosses(y1, y2, f.H)) continue;
+      ctx.moveTo(x1, y1); ctx.lineTo(x1 + (x2 - x1) * 0.3, y2); ctx.lineTo(x2, y2);
+    }
+    ctx.stroke();
+  }
+
+  // A dot sized by log(tokens), coloured by tier; rings: locked (dark), next to evict (red,
+  // with its rank), selected (black); a grey dot when children are not drawn.
+  function drawNode(v, f, n) {
+    const ctx = v.ctx, x = f.sx(n.x), y = f.sy(n.y);
+    const r = Math.max(2, Math.min(7, 2 + Math.log2(1 + (n.tokens || 0)) * 0.6)) * Math.min(1.5, Math.max(f.k, 0.5));
+    const ring = (radius, width, style) => {
+      ctx.beginPath(); ctx.arc(x, y, radius, 0, 2 * Math.PI); ctx.lineWidth = width; ctx.strokeStyle = style;
+      ctx.stroke();
+    };
+    ctx.beginPath(); ctx.arc(x, y, r, 0, 2 * Math.PI); ctx.fillStyle = color(n); ctx.fill();
+    if (n.lock_ref > 0) ring(r, 2, "#1f2d3d");
+    if (n.evict_rank !== null && n.evict_rank !== undefined) {
+      ring(r + 3, 2, "#d83b3b");
+      if (f.labels) { ctx.fillStyle = "#d83b3b"; ctx.fillText("#" + (n.evict_rank + 1), x + r + 4, y + 12); }
+    }
+    if (n.hiddenNow) { ctx.fillStyle = "#999"; ctx.beginPath(); ctx.arc(x + r + 5, y, 2.5, 0, 2 * Math.PI); ctx.fill(); }
+    if (n.id === v.selected) ring(r + 6, 1.5, "#111");
+    if (f.labels && !n.isRoot) {
+      const px = f.sx(v.byId.get(n.parent).x), tx = px + (x - px) * 0.32 + 3;
+      ctx.fillStyle = "#334";
+      ctx.fillText(clip(n.text, Math.max(4, Math.floor((x - tx) / 6.6))), tx, y - 2);
+    }
   }
 
   function crosses(y1, y2, H) { return (y1 < 0 && y2 > H) || (y2 < 0 && y1 > H); }
