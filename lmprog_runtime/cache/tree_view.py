@@ -44,6 +44,22 @@ def _label(decode: Callable[[Sequence[int]], str], key: tuple) -> str:
     return text
 
 
+def _labels(nodes: List, decode, cache: Optional[dict]) -> Dict[int, str]:
+    """Edge label by node id. `cache` (kept by the caller between snapshots) maps
+    (node id, key length) -> label: a node's key only ever changes by a split, which
+    shortens it, so the pair names one key. Left holding the given nodes' labels only."""
+    out: Dict[int, str] = {}
+    fresh: dict = {}
+    for n in nodes:
+        k = (n.id, len(n.key))
+        text = cache.get(k) if cache is not None else None
+        out[n.id] = fresh[k] = text if text is not None else _label(decode, n.key)
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
+    return out
+
+
 def eviction_order(tree, nodes: List, k: int) -> List[int]:
     """Ids of the next `k` nodes device eviction would take, in order: the same LRU
     walk as `RadixCache._evict_lru`, simulated (a node becomes a candidate once every
@@ -91,11 +107,11 @@ def _select(nodes: List, depth: dict, sub: dict, max_nodes: int) -> List:
     return sorted(ranked, key=lambda n: (depth[n.id], n.id))  # parents before children
 
 
-def _node(n, tree, depth: dict, sub: dict, kept: set, rank: dict, decode) -> dict:
+def _node(n, depth: dict, sub: dict, kept: set, rank: dict, labels: dict) -> dict:
     children = n.children.values()
     return {
         "id": n.id, "parent": n.parent.id, "depth": depth[n.id], "tokens": len(n.key),
-        "text": _label(decode, n.key), "subtree_tokens": sub[n.id], "hits": n.hits,
+        "text": labels[n.id], "subtree_tokens": sub[n.id], "hits": n.hits,
         "lock_ref": n.lock_ref, "last_access": n.last_access_time,
         "tier": "host" if n.value is None else "device", "backed_up": n.host_value is not None,
         "namespace": _namespace(n.namespace), "children": len(children),
@@ -103,20 +119,23 @@ def _node(n, tree, depth: dict, sub: dict, kept: set, rank: dict, decode) -> dic
     }
 
 
-def tree_view(tree, decode: Callable[[Sequence[int]], str], max_nodes: int, evict_k: int = 16) -> dict:
-    """The picture described in the module docstring; `decode(token_ids) -> str`."""
+def tree_view(tree, decode: Callable[[Sequence[int]], str], max_nodes: int, evict_k: int = 16,
+              label_cache: Optional[dict] = None) -> dict:
+    """The picture described in the module docstring; `decode(token_ids) -> str`. Pass the
+    same `label_cache` dict to successive calls to decode only nodes that are new."""
     nodes = list(tree.nodes())
     depth, sub = _measure(tree, nodes)
     shown = _select(nodes, depth, sub, max_nodes)
     kept = {n.id for n in shown}
     order = eviction_order(tree, nodes, evict_k)
     rank = {nid: i for i, nid in enumerate(order)}
+    labels = _labels(shown, decode, label_cache)
     view = {
         "root": tree.root.id, "clock": tree.clock, "num_nodes": len(nodes), "shown": len(shown),
         "truncated": len(nodes) - len(shown), "total_tokens": tree.total_size(),
         "evictable_tokens": tree.evictable_size(), "locked_tokens": tree.protected_size(),
         "root_children": len(tree.root.children), "eviction_next": order,
-        "nodes": [_node(n, tree, depth, sub, kept, rank, decode) for n in shown],
+        "nodes": [_node(n, depth, sub, kept, rank, labels) for n in shown],
     }
     if hasattr(tree, "host_total_size"):
         view["host_tokens"] = tree.host_total_size()

@@ -154,7 +154,7 @@ def build_snapshot(s, max_nodes: int, include_tree: bool = True) -> dict:
     max_nodes = max(1, min(int(max_nodes), INSPECT_MAX_NODES_CAP))
     kv = s.kv
     walk = include_tree and kv.cache_enabled
-    tree = tree_view(kv.tree, s.tokenizer.decode, max_nodes, EVICT_NEXT) if walk else None
+    tree = tree_view(kv.tree, s.tokenizer.decode, max_nodes, EVICT_NEXT, s.edge_labels) if walk else None
     tree_s = time.perf_counter() - t0 if walk else None
     snap = {"cache_enabled": kv.cache_enabled, "tree_s": tree_s, "time": time.time(), "monotonic": time.monotonic(), "tree": tree, **_queues(s, time.monotonic()),
             "retractions": s.stats["num_retractions"], "steps": s.steps.rows(), "pool": pool_view(kv, s.running),

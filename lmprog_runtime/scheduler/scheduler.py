@@ -109,6 +109,7 @@ class Scheduler:
         self._forward_pool = self._overlap_pool(server_args, runner)
         self.watchdog = Watchdog(server_args.watchdog_timeout)
         self.steps = StepRing()  # the Inspector's timeline
+        self.edge_labels: dict = {}  # the Inspector's decoded tree edges, (node id, key length) -> text
         self._step_times = (0.0, 0.0)  # this step's (forward s, CPU s overlapped with it)
         # () -> [transfer dicts with inspect.HANDOFF_FIELDS]; set by a KV transfer engine
         self.handoff_probe: Optional[Callable[[], list]] = None

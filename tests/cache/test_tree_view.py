@@ -108,3 +108,25 @@ def test_hicache_tiers_and_device_eviction_order():
             break
         actual.extend(before - {n.id for n in tree.nodes() if n.value is not None})
     assert predicted == actual
+
+
+def test_label_cache_decodes_only_new_or_split_nodes():
+    alloc = TokenSlotAllocator(1024)
+    tree = RadixCache(alloc)
+    put(alloc, tree, list(range(20)))
+    calls = []
+
+    def counting(ids):
+        calls.append(tuple(ids))
+        return decode(ids)
+
+    cache = {}
+    first = tree_view(tree, counting, max_nodes=100, label_cache=cache)
+    assert len(calls) == 1
+    again = tree_view(tree, counting, max_nodes=100, label_cache=cache)
+    assert len(calls) == 1 and again["nodes"] == first["nodes"]
+    put(alloc, tree, list(range(5)) + [99, 98])  # splits the node after 5 tokens
+    view = tree_view(tree, counting, max_nodes=100, label_cache=cache)
+    texts = sorted(n["text"] for n in view["nodes"])
+    assert texts == sorted([decode(range(5)), decode(range(5, 17)) + "…", decode([99, 98])])
+    assert len(calls) == 4 and len(cache) == 3  # the prefix, the shortened suffix, the new leaf
