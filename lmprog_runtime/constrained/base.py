@@ -115,7 +115,9 @@ class GrammarBackend(abc.ABC):
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
-                self._entry_stats[key][1] += 1
+                stats = self._entry_stats.get(key)
+                if stats is not None:
+                    stats[1] += 1
                 return _done(hit.copy())
         outer: Future = Future()
         if kind not in GRAMMAR_KINDS:
@@ -165,7 +167,7 @@ class GrammarBackend(abc.ABC):
 
     def cache_entries(self, spec_chars: int = 160) -> list:
         """The compiled-grammar cache, least recently used first: [{"kind", "spec" (cut to
-        `spec_chars`), "spec_bytes", "compile_s", "hits"}] (for the Inspector)."""
+        `spec_chars`), "spec_bytes", "compile_s", "hits", "backend"}] (for the Inspector)."""
         with self._lock:
             items = [(k, list(self._entry_stats.get(k, (0.0, 0)))) for k in self._cache]
         return [{"kind": kind, "spec": spec[:spec_chars], "spec_bytes": len(spec.encode("utf-8", "replace")),
