@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml
 	# Best effort: HiCache's mooncake tier (its tests skip, with the reason, without it).
 	-(command -v apt-get >/dev/null && apt-get install -y -q libibverbs1 librdmacm1 libnuma1 >/dev/null 2>&1) || true
 	-$(BIN)/pip install -q mooncake-transfer-engine-non-cuda || true
+	# Best effort: headless Chromium for the Inspector's browser test (it skips, with the reason, without it).
+	-(command -v apt-get >/dev/null && apt-get install -y -q chromium >/dev/null 2>&1) || true
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -112,6 +112,7 @@ class ServerArgs:
     api_key: Optional[str] = None
     log_level: str = "info"
     enable_metrics: bool = True
+    disable_inspector: bool = False  # the /inspect page and /inspect/state (docs/inspector.md)
     watchdog_timeout: float = 300.0  # seconds one scheduler step may run before its stacks are logged; 0 = off
     # request limits at the HTTP boundary (docs/reliability.md)
     max_request_bytes: int = 32 * 1024 * 1024  # body size, also after decompression
@@ -272,6 +273,7 @@ FLAG_HELP = {
     "api_key": "require 'Authorization: Bearer KEY' on every route but /health, /ready, /metrics",
     "log_level": "logging level (debug, info, warning, error)",
     "enable_metrics": "serve Prometheus metrics on /metrics",
+    "disable_inspector": "do not serve the Inspector (the /inspect page and /inspect/state: 404)",
     "watchdog_timeout": "seconds one scheduler step may run before its stacks are logged (0: off)",
     "max_request_bytes": "request body size limit in bytes, also after decompression",
     "max_json_depth": "nesting limit of a request body, in levels",

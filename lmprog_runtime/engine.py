@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Union
 
 from lmprog_runtime import __version__
 from lmprog_runtime.config import ServerArgs
+from lmprog_runtime.messages import INSPECT_MAX_NODES_CAP, INSPECT_MAX_NODES_DEFAULT, InspectReq
 from lmprog_runtime.messages import MEMORY_TAGS, MemoryOccupationReq, UpdateWeightsReq
 from lmprog_runtime.model_paths import DEFAULT_MODEL, DEFAULT_MODEL_ID, resolve_model_path, tokenizer_folder_if_ready
 from lmprog_runtime.tokenizer_manager import TokenizerManager
@@ -189,6 +190,18 @@ class Engine:
 
     def get_internal_state(self) -> dict:
         return self._call(self.tm.control("internal_state")).data
+
+    def inspect_state(self, max_nodes: int = INSPECT_MAX_NODES_DEFAULT, include_tree: bool = True) -> dict:
+        """The Inspector's snapshot (what /inspect/state answers; docs/inspector.md)."""
+        if self.server_args.disable_inspector:
+            raise RuntimeError("the Inspector is off (disable_inspector=True)")
+        if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) \
+                or not 1 <= max_nodes <= INSPECT_MAX_NODES_CAP:
+            raise ValueError(f"max_nodes: expected an integer in [1, {INSPECT_MAX_NODES_CAP}], got {max_nodes!r}")
+        reply = self._call(self.tm.control("inspect", msg=InspectReq(max_nodes, bool(include_tree))))
+        if not reply.success:
+            raise RuntimeError(reply.message)
+        return reply.data
 
     def get_model_info(self) -> dict:
         return {**self._model_info, "weight_version": self.tm.weight_version}

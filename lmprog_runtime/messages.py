@@ -115,6 +115,18 @@ class GetInternalStateReq:
     pass
 
 
+# The Inspector's snapshot (scheduler/inspect.py); answered by ControlReply("inspect").
+INSPECT_MAX_NODES_DEFAULT = 2000  # radix tree nodes in one snapshot, unless asked otherwise
+INSPECT_MAX_NODES_CAP = 20000     # the most a client may ask for
+
+
+@dataclass(frozen=True)
+class InspectReq:
+    max_nodes: int = INSPECT_MAX_NODES_DEFAULT
+    include_tree: bool = True  # False: skip the tree walk (O(nodes)); the page asks less often for it
+    kind: str = "inspect"
+
+
 @dataclass(frozen=True)
 class ShutdownReq:
     pass

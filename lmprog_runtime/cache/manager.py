@@ -135,7 +135,10 @@ class KVManager:
             self.hicache.observe_prefill(prompt_tokens, seconds)
 
     def count_tier_hits(self, req) -> None:
-        """`req`'s first admission: add where its cached prefix came from to the metrics."""
+        """`req`'s first admission: add where its cached prefix came from to the metrics,
+        and a hit to each tree node of that prefix."""
+        if req.kv_len and req.last_node is not None:
+            self.tree.record_hit(req.last_node)
         if self.hicache is not None:
             for tier, n in zip(("l1", "l2", "l3"), req.tier_hits):
                 self.hicache.stats[f"hicache_hit_tokens_{tier}"] += n

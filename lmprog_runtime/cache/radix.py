@@ -40,7 +40,7 @@ class KVIntegrityError(AssertionError):
 
 class TreeNode:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
-                 "namespace", "id", "host_value", "hit_count", "host_ref")
+                 "namespace", "id", "host_value", "hit_count", "host_ref", "hits")
     _ids = itertools.count()
 
     def __init__(self, key: Tuple[int, ...] = (), value: Optional[torch.Tensor] = None,
@@ -58,6 +58,7 @@ class TreeNode:
         self.host_value: Optional[torch.Tensor] = None  # int64 [len(key)] host-pool slots
         self.hit_count = 0                  # inserts through this node (write_through_selective)
         self.host_ref = 0                   # pins against host eviction (a load-back in progress)
+        self.hits = 0                       # admissions whose cached prefix ran through this node
 
     @property
     def evicted(self) -> bool:
@@ -211,7 +212,7 @@ class RadixCache:
         prefix = TreeNode(node.key[:n], _head(node.value, n), parent, node.namespace,
                           node.last_access_time)
         prefix.lock_ref = node.lock_ref  # same descendants, same locks
-        prefix.host_ref, prefix.hit_count = node.host_ref, node.hit_count
+        prefix.host_ref, prefix.hit_count, prefix.hits = node.host_ref, node.hit_count, node.hits
         prefix.host_value = _head(node.host_value, n)
         parent.children[self._child_key(node)] = prefix  # same first page as before
         node.key, node.value, node.parent = node.key[n:], _tail(node.value, n), prefix
@@ -238,6 +239,13 @@ class RadixCache:
             if n.lock_ref == 0:
                 self._protected -= len(n.key)
                 self._evictable += len(n.key)
+
+    def record_hit(self, node: TreeNode) -> None:
+        """A request was admitted with its cached prefix ending at `node`: count a hit on
+        it and its ancestors (the Inspector shows `hits`; nothing decides on them)."""
+        while node is not None and node is not self.root:
+            node.hits += 1
+            node = node.parent
 
     def _path_to_root(self, node: TreeNode, caller: str) -> List[TreeNode]:
         """`node` and its ancestors, the root excluded; asserts `node` is in this tree."""
@@ -281,6 +289,15 @@ class RadixCache:
         leaf.parent = None  # a stale reference now fails loudly in the lock calls
         self._evictable -= len(leaf.key)
         return len(leaf.key)
+
+    @property
+    def clock(self) -> int:
+        """The logical clock `last_access_time` values come from."""
+        return self._clock
+
+    def nodes(self):
+        """Every node but the root, parents before children (read-only use)."""
+        return self._nodes()
 
     def _nodes(self):
         """Every node but the root, parents before children."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -100,6 +101,8 @@ class GrammarBackend(abc.ABC):
         self.config = config
         self._executor = ThreadPoolExecutor(config.compile_workers, thread_name_prefix="grammar")
         self._cache: OrderedDict[tuple[str, str], Grammar] = OrderedDict()
+        # per cached key: [compile wall seconds, cache hits since]; read by `cache_entries`
+        self._entry_stats: dict[tuple[str, str], list] = {}
         self._lock = threading.Lock()
 
     @abc.abstractmethod
@@ -112,6 +115,9 @@ class GrammarBackend(abc.ABC):
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
+                stats = self._entry_stats.get(key)
+                if stats is not None:
+                    stats[1] += 1
                 return _done(hit.copy())
         outer: Future = Future()
         if kind not in GRAMMAR_KINDS:
@@ -133,9 +139,11 @@ class GrammarBackend(abc.ABC):
         inner.add_done_callback(lambda f: self._finish(f, outer, key, timer))
         return outer
 
-    def _compile_checked(self, kind: str, spec: str) -> Grammar:
+    def _compile_checked(self, kind: str, spec: str) -> tuple:
+        """(grammar, compile wall seconds)."""
+        t0 = time.perf_counter()
         try:
-            return self.compile(kind, spec)
+            return self.compile(kind, spec), time.perf_counter() - t0
         except GrammarError:
             raise
         except Exception as exc:  # noqa: BLE001 - every compile failure becomes a GrammarError
@@ -145,15 +153,26 @@ class GrammarBackend(abc.ABC):
         timer.cancel()
         exc = inner.exception()
         if exc is None:
-            grammar = inner.result()
+            grammar, seconds = inner.result()
             with self._lock:
                 self._cache[key] = grammar
                 self._cache.move_to_end(key)
+                self._entry_stats[key] = [seconds, 0]
                 while len(self._cache) > self.config.cache_size:
-                    self._cache.popitem(last=False)
+                    old, _ = self._cache.popitem(last=False)
+                    self._entry_stats.pop(old, None)
             _settle(outer, result=grammar.copy())
         else:
             _settle(outer, exc=exc)
+
+    def cache_entries(self, spec_chars: int = 160) -> list:
+        """The compiled-grammar cache, least recently used first: [{"kind", "spec" (cut to
+        `spec_chars`), "spec_bytes", "compile_s", "hits", "backend"}] (for the Inspector)."""
+        with self._lock:
+            items = [(k, list(self._entry_stats.get(k, (0.0, 0)))) for k in self._cache]
+        return [{"kind": kind, "spec": spec[:spec_chars], "spec_bytes": len(spec.encode("utf-8", "replace")),
+                 "compile_s": st[0], "hits": st[1], "backend": type(self).__name__}
+                for (kind, spec), st in items]
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

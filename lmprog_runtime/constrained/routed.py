@@ -43,6 +43,10 @@ class RoutedBackend:
                 return fut
         return self.secondary.get_future(kind, spec)
 
+    def cache_entries(self) -> list:
+        second = self.secondary.cache_entries() if self.secondary is not None else []
+        return self.primary.cache_entries() + second
+
     def shutdown(self) -> None:
         self.primary.shutdown()
         if self.secondary is not None:

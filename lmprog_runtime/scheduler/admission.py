@@ -69,6 +69,7 @@ class Admission:
         self.min_ratio = limits.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
         self.ratio_decay = (limits.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = limits.init_ratio
+        self.last_order: Optional[List] = None  # the waiting queue as last ranked (the Inspector's)
 
     # -- on arrival -------------------------------------------------------------------------
     def check(self, req) -> Optional[FinishReason]:
@@ -187,6 +188,7 @@ class Admission:
         if self.policy.name == "lpm" and len(ordered) > 1:
             deferred = defer_shared_new_prefixes(ordered, self.kv.match_len)
             ordered = [r for r in ordered if id(r) not in deferred]
+        self.last_order = ordered
         return ordered
 
     def _admit_waiting(self, running: List, waiting: Sequence, budget: int, decision: Admitted) -> None:

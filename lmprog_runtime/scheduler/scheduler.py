@@ -40,14 +40,15 @@ from lmprog_runtime.cache.allocator import TokenSlotAllocator
 from lmprog_runtime.cache.manager import KVManager
 from lmprog_runtime.config import GRAMMAR_COMPILE_TIMEOUT_S, ServerArgs
 from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason, FlushCacheReq,
-                                     EmbedReq, GetInternalStateReq, MemoryOccupationReq, TokenizedGenerateReq,
-                                     UpdateWeightsReq)
+                                     EmbedReq, GetInternalStateReq, InspectReq, MemoryOccupationReq,
+                                     TokenizedGenerateReq, UpdateWeightsReq)
 from lmprog_runtime.model_executor.sampler import Sampler
 from lmprog_runtime.scheduler.admission import Admission, AdmissionLimits
 from lmprog_runtime.scheduler.batch import StepPlan, build_forward_batch
 from lmprog_runtime.scheduler.faults import Stage, error_reason, fail_request
 from lmprog_runtime.scheduler.grammar_mask import MaskBuilder
 from lmprog_runtime.scheduler.grammars import GrammarQueue
+from lmprog_runtime.scheduler.inspect import StepRing, inspect_reply
 from lmprog_runtime.scheduler.limits import DECODE_LIKE_EXTEND
 from lmprog_runtime.scheduler.outbox import Outbox, error_output
 from lmprog_runtime.scheduler.output import JumpForward, PostProcessor
@@ -107,6 +108,11 @@ class Scheduler:
         self._stop = False
         self._forward_pool = self._overlap_pool(server_args, runner)
         self.watchdog = Watchdog(server_args.watchdog_timeout)
+        self.steps = StepRing()  # the Inspector's timeline
+        self.edge_labels: dict = {}  # the Inspector's decoded tree edges, (node id, key length) -> text
+        self._step_times = (0.0, 0.0)  # this step's (forward s, CPU s overlapped with it)
+        # () -> [transfer dicts with inspect.HANDOFF_FIELDS]; set by a KV transfer engine
+        self.handoff_probe: Optional[Callable[[], list]] = None
 
     def _build_kv(self, runner, tree) -> KVManager:
         allocator = TokenSlotAllocator(runner.max_total_num_tokens, self.limits.page_size)
@@ -145,6 +151,8 @@ class Scheduler:
             return self.flush_cache()
         elif isinstance(msg, GetInternalStateReq):
             return ControlReply("internal_state", data=self.internal_state())
+        elif isinstance(msg, InspectReq):
+            return inspect_reply(self, msg)
         elif isinstance(msg, (UpdateWeightsReq, MemoryOccupationReq)):
             return self.weights.handle(msg, self.is_idle())
         elif isinstance(msg, EmbedReq):
@@ -218,7 +226,7 @@ class Scheduler:
         batch = build_forward_batch(plan, self.runner)
         t1 = time.perf_counter()
         logits = self._forward(plan, lambda: self._run_forward(plan, batch))
-        self._timed_forward(plan, time.perf_counter() - t1)
+        self._timed_forward(plan, time.perf_counter() - t1, 0.0)
         mask = self.masks.build(plan.sampled_reqs())
         return self._after_forward(plan, logits, mask, t0)
 
@@ -236,12 +244,14 @@ class Scheduler:
         self._flush()
         self._take_messages(block=False)
         mask = self.masks.build(plan.sampled_reqs())
+        t2 = time.perf_counter()
         logits = self._forward(plan, future.result)
-        self._timed_forward(plan, time.perf_counter() - t1)
+        self._timed_forward(plan, time.perf_counter() - t1, t2 - t1)
         return self._after_forward(plan, logits, mask, t0)
 
-    def _timed_forward(self, plan: StepPlan, seconds: float) -> None:
+    def _timed_forward(self, plan: StepPlan, seconds: float, overlapped: float) -> None:
         self.stats["forward_s"] += seconds
+        self._step_times = (seconds, overlapped)
         prompt = sum(it.num_tokens for it in plan.items if it.num_tokens > DECODE_LIKE_EXTEND)
         self.kv.observe_prefill(prompt, seconds)  # HiCache's cost model learns the prefill rate
 
@@ -250,7 +260,7 @@ class Scheduler:
         if logits is not None:  # None: the forward failed and so did the batch's requests
             self.post.process(plan, logits, mask)
         self._release_finished()
-        self._end_step(t0)
+        self._end_step(t0, plan)
         self._flush()
         return True
 
@@ -319,9 +329,12 @@ class Scheduler:
                 keep.append(r)
         self.running = keep
 
-    def _end_step(self, t0: float) -> None:
+    def _end_step(self, t0: float, plan: StepPlan) -> None:
+        seconds = time.perf_counter() - t0
         self.stats["num_steps"] += 1
-        self.stats["step_s"] += time.perf_counter() - t0
+        self.stats["step_s"] += seconds
+        self.steps.record(seconds, *self._step_times, self.stats["mask_s"], len(plan.items),
+                          sum(it.num_tokens for it in plan.items))
         self._measure_throughput()
 
     def _measure_throughput(self, window_s: float = 1.0) -> None:

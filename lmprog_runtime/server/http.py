@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 RUNTIME = web.AppKey("runtime", object)
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")  # never behind --api-key
+# the Inspector's page files: no data in them (its /inspect/state is behind the key)
+OPEN_PATHS = ("/inspect", "/inspect/tree.js", "/inspect/inspect.js", "/inspect/inspect.css")
 PROBE_PATHS = ("/health", "/health_generate", "/ready")  # answer while loading / dead
 INLINE_BODY_BYTES = 256 * 1024  # smaller bodies are parsed and checked on the event loop
 FLUSH_OK = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or "
@@ -134,7 +136,8 @@ async def off_loop(rt, fn, *args):
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
     key = request.app[RUNTIME].args.api_key
-    if key and request.method != "OPTIONS" and not request.path.startswith(OPEN_PREFIXES):
+    path = request.path
+    if key and request.method != "OPTIONS" and not path.startswith(OPEN_PREFIXES) and path not in OPEN_PATHS:
         if request.headers.get("Authorization", "") != f"Bearer {key}":
             return error_response("Incorrect API key provided: send 'Authorization: Bearer <--api-key>'.",
                                   401)
@@ -333,12 +336,15 @@ def create_app(runtime) -> web.Application:
     from lmprog_runtime.server.admin_api import ADMIN_ROUTES
     from lmprog_runtime.server.chat_api import CHAT_ROUTES
     from lmprog_runtime.server.embeddings_api import EMBEDDING_ROUTES
+    from lmprog_runtime.server.inspect_api import INSPECT_ROUTES
     from lmprog_runtime.server.openai_api import OPENAI_ROUTES
 
     app = web.Application(middlewares=[error_middleware, auth_middleware, state_middleware],
                           client_max_size=runtime.args.max_request_bytes)
     app[RUNTIME] = runtime
-    for method, path, handler in NATIVE_ROUTES + OPENAI_ROUTES + CHAT_ROUTES + EMBEDDING_ROUTES + ADMIN_ROUTES:
+    inspector = [] if runtime.args.disable_inspector else INSPECT_ROUTES
+    routes = NATIVE_ROUTES + OPENAI_ROUTES + CHAT_ROUTES + EMBEDDING_ROUTES + ADMIN_ROUTES + inspector
+    for method, path, handler in routes:
         app.router.add_route(method, path, handler)
     return app
 

@@ -43,6 +43,13 @@ ROUTE_DOCS: Dict[str, tuple] = {
                                    "503 until resumed.", True),
     "/resume_memory_occupation": ("Re-create what /release_memory_occupation freed.", True),
     "/get_weight_version": ("The weight version (meta_info.weight_version of new outputs).", False),
+    "/inspect": ("The Inspector: a live page of the scheduler's state (radix tree, batch, KV pool, "
+                 "grammars); open without the API key, it holds no data.", False),
+    "/inspect/tree.js": ("The Inspector page's tree drawing script.", False),
+    "/inspect/inspect.js": ("The Inspector page's script.", False),
+    "/inspect/inspect.css": ("The Inspector page's style.", False),
+    "/inspect/state": ("The Inspector's snapshot of the scheduler (JSON); query max_nodes in [1, 20000], "
+                       "default 2000 radix tree nodes.", False),
 }
 _ERROR = {"type": "object", "required": ["error"], "properties": {
     "error": {"type": "object", "required": ["message", "type", "code"], "properties": {
