@@ -21,7 +21,7 @@ from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, Finish
                                      FlushCacheReq, GetInternalStateReq, TokenizedGenerateReq)
 from lmprog_runtime.sampling_params import SamplingParams
 from lmprog_runtime.sessions import SESSION_PARAM_KEYS, SessionError, SessionStore
-from lmprog_runtime.streaming import DeltaCursor
+from lmprog_runtime.streaming import DeltaCursor, spec_meta, stop_prefix_len
 
 logger = logging.getLogger(__name__)
 
@@ -70,15 +70,6 @@ class GenerateJob:
     return_text_in_logprobs: bool
     return_prompt_token_ids: bool
     session: Optional[dict] = None  # session_params of a request continuing in a session
-
-
-def spec_meta(verify_ct: int, draft_tokens: int, accepted: int) -> dict:
-    """meta_info's speculative-decoding fields (SGLang's names): accept length = tokens a
-    verify step produced (accepted drafts + the bonus token), averaged over verify steps."""
-    return {"spec_verify_ct": verify_ct,
-            "spec_accept_length": (accepted + verify_ct) / verify_ct if verify_ct else 0.0,
-            "spec_accept_rate": accepted / draft_tokens if draft_tokens else 0.0,
-            "spec_draft_tokens": draft_tokens, "spec_accepted_tokens": accepted}
 
 
 class TokenizerManager:
@@ -427,15 +418,20 @@ class TokenizerManager:
     def fail_all(self, message: str) -> None:
         """The scheduler died: finish every open request with a 503 instead of hanging."""
         self.dead = message
-        for rid, st in list(self.states.items()):
-            st.finished_reason = FinishReason.error(503, f"The scheduler is not running: {message}")
-            st.event.set()
-            del self.states[rid]
-            self.sessions.finish(rid, [], failed=True)
+        self.fail_requests(list(self.states), message)
         for waiters in self.control_waiters.values():
             for fut in waiters:
                 if not fut.done():
                     fut.set_exception(RequestError(f"The scheduler is not running: {message}", 503))
+
+    def fail_requests(self, rids: List[str], message: str) -> None:
+        """The scheduler holding `rids` died (one replica of several): finish them with a 503."""
+        for rid in rids:
+            st = self.states.pop(rid, None)
+            if st is not None:
+                st.finished_reason = FinishReason.error(503, f"The scheduler is not running: {message}")
+                st.event.set()
+                self.sessions.finish(rid, [], failed=True)
 
     # -- responses ------------------------------------------------------------------------
     def output_text(self, st: ReqState, partial: bool) -> str:
@@ -449,7 +445,7 @@ class TokenizerManager:
                     self.tokenizer, skip_special_tokens=sp.skip_special_tokens,
                     spaces_between_special_tokens=sp.spaces_between_special_tokens)
             text = st.detok.update(st.output_ids).rstrip("\ufffd")
-            return text[:len(text) - _stop_prefix_len(text, sp.stop_strs)]
+            return text[:len(text) - stop_prefix_len(text, sp.stop_strs)]
         ids = st.output_ids
         reason = st.finished_reason
         if reason is not None and reason.matched_token and not sp.no_stop_trim:
@@ -510,17 +506,6 @@ class TokenizerManager:
             meta["input_token_ids_logprobs"] = [triples(x) for x in lp.get("input_token_ids_logprobs", [])]
             meta["output_token_ids_logprobs"] = [triples(x) for x in lp.get("output_token_ids_logprobs", [])]
         return meta
-
-
-def _stop_prefix_len(text: str, stops: List[str]) -> int:
-    """Length of the longest tail of `text` that could still grow into a stop string."""
-    best = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:k]):
-                best = k
-                break
-    return best
 
 
 async def _first_event(events: List[asyncio.Event]) -> None:
