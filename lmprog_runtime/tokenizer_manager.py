@@ -32,7 +32,8 @@ GENERATE_FIELDS = {
     "extra_key", "return_prompt_token_ids", "log_metrics", "session_params",
 }
 IGNORED_FIELDS = {"lora_path", "priority", "custom_labels", "no_logs", "modalities",
-                  "return_hidden_states", "background", "conversation_id"}
+                  "return_hidden_states", "background", "conversation_id", "model",
+                  "return_bytes", "return_entropy"}  # the last two: false only (schema.py)
 
 
 class RequestError(ValueError):
