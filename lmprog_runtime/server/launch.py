@@ -308,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     serve_parser = sub.add_parser("serve", help="start the HTTP server")
     add_cli_args(serve_parser)
+    from lmprog_runtime.plan_kv import add_plan_kv_args  # torch-free until it runs
+    add_plan_kv_args(sub.add_parser("plan-kv", help="what moving a request's KV costs, and whether "
+                                                    "prefill/decode disaggregation pays off (docs/plan-kv.md)"))
     return parser
 
 
@@ -316,6 +319,9 @@ def main(argv=None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv.insert(0, "serve")  # `lmprog-runtime --port 8000` means serve
     ns = build_parser().parse_args(argv)
+    if ns.command == "plan-kv":
+        from lmprog_runtime.plan_kv import main as plan_kv_main
+        return plan_kv_main(ns)
     try:
         args = from_cli_namespace(ns)
     except (ValueError, TypeError) as e:
