@@ -124,7 +124,8 @@ _FALSE_ONLY_GENERATE = ("return_bytes", "return_entropy")
 # SGLang fields for features this server does not have yet: a request that sets one is a 400
 # naming it (accepting and ignoring them would silently do something else than asked).
 _DISAGGREGATION = "prefill/decode disaggregation is not supported yet (one server, one device)"
-_DATA_PARALLEL = "data parallelism is not supported yet (one scheduler)"
+_DATA_PARALLEL = ("choosing the replica is not supported yet (--dp-size balances with "
+                  "--load-balance-method)")
 UNSUPPORTED_FIELDS = {"bootstrap_host": _DISAGGREGATION, "bootstrap_port": _DISAGGREGATION,
                       "bootstrap_room": _DISAGGREGATION, "bootstrap_pair_key": _DISAGGREGATION,
                       "data_parallel_rank": _DATA_PARALLEL, "routed_dp_rank": _DATA_PARALLEL}
