@@ -109,10 +109,11 @@ class Dispatcher:
         else:  # control requests (and shutdown): every live replica
             ranks = self.live_ranks()
             kind = getattr(obj, "kind", None) or _CONTROL_KINDS.get(type(obj).__name__)
-            if kind is not None:
-                self.fanouts.append(_FanOut(kind, set(ranks)))
             for r in ranks:
                 self.senders[r](obj)
+            if kind is not None:
+                self.fanouts.append(_FanOut(kind, set(ranks)))
+                self._deliver_done()  # no live replica: a failed reply now, not a hang
 
     def _send_abort(self, obj: AbortReq) -> None:
         rank = self.owner.get(obj.rid) if not obj.abort_all else None
@@ -143,12 +144,11 @@ class Dispatcher:
         self._deliver_done()
 
     def _deliver_done(self) -> None:
-        """Deliver finished fan-outs, oldest first (replies of one kind keep their order)."""
-        while self.fanouts and self.fanouts[0].done:
-            fan = self.fanouts.pop(0)
-            self.deliver(merge_replies(fan.kind, fan.replies))
-        for fan in [f for f in self.fanouts if f.done]:
-            self.fanouts.remove(fan)
+        """Deliver the finished fan-outs in the order they were sent (one kind's replies
+        reach the tokenizer manager's FIFO of waiters in order)."""
+        done = [fan for fan in self.fanouts if fan.done]
+        self.fanouts = [fan for fan in self.fanouts if not fan.done]
+        for fan in done:
             self.deliver(merge_replies(fan.kind, fan.replies))
 
     # -- replica lifecycle ----------------------------------------------------------------
@@ -178,11 +178,16 @@ _CONTROL_KINDS = {"FlushCacheReq": "flush_cache", "GetInternalStateReq": "intern
 
 def replica_args(args, rank: int):
     """The ServerArgs of replica `rank`: its share of the threads (total // dp_size, at least
-    1). Everything else, the seed included, is the server's: outputs must not depend on
-    which replica served a request."""
+    1) and, for HiCache's file storage, its own directory and share of the size limit.
+    Everything else, the seed included, is the server's: outputs must not depend on which
+    replica served a request."""
     if args.dp_size == 1:
         return args
-    return args.replace(num_threads=max(1, total_threads(args) // args.dp_size))
+    own = {"num_threads": max(1, total_threads(args) // args.dp_size)}
+    if args.hicache_storage_backend == "file":  # one LRU bookkeeper per directory
+        own.update(hicache_storage_dir=os.path.join(args.resolved_hicache_storage_dir, f"dp{rank}"),
+                   hicache_storage_max_gb=args.hicache_storage_max_gb / args.dp_size)
+    return args.replace(**own)
 
 
 def total_threads(args) -> int:

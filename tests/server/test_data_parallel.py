@@ -97,6 +97,14 @@ def test_replica_down_fails_only_its_rids_and_unblocks_fanouts():
     assert {d.owner["r6"], d.owner["r7"]} == {0, 1}
 
 
+def test_control_with_no_live_replica_fails_at_once():
+    d, sent, delivered = _dispatcher()
+    d.replica_down(0)
+    d.replica_down(1)
+    d.send(FlushCacheReq())
+    assert sent == [[], []] and not delivered[0].success
+
+
 def test_one_replica_passes_through():
     d, sent, delivered = _dispatcher(n=1)
     d.send(FlushCacheReq())
@@ -112,7 +120,12 @@ def test_replica_args_split_threads(tiny_model_path):
     args = ServerArgs(model_path=tiny_model_path, dp_size=2, num_threads=5)
     assert replica_args(args, 1).num_threads == 2
     assert replica_args(args.replace(num_threads=1), 0).num_threads == 1
-    assert replica_args(args.replace(dp_size=1), 0) is not None
+    single = args.replace(dp_size=1)
+    assert replica_args(single, 0) is single
+    hicache = args.replace(enable_hierarchical_cache=True, hicache_storage_backend="file",
+                           hicache_storage_dir="/tmp/l3", hicache_storage_max_gb=8.0)
+    assert (replica_args(hicache, 1).hicache_storage_dir, replica_args(hicache, 1).hicache_storage_max_gb) == \
+        ("/tmp/l3/dp1", 4.0)
     with pytest.raises(ValueError, match="load_balance_method"):
         ServerArgs(model_path=tiny_model_path, load_balance_method="random")
     with pytest.raises(ValueError, match="dp_size"):
