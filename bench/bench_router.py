@@ -194,9 +194,10 @@ def main(argv=None) -> int:
         results["runs"].update(measure_dp(prompts, args, args.port + 10))
     runs = results["runs"]
     if "router cache_aware" in runs and "router round_robin" in runs:
+        aware, rr = runs["router cache_aware"], runs["router round_robin"]
         results["cache_aware_vs_round_robin"] = {
-            "throughput": runs["router cache_aware"]["request_throughput"] / runs["router round_robin"]["request_throughput"],
-            "hit_rate": [runs["router cache_aware"]["hit_rate"], runs["router round_robin"]["hit_rate"]]}
+            "throughput": aware["request_throughput"] / rr["request_throughput"],
+            "hit_rate": [aware["hit_rate"], rr["hit_rate"]]}
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     plot(results, args.out.replace(".json", ".png"))
