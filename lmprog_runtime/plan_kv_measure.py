@@ -64,7 +64,8 @@ def calibrate(args, shape: KVShape) -> Tuple[Rates, KVShape]:
     source = f"measured on {measured} tokens{' x ' + format(scale, '.3g') if scale != 1 else ''}, {threads} threads"
     if (sp is None or sd is None) and threads >= 2:
         tp2, td2, _ = _run_once(args, threads // 2, DECODE_STEPS)
-        sp, sd = sp or tp2 / tp, sd or td2 / td
+        # half the machine is never faster: a ratio under 1 is noise (other load), read as 1
+        sp, sd = sp or max(1.0, tp2 / tp), sd or max(1.0, td2 / td)
         source += f"; half: {threads // 2}"
     return Rates(tp * scale, td, sp or 2.0, sd or 2.0, source), shape
 
