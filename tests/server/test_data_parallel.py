@@ -205,6 +205,17 @@ def test_flush_fans_out_to_every_replica(dp_server):
     assert [s["cached_tokens"] for s in _states(dp_server.url)] == [0, 0]
 
 
+def test_weight_update_fans_out_and_merges(dp_server, tiny_model_path):
+    _wait_idle_all(dp_server.url)
+    r = requests.post(dp_server.url + "/update_weights_from_disk", timeout=300,
+                      json={"model_path": tiny_model_path, "weight_version": "dp-v2"})
+    assert r.status_code == 200 and r.json()["success"], r.text
+    assert [s["weight_version"] for s in _states(dp_server.url)] == ["dp-v2", "dp-v2"]
+    assert requests.get(dp_server.url + "/get_weight_version", timeout=30).json()["weight_version"] == "dp-v2"
+    for text in PROMPTS[:2]:  # the same weights: the same greedy outputs on both replicas
+        assert _greedy(dp_server.url, text)["meta_info"]["weight_version"] == "dp-v2"
+
+
 def _stream(url, rid, out, max_new=600):
     """Collect the data lines of one long streamed request into `out`."""
     resp = requests.post(url + "/generate", stream=True, timeout=120, json={
