@@ -33,7 +33,7 @@ GENERATE_FIELDS = {
 }
 IGNORED_FIELDS = {"lora_path", "priority", "custom_labels", "no_logs", "modalities",
                   "return_hidden_states", "background", "conversation_id", "model",
-                  "return_bytes", "return_entropy"}  # the last two: false only (schema.py)
+                  "return_bytes", "return_entropy"}  # the last two: false only
 
 
 class RequestError(ValueError):
@@ -97,6 +97,8 @@ class TokenizerManager:
         unknown = sorted(k for k in set(obj) - GENERATE_FIELDS - IGNORED_FIELDS if obj[k] is not None)
         if unknown:
             raise RequestError(f"Unknown field(s) in the request: {', '.join(unknown)}.")
+        if obj.get("return_bytes") or obj.get("return_entropy"):  # false is what sglang-router sends
+            raise RequestError("return_bytes and return_entropy are not supported yet (only false).")
         text, input_ids = obj.get("text"), obj.get("input_ids")
         if input_ids is not None:
             is_batch = bool(input_ids) and isinstance(input_ids[0], list)

@@ -110,3 +110,11 @@ def test_router_flush_reaches_both_workers(cluster):
     assert [wait_idle(w)["cached_tokens"] for w in workers] == [0, 0]
     for w in workers:
         assert wait_idle(w)["integrity"] == "ok"
+
+
+def test_router_fields_only_false(cluster):
+    _, workers = cluster
+    base = {"text": "hi", "sampling_params": {"max_new_tokens": 1}, "model": "tiny"}
+    assert requests.post(workers[0] + "/generate", json={**base, "return_bytes": False}, timeout=60).ok
+    r = requests.post(workers[0] + "/generate", json={**base, "return_entropy": True}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "return_entropy"
