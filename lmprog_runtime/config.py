@@ -38,6 +38,8 @@ NGRAM_MATCH_TYPES = ("BFS", "PROB")
 MAX_VERIFY_TOKENS = 16
 NGRAM_DEFAULT_DRAFT_TOKENS = 12  # SGLang's NGRAM default
 STANDALONE_DEFAULT_STEPS = (5, 1, 6)  # (num_steps, eagle_topk, num_draft_tokens) when unset
+# Data parallelism (server/data_parallel.py, docs/scale-out.md): SGLang's in-process methods.
+LOAD_BALANCE_METHODS = ("auto", "round_robin", "shortest_queue")  # auto: round_robin
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,8 @@ class ServerArgs:
     scheduler_restart: int = 0                 # restarts of a dead scheduler before exiting (code 3)
     # parallelism (SGLang's flag; one device only until tensor parallelism exists)
     tp_size: int = 1
+    dp_size: int = 1                           # scheduler replicas behind the one HTTP server
+    load_balance_method: str = "auto"          # how the server picks a replica per request
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
@@ -147,9 +151,15 @@ class ServerArgs:
         if self.tp_size != 1:
             raise ValueError(f"tp_size (--tp-size/--tp): tensor parallelism is not supported yet; "
                              f"got {self.tp_size}, expected 1 (one device).")
+        self._check_data_parallel()
         self._check_hicache()
         from lmprog_runtime.speculative.config import validate_speculative_args
         validate_speculative_args(self)
+
+    def _check_data_parallel(self) -> None:
+        _check_choice("load_balance_method", self.load_balance_method, LOAD_BALANCE_METHODS)
+        if not 1 <= self.dp_size <= 64:
+            raise ValueError(f"dp_size (--dp-size/--dp) must be in [1, 64], got {self.dp_size}.")
 
     def _check_hicache(self) -> None:
         _check_choice("hicache_write_policy", self.hicache_write_policy, HICACHE_WRITE_POLICIES)
@@ -283,8 +293,12 @@ FLAG_HELP = {
     "max_grammar_bytes": "size limit of a regex / json_schema / ebnf, in bytes",
     "scheduler_restart": "restarts of a dead scheduler before the server exits with code 3",
     "tp_size": "tensor-parallel degree; not supported yet, only 1 (also --tp)",
+    "dp_size": "data-parallel replicas: scheduler processes, each with its own model copy, KV pool and "
+               "radix cache, behind this one server; each gets --num-threads // N threads, at least 1 (also --dp)",
+    "load_balance_method": "how a request picks its replica with --dp-size > 1: round_robin, "
+                           "shortest_queue (fewest requests in flight), auto (round_robin)",
 }
-_ALIASES = {"tp_size": ("--tp",)}
+_ALIASES = {"tp_size": ("--tp",), "dp_size": ("--dp",)}
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -308,7 +322,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             "hicache_io_backend": HICACHE_IO_BACKENDS, "hicache_storage_backend": HICACHE_STORAGE_BACKENDS,
             "hicache_storage_prefetch_policy": HICACHE_PREFETCH_POLICIES,
             "hicache_host_dtype": HICACHE_HOST_DTYPES, "speculative_algorithm": SPECULATIVE_ALGORITHMS,
-            "speculative_ngram_match_type": NGRAM_MATCH_TYPES,
+            "speculative_ngram_match_type": NGRAM_MATCH_TYPES, "load_balance_method": LOAD_BALANCE_METHODS,
         }.get(f.name)
         parser.add_argument(*flags, type=kind, default=default, choices=choices, help=help_text,
                             dest=f.name)

@@ -88,6 +88,9 @@ class Engine:
     def __init__(self, faults=None, **kwargs):
         """`kwargs`: ServerArgs fields. `faults`: a FaultInjector (scheduler/faults.py), tests only."""
         self.server_args = ServerArgs.from_kwargs(**kwargs)
+        if self.server_args.dp_size != 1:  # replicas are processes; the Engine runs one in-process
+            raise ValueError(f"dp_size: the in-process Engine runs one scheduler; got {self.server_args.dp_size}, "
+                             "expected 1 (use `lmprog-runtime serve --dp-size N` for replicas).")
         self.scheduler = build_scheduler(self.server_args, faults)
         runner = self.scheduler.runner
         self.tokenizer = runner.tokenizer

@@ -21,7 +21,7 @@ from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, Finish
                                      FlushCacheReq, GetInternalStateReq, TokenizedGenerateReq)
 from lmprog_runtime.sampling_params import SamplingParams
 from lmprog_runtime.sessions import SESSION_PARAM_KEYS, SessionError, SessionStore
-from lmprog_runtime.streaming import DeltaCursor
+from lmprog_runtime.streaming import DeltaCursor, spec_meta, stop_prefix_len
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ GENERATE_FIELDS = {
     "extra_key", "return_prompt_token_ids", "log_metrics", "session_params",
 }
 IGNORED_FIELDS = {"lora_path", "priority", "custom_labels", "no_logs", "modalities",
-                  "return_hidden_states", "background", "conversation_id"}
+                  "return_hidden_states", "background", "conversation_id", "model",
+                  "return_bytes", "return_entropy"}  # the last two: false only
 
 
 class RequestError(ValueError):
@@ -72,15 +73,6 @@ class GenerateJob:
     session: Optional[dict] = None  # session_params of a request continuing in a session
 
 
-def spec_meta(verify_ct: int, draft_tokens: int, accepted: int) -> dict:
-    """meta_info's speculative-decoding fields (SGLang's names): accept length = tokens a
-    verify step produced (accepted drafts + the bonus token), averaged over verify steps."""
-    return {"spec_verify_ct": verify_ct,
-            "spec_accept_length": (accepted + verify_ct) / verify_ct if verify_ct else 0.0,
-            "spec_accept_rate": accepted / draft_tokens if draft_tokens else 0.0,
-            "spec_draft_tokens": draft_tokens, "spec_accepted_tokens": accepted}
-
-
 class TokenizerManager:
     def __init__(self, tokenizer, vocab_size: int, context_len: int, send: Callable[[Any], None],
                  on_finish: Optional[Callable[[ReqState], None]] = None, incremental_streaming: bool = False):
@@ -105,6 +97,8 @@ class TokenizerManager:
         unknown = sorted(k for k in set(obj) - GENERATE_FIELDS - IGNORED_FIELDS if obj[k] is not None)
         if unknown:
             raise RequestError(f"Unknown field(s) in the request: {', '.join(unknown)}.")
+        if obj.get("return_bytes") or obj.get("return_entropy"):  # false is what sglang-router sends
+            raise RequestError("return_bytes and return_entropy are not supported yet (only false).")
         text, input_ids = obj.get("text"), obj.get("input_ids")
         if input_ids is not None:
             is_batch = bool(input_ids) and isinstance(input_ids[0], list)
@@ -427,15 +421,20 @@ class TokenizerManager:
     def fail_all(self, message: str) -> None:
         """The scheduler died: finish every open request with a 503 instead of hanging."""
         self.dead = message
-        for rid, st in list(self.states.items()):
-            st.finished_reason = FinishReason.error(503, f"The scheduler is not running: {message}")
-            st.event.set()
-            del self.states[rid]
-            self.sessions.finish(rid, [], failed=True)
+        self.fail_requests(list(self.states), message)
         for waiters in self.control_waiters.values():
             for fut in waiters:
                 if not fut.done():
                     fut.set_exception(RequestError(f"The scheduler is not running: {message}", 503))
+
+    def fail_requests(self, rids: List[str], message: str) -> None:
+        """The scheduler holding `rids` died (one replica of several): finish them with a 503."""
+        for rid in rids:
+            st = self.states.pop(rid, None)
+            if st is not None:
+                st.finished_reason = FinishReason.error(503, f"The scheduler is not running: {message}")
+                st.event.set()
+                self.sessions.finish(rid, [], failed=True)
 
     # -- responses ------------------------------------------------------------------------
     def output_text(self, st: ReqState, partial: bool) -> str:
@@ -449,7 +448,7 @@ class TokenizerManager:
                     self.tokenizer, skip_special_tokens=sp.skip_special_tokens,
                     spaces_between_special_tokens=sp.spaces_between_special_tokens)
             text = st.detok.update(st.output_ids).rstrip("\ufffd")
-            return text[:len(text) - _stop_prefix_len(text, sp.stop_strs)]
+            return text[:len(text) - stop_prefix_len(text, sp.stop_strs)]
         ids = st.output_ids
         reason = st.finished_reason
         if reason is not None and reason.matched_token and not sp.no_stop_trim:
@@ -510,17 +509,6 @@ class TokenizerManager:
             meta["input_token_ids_logprobs"] = [triples(x) for x in lp.get("input_token_ids_logprobs", [])]
             meta["output_token_ids_logprobs"] = [triples(x) for x in lp.get("output_token_ids_logprobs", [])]
         return meta
-
-
-def _stop_prefix_len(text: str, stops: List[str]) -> int:
-    """Length of the longest tail of `text` that could still grow into a stop string."""
-    best = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:k]):
-                best = k
-                break
-    return best
 
 
 async def _first_event(events: List[asyncio.Event]) -> None:

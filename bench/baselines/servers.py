@@ -162,3 +162,47 @@ class LlamaCppServer(ManagedServer):
                 "--n_threads_batch", str(self.n_threads), "--logits_all", str(self.logits_all),
                 "--model_alias", "SmolLM2-135M-Instruct",
                 "--interrupt_requests", "False"] + self.extra_args  # default True: a new request cuts the running one
+
+
+def sglang_router_available() -> Optional[str]:
+    """None when SGLang's router (PyPI sglang-router) can run here, else why not."""
+    if importlib.util.find_spec("sglang_router") is None:
+        return "sglang_router is not importable: install it with `.venv/bin/pip install sglang-router`"
+    return None
+
+
+class SglangRouter(ManagedServer):
+    """SGLang's Rust gateway (`python -m sglang_router.launch_router`) in front of workers.
+
+    Ready when its /health answers 200 (it has found every worker healthy)."""
+
+    name = "sglang-router"
+
+    def __init__(self, port: int, worker_urls: List[str], policy: str = "cache_aware",
+                 extra_args: Optional[List[str]] = None, **kw):
+        reason = sglang_router_available()
+        if reason:
+            raise Unavailable(reason)
+        self.worker_urls, self.policy = list(worker_urls), policy
+        self.extra_args = list(extra_args or [])
+        super().__init__(port, **kw)
+
+    def argv(self) -> List[str]:
+        return [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                "--port", str(self.port), "--policy", self.policy, "--log-level", "warn",
+                "--worker-urls", *self.worker_urls] + self.extra_args
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} while starting; "
+                                   f"see {self.log_path}:\n{self._log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name} not ready after {self.ready_timeout:.0f}s; see {self.log_path}")

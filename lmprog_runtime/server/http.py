@@ -19,6 +19,7 @@ from aiohttp import web, web_protocol
 
 from lmprog_runtime.config import HEALTH_CHECK_TIMEOUT_S
 from lmprog_runtime.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from lmprog_runtime.server.data_parallel import per_replica
 from lmprog_runtime.server.metrics import HEALTH_CHECK_PREFIX
 from lmprog_runtime.server.limits import check_fanout, check_output_room, check_prompt_size
 from lmprog_runtime.server.validate import SchemaError, decompress, parse_body, validate
@@ -250,7 +251,7 @@ async def get_server_info(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     info = rt.server_info()
     reply = await control(rt, "internal_state")
-    info["internal_states"] = [reply.data]
+    info["internal_states"] = per_replica(reply)  # one dict per DP rank, as SGLang's
     info["version"] = _version()
     return web.json_response(info)
 
@@ -303,14 +304,25 @@ async def metrics(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     if not rt.args.enable_metrics:
         raise web.HTTPNotFound(reason="Metrics are disabled.")
-    state = rt.tm.scheduler_stats
+    states = [rt.tm.scheduler_stats or {}]
     if not rt.dead:
         try:
-            state = (await control(rt, "internal_state", timeout=2.0)).data
+            states = per_replica(await control(rt, "internal_state", timeout=2.0))
         except RequestError:
             pass
-    body = rt.metrics.render(state or {})
+    body = rt.metrics.render(states[0] if rt.args.dp_size == 1 else states)
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+async def get_load(request: web.Request) -> web.Response:
+    """SGLang's /get_load: one entry per DP rank (requests running, waiting, KV tokens in use)."""
+    rt = request.app[RUNTIME]
+    reply = await control(rt, "internal_state", timeout=5.0)
+    loads = [{"dp_rank": s.get("dp_rank", r), "num_reqs": s.get("num_running_reqs", 0) + s.get("num_queue_reqs", 0),
+              "num_waiting_reqs": s.get("num_queue_reqs", 0), "num_tokens": s.get("num_used_tokens", 0),
+              **rt.dispatcher.load(s.get("dp_rank", r))}
+             for r, s in enumerate(per_replica(reply))]
+    return web.json_response(loads)
 
 
 async def openapi_json(request: web.Request) -> web.Response:
@@ -329,6 +341,7 @@ NATIVE_ROUTES = [
     ("POST", "/tokenize", tokenize), ("POST", "/v1/tokenize", tokenize),
     ("POST", "/detokenize", detokenize), ("POST", "/v1/detokenize", detokenize),
     ("GET", "/metrics", metrics), ("GET", "/openapi.json", openapi_json),
+    ("GET", "/get_load", get_load),
 ]
 
 

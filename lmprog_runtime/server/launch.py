@@ -11,6 +11,12 @@ open request fails with a 503, every route answers 503, and the server either st
 scheduler (at most --scheduler-restart times; counted in `lmprog:scheduler_restarts`) or
 exits with code 3 for a supervisor to restart it. SIGINT/SIGTERM stop the listener, tell the scheduler to
 shut down, join (then terminate) it and remove the IPC files.
+
+With `--dp-size N` there are N scheduler children (server/replica.py), each its own model
+copy, pool, radix cache and IPC folder, behind one dispatcher (server/data_parallel.py). A
+replica that dies fails only the requests it held and is restarted within the same
+--scheduler-restart budget; the server goes 503 and exits with code 3 only when no replica
+is left (docs/scale-out.md).
 """
 
 from __future__ import annotations
@@ -18,98 +24,57 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import multiprocessing
 import os
 import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from lmprog_runtime.config import ServerArgs, add_cli_args, from_cli_namespace, limit_malloc_arenas
-from lmprog_runtime.ipc import IpcPaths, SchedulerChannel, ServerChannel
-from lmprog_runtime.messages import SchedulerFailed, SchedulerReady, ShutdownReq
+from lmprog_runtime.messages import SchedulerFailed
+from lmprog_runtime.server.data_parallel import Dispatcher, replica_args
+from lmprog_runtime.server.replica import SHUTDOWN_GRACE_S, SchedulerReplica, setup_logging
 
 logger = logging.getLogger("lmprog_runtime.server")
 
-PROGRESS_EVERY_S = 5.0
-SHUTDOWN_GRACE_S = 10.0
 EXIT_SCHEDULER_DIED = 3  # the exit code after the scheduler process died
-
-
-# -- the scheduler process --------------------------------------------------------------------
-def run_scheduler_process(args: ServerArgs, paths: IpcPaths) -> None:
-    """Entry point of the spawned child: load the model, report, run the batch loop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group; the server stops us
-    _setup_logging(args.log_level)
-    _thread_only_tqdm()
-    channel = SchedulerChannel(paths)
-    try:
-        from lmprog_runtime.engine import build_scheduler, model_info
-
-        scheduler = build_scheduler(args)
-        runner = scheduler.runner
-        info = {"model_info": model_info(args, runner), "context_len": scheduler.context_len,
-                "limits": scheduler.limits,
-                "vocab_size": runner.model_config.vocab_size, "pid": os.getpid(),
-                "device": str(getattr(runner, "device", "")), "dtype": str(getattr(runner, "dtype", "")),
-                **scheduler.internal_state()}
-    except Exception as e:
-        logger.exception("the scheduler failed to start")
-        channel.send(SchedulerFailed(f"{type(e).__name__}: {e}"))
-        channel.close()
-        sys.exit(1)
-    channel.send(SchedulerReady(info))
-    try:
-        scheduler.run_forever(channel.recv, channel.send)
-    except Exception as e:
-        logger.exception("the scheduler crashed")
-        channel.send(SchedulerFailed(f"{type(e).__name__}: {e}"))
-        channel.close()
-        sys.exit(1)
-    channel.close(linger_ms=0)  # asked to shut down: nobody waits for more outputs
-
-
-def _thread_only_tqdm() -> None:
-    """Progress bars in the child take a thread lock, not a multiprocessing semaphore that
-    would outlive a killed child in the resource tracker."""
-    try:
-        import threading
-
-        from tqdm import tqdm
-        tqdm.set_lock(threading.RLock())
-    except ImportError:
-        pass
 
 
 # -- the server side of the runtime ---------------------------------------------------------
 class ServerRuntime:
-    """Owns the scheduler child, the channel and the TokenizerManager of one server."""
+    """Owns the scheduler children (one per --dp-size replica), the dispatcher between them
+    and the TokenizerManager of one server."""
 
     def __init__(self, args: ServerArgs, progress: Callable[[str], None] = print):
         self.args = args
         self._print = progress
-        self.paths: Optional[IpcPaths] = None
-        self.channel: Optional[ServerChannel] = None
-        self.process: Optional[multiprocessing.Process] = None
+        self.replicas: List[SchedulerReplica] = []
+        self.dispatcher: Optional[Dispatcher] = None
         self.tm = None
         self.metrics = None
         self.tokenizer = None
-        self.info: Dict[str, Any] = {}
         self.model_info: Dict[str, Any] = {}
         self.start_time = time.time()
         self.last_output_time = 0.0
         self.stopping = False
-        self._recv_task: Optional[asyncio.Task] = None
         self.load_started = time.monotonic()
         self.load_status = "starting"  # the last progress line while loading
         self.schemas: Dict[str, dict] = {}
         self.max_token_bytes = 1
         self.tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")  # one: the tokenizer is shared
         self.on_dead: Callable[[str], None] = lambda message: None  # serve() exits non-zero
-        self.restarts = 0  # scheduler restarts so far (bounded by --scheduler-restart)
-        self.restarting = False
-        self._restart_task: Optional[asyncio.Task] = None
+        self.restarts = 0  # scheduler restarts so far, all replicas (bounded by --scheduler-restart)
+        self._restart_tasks: Dict[int, asyncio.Task] = {}
+
+    @property
+    def info(self) -> Dict[str, Any]:
+        """Replica 0's start-up info (model, context, pool size, pid)."""
+        return self.replicas[0].info if self.replicas else {}
+
+    @property
+    def restarting(self) -> bool:
+        return any(rep.restarting for rep in self.replicas)
 
     @property
     def dead(self) -> Optional[str]:
@@ -141,13 +106,14 @@ class ServerRuntime:
         from lmprog_runtime.server.schema import Limits, request_schemas
         from lmprog_runtime.tokenizer_manager import TokenizerManager
 
-        self.paths = IpcPaths.create()
-        self.channel = ServerChannel(self.paths)
-        self._spawn()
+        self.replicas = [SchedulerReplica(replica_args(self.args, r), r, self.progress)
+                         for r in range(self.args.dp_size)]
+        for rep in self.replicas:
+            rep.spawn()
         loop = asyncio.get_running_loop()
         tokenizer = loop.run_in_executor(None, _load_tokenizer, self.args)
         try:
-            self.info = await self._wait_ready()
+            await _all_ready(self.replicas)
         except BaseException:
             tokenizer.add_done_callback(lambda f: f.cancelled() or f.exception())  # already reported
             raise
@@ -156,94 +122,76 @@ class ServerRuntime:
         self.metrics = ServerMetrics(self.model_info["served_model_name"])
         self.schemas = request_schemas(Limits.of(self.args, self.info["vocab_size"]))
         self.max_token_bytes = _max_token_bytes(self.tokenizer)
+        self.dispatcher = Dispatcher([rep.send for rep in self.replicas], self.args.load_balance_method,
+                                     deliver=lambda obj: self.tm.handle_output(obj))
         self.tm = TokenizerManager(self.tokenizer, self.info["vocab_size"], self.info["context_len"],
-                                   self.channel.send, on_finish=self.metrics.on_finish,
+                                   self.dispatcher.send, on_finish=self.metrics.on_finish,
                                    incremental_streaming=self.args.incremental_streaming_output)
         self.tm.weight_version = self.info.get("weight_version", "default")
-        self._recv_task = asyncio.create_task(self.channel.receive_loop(self._on_message))
-        loop.add_reader(self.process.sentinel, self._on_child_exit)
+        for rep in self.replicas:
+            rep.attach(self._on_message, self._on_child_exit)
 
-    def _spawn(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.process = ctx.Process(target=run_scheduler_process, args=(self.args, self.paths),
-                                   name="lmprog-scheduler", daemon=True)
-        self.process.start()
-
-    async def _wait_ready(self) -> Dict[str, Any]:
-        t0 = time.monotonic()
-        self.progress(f"Loading model {self.args.model_path!r} in the scheduler process "
-                      f"(pid {self.process.pid})...")
-        while True:
-            try:
-                msg = await self.channel.recv(timeout=PROGRESS_EVERY_S)
-            except asyncio.TimeoutError:
-                if not self.process.is_alive():
-                    raise RuntimeError(f"the scheduler process exited with code {self.process.exitcode} "
-                                       "while loading the model")
-                self.progress(f"  still loading... {time.monotonic() - t0:.0f}s")
-                continue
-            if isinstance(msg, SchedulerFailed):
-                raise RuntimeError(f"the scheduler failed to start: {msg.message}")
-            if isinstance(msg, SchedulerReady):
-                info = msg.info
-                self.progress(f"Model loaded in {time.monotonic() - t0:.1f}s: context {info['context_len']} "
-                              f"tokens, KV pool {info['max_total_num_tokens']} tokens, "
-                              f"device {info.get('device') or '?'}")
-                return info
-
-    def _on_message(self, obj) -> None:
+    def _on_message(self, rank: int, obj) -> None:
         if isinstance(obj, SchedulerFailed):
             logger.error("scheduler failed: %s", obj.message)
-            self._scheduler_down(obj.message)
+            self._replica_down(rank, obj.message)
             return
         self.last_output_time = time.monotonic()
-        self.tm.handle_output(obj)
+        self.dispatcher.on_message(rank, obj)
 
-    def _on_child_exit(self) -> None:
-        asyncio.get_running_loop().remove_reader(self.process.sentinel)
-        self.process.join(timeout=1)
+    def _on_child_exit(self, rank: int) -> None:
+        rep = self.replicas[rank]
+        rep.unwatch()
         if self.stopping:
             return
-        message = f"the scheduler process exited unexpectedly (exit code {self.process.exitcode})"
+        who = "the scheduler process" if self.args.dp_size == 1 else f"scheduler replica {rank}"
+        message = f"{who} exited unexpectedly (exit code {rep.process.exitcode})"
         logger.error(message)
-        self._scheduler_down(message)
+        self._replica_down(rank, message)
 
-    def _scheduler_down(self, message: str) -> None:
-        """Fail every open request (503), then restart the scheduler while --scheduler-restart
-        allows, else tell serve() to exit non-zero."""
-        if not self.tm.dead:
-            self.tm.fail_all(message)
-        if self.restarting or self.stopping:
+    def _replica_down(self, rank: int, message: str) -> None:
+        """Fail the requests replica `rank` held (503; all of them when it was the last live
+        one), then restart it while --scheduler-restart allows; with no live replica left and
+        no restart under way tell serve() to exit non-zero."""
+        if self.dispatcher.alive[rank]:
+            rids = self.dispatcher.replica_down(rank)
+            if not self.dispatcher.live_ranks():
+                self.tm.fail_all(message)
+            else:
+                self.tm.fail_requests(rids, message)
+        rep = self.replicas[rank]
+        if rep.restarting or self.stopping:
             return
         if self.restarts < self.args.scheduler_restart:
-            self.restarting = True
-            self._restart_task = asyncio.create_task(self._restart())
-        else:
+            rep.restarting = True
+            self._restart_tasks[rank] = asyncio.create_task(self._restart(rank))
+        elif not self.dispatcher.live_ranks() and not self.restarting:
             self.on_dead(self.tm.dead)
+        else:
+            logger.error("serving on with %d of %d replicas", len(self.dispatcher.live_ranks()), len(self.replicas))
 
-    async def _restart(self) -> None:
-        loop = asyncio.get_running_loop()
+    async def _restart(self, rank: int) -> None:
+        rep = self.replicas[rank]
         self.restarts += 1
         self.metrics.scheduler_restarts.labels(self.metrics.model_name).inc()
-        loop.remove_reader(self.process.sentinel)
-        if self._recv_task is not None:
-            self._recv_task.cancel()
-            await asyncio.gather(self._recv_task, return_exceptions=True)
-        await loop.run_in_executor(None, _reap, self.process, 5.0)  # no second peer on the sockets
-        self.progress(f"Restarting the scheduler ({self.restarts}/{self.args.scheduler_restart})...")
-        self._spawn()
+        await rep.detach(5.0)  # no second peer on the sockets
+        who = "the scheduler" if self.args.dp_size == 1 else f"scheduler replica {rank}"
+        self.progress(f"Restarting {who} ({self.restarts}/{self.args.scheduler_restart})...")
+        rep.spawn()
         try:
-            self.info.update(await self._wait_ready())
-        except Exception as e:  # noqa: BLE001 - a restart that fails ends the server
-            self.restarting = False
-            self.on_dead(f"the scheduler restart failed: {e}")
+            await rep.wait_ready()
+        except Exception as e:  # noqa: BLE001 - a restart that fails ends the server (or this replica)
+            rep.restarting = False
+            if not self.dispatcher.live_ranks():
+                self.on_dead(f"the scheduler restart failed: {e}")
             return
-        self.tm.control_waiters.clear()  # futures of the dead scheduler, already failed
-        self.tm.weight_version = self.info.get("weight_version", "default")  # a new scheduler's weights
-        self.tm.dead = None
-        self.restarting = False
-        self._recv_task = asyncio.create_task(self.channel.receive_loop(self._on_message))
-        loop.add_reader(self.process.sentinel, self._on_child_exit)
+        if self.tm.dead:  # it was the last one: the server comes back with it
+            self.tm.control_waiters.clear()  # futures of the dead scheduler, already failed
+            self.tm.weight_version = rep.info.get("weight_version", "default")  # a new scheduler's weights
+            self.tm.dead = None
+        self.dispatcher.replica_up(rank)
+        rep.restarting = False
+        rep.attach(self._on_message, self._on_child_exit)
 
     def server_info(self) -> Dict[str, Any]:
         info = self.args.to_dict()
@@ -256,24 +204,23 @@ class ServerRuntime:
             context_length=self.info.get("context_len"),
             startup_time=self.start_time, scheduler_pid=self.info.get("pid"),
             launch_command=_redacted_command(sys.argv))
+        if self.args.dp_size > 1:
+            info["scheduler_pids"] = [rep.info.get("pid") for rep in self.replicas]
+            info["dp_alive"] = list(self.dispatcher.alive) if self.dispatcher else []
         return info
 
     async def stop(self) -> None:
         self.stopping = True
-        if self.channel is not None and self.process is not None and self.process.is_alive():
-            self.channel.send(ShutdownReq())
-        if self.process is not None and self.process.pid is not None:  # started
-            await asyncio.get_running_loop().run_in_executor(None, _reap, self.process)
-        if self._recv_task is not None:
-            self._recv_task.cancel()
-            try:
-                await self._recv_task
-            except asyncio.CancelledError:
-                pass
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
+        await asyncio.gather(*(rep.stop() for rep in self.replicas))
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _all_ready(replicas: List[SchedulerReplica]) -> None:
+    """Wait for every replica's SchedulerReady; the first failure is raised after all are settled."""
+    results = await asyncio.gather(*(rep.wait_ready() for rep in replicas), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
 
 
 def _redacted_command(argv) -> str:
@@ -282,16 +229,6 @@ def _redacted_command(argv) -> str:
         out.append("<hidden>" if hide else ("--api-key=<hidden>" if a.startswith("--api-key=") else a))
         hide = a == "--api-key"
     return " ".join(out)
-
-
-def _reap(process: multiprocessing.Process, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-    process.join(grace_s)
-    if process.is_alive():
-        process.terminate()
-        process.join(5)
-    if process.is_alive():
-        process.kill()
-        process.join(5)
 
 
 def _max_token_bytes(tokenizer) -> int:
@@ -365,17 +302,15 @@ def web_site(runner, args: ServerArgs):
     return web.TCPSite(runner, args.host, args.port)
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="[%(asctime)s %(processName)s] %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmprog-runtime",
                                      description="The lmprog serving runtime (SGLang- and OpenAI-compatible).")
     sub = parser.add_subparsers(dest="command")
     serve_parser = sub.add_parser("serve", help="start the HTTP server")
     add_cli_args(serve_parser)
+    from lmprog_runtime.plan_kv import add_plan_kv_args  # torch-free until it runs
+    add_plan_kv_args(sub.add_parser("plan-kv", help="what moving a request's KV costs, and whether "
+                                                    "prefill/decode disaggregation pays off (docs/plan-kv.md)"))
     return parser
 
 
@@ -384,6 +319,9 @@ def main(argv=None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv.insert(0, "serve")  # `lmprog-runtime --port 8000` means serve
     ns = build_parser().parse_args(argv)
+    if ns.command == "plan-kv":
+        from lmprog_runtime.plan_kv import main as plan_kv_main
+        return plan_kv_main(ns)
     try:
         args = from_cli_namespace(ns)
     except (ValueError, TypeError) as e:
@@ -392,7 +330,7 @@ def main(argv=None) -> int:
     if not isinstance(logging.getLevelName(args.log_level.upper()), int):
         print(f"lmprog-runtime: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
         return 2
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     limit_malloc_arenas()
     try:

@@ -7,7 +7,7 @@ has its own registry, so several servers (or tests) in one process never collide
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, List, Union
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -72,35 +72,47 @@ _HICACHE = {
 
 
 class _SchedulerGauges:
-    """A collector that reports the gauges of the last scheduler state it was given."""
+    """A collector that reports the gauges of the last scheduler state(s) it was given: one
+    dict (one scheduler), or one per data-parallel replica, then labelled `dp_rank`."""
 
     def __init__(self, model_name: str):
         self.model_name = model_name
-        self.state: Dict[str, Any] = {}
+        self.state: Union[Dict[str, Any], List[Dict[str, Any]]] = {}
+
+    def _rows(self):
+        """(label names, [(label values, state)]) of the states to report."""
+        if isinstance(self.state, dict):
+            return ["model_name"], [([self.model_name], self.state)]
+        return ["model_name", "dp_rank"], [([self.model_name, str(s.get("dp_rank", r))], s)
+                                           for r, s in enumerate(self.state)]
 
     def collect(self):
+        labels, rows = self._rows()
         for name, (key, doc) in _GAUGES.items():
-            family = GaugeMetricFamily(f"sglang:{name}", doc, labels=["model_name"])
-            value = self.state.get(key)
-            if isinstance(value, (int, float)):
-                family.add_metric([self.model_name], float(value))
+            family = GaugeMetricFamily(f"sglang:{name}", doc, labels=labels)
+            for values, state in rows:
+                value = state.get(key)
+                if isinstance(value, (int, float)):
+                    family.add_metric(values, float(value))
             yield family
         for name, (key, doc) in _COUNTERS.items():
-            value = self.state.get(key)
-            if isinstance(value, (int, float)):  # only where speculation is on
-                family = CounterMetricFamily(f"sglang:{name}", doc, labels=["model_name"])
-                family.add_metric([self.model_name], float(value))
+            present = [(v, s[key]) for v, s in rows if isinstance(s.get(key), (int, float))]
+            if present:  # only where speculation is on
+                family = CounterMetricFamily(f"sglang:{name}", doc, labels=labels)
+                for values, value in present:
+                    family.add_metric(values, float(value))
                 yield family
-        if "hicache_host_pool_tokens" in self.state:
-            yield from self._hicache()
+        if any("hicache_host_pool_tokens" in s for _, s in rows):
+            yield from self._hicache(labels, rows)
 
-    def _hicache(self):
+    def _hicache(self, labels, rows):
         for name, (doc, label, keys) in _HICACHE.items():
-            family = GaugeMetricFamily(name, doc, labels=["model_name"] + ([label] if label else []))
-            for value, key in keys.items():
-                v = self.state.get(key)
-                if isinstance(v, (int, float)):
-                    family.add_metric([self.model_name] + ([value] if label else []), float(v))
+            family = GaugeMetricFamily(name, doc, labels=labels + ([label] if label else []))
+            for values, state in rows:
+                for value, key in keys.items():
+                    v = state.get(key)
+                    if isinstance(v, (int, float)):
+                        family.add_metric(values + ([value] if label else []), float(v))
             yield family
 
 
@@ -149,6 +161,7 @@ class ServerMetrics:
             if completion > 1 and state.last_token_time is not None:
                 self.itl.labels(name).observe((state.last_token_time - state.first_token_time) / (completion - 1))
 
-    def render(self, scheduler_state: Dict[str, Any]) -> bytes:
+    def render(self, scheduler_state: Union[Dict[str, Any], List[Dict[str, Any]]]) -> bytes:
+        """`scheduler_state`: the scheduler's internal state, or one per DP replica."""
         self.gauges.state = scheduler_state
         return generate_latest(self.registry)

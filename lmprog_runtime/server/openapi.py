@@ -21,6 +21,7 @@ ROUTE_DOCS: Dict[str, tuple] = {
     "/server_info": ("Server arguments, scheduler limits and live internal state.", False),
     "/get_server_info": ("Deprecated alias of /server_info.", False),
     "/flush_cache": ("Clear the prefix cache (only when idle; 400 otherwise).", False),
+    "/get_load": ("Load per data-parallel replica: requests running and waiting, KV tokens in use.", False),
     "/abort_request": ("Abort requests whose id starts with rid, or all of them.", True),
     "/tokenize": ("Token ids of a prompt or chat messages.", True),
     "/v1/tokenize": ("Alias of /tokenize.", True),

@@ -116,11 +116,16 @@ def sampling_schema(lim: Limits) -> dict:
 
 
 _IGNORED_GENERATE = ("lora_path", "priority", "custom_labels", "no_logs", "modalities",
-                     "return_hidden_states", "background", "conversation_id")
+                     "return_hidden_states", "background", "conversation_id",
+                     "model")  # sglang-router adds the worker's model id to every /generate
+# SGLang output options this server does not have: sglang-router sends them as false on every
+# /generate, so false is accepted and true is a 400 naming the field.
+_FALSE_ONLY_GENERATE = ("return_bytes", "return_entropy")
 # SGLang fields for features this server does not have yet: a request that sets one is a 400
 # naming it (accepting and ignoring them would silently do something else than asked).
 _DISAGGREGATION = "prefill/decode disaggregation is not supported yet (one server, one device)"
-_DATA_PARALLEL = "data parallelism is not supported yet (one scheduler)"
+_DATA_PARALLEL = ("choosing the replica is not supported yet (--dp-size balances with "
+                  "--load-balance-method)")
 UNSUPPORTED_FIELDS = {"bootstrap_host": _DISAGGREGATION, "bootstrap_port": _DISAGGREGATION,
                       "bootstrap_room": _DISAGGREGATION, "bootstrap_pair_key": _DISAGGREGATION,
                       "data_parallel_rank": _DATA_PARALLEL, "routed_dp_rank": _DATA_PARALLEL}
@@ -157,6 +162,8 @@ def generate_schema(lim: Limits) -> dict:
     }
     props.update({k: {"description": "accepted and ignored (SGLang compatibility)"} for k in _IGNORED_GENERATE})
     props.update(_unsupported())
+    props.update({k: {"enum": [False], "description": "only false (sglang-router always sends it); not "
+                                                      "supported yet"} for k in _FALSE_ONLY_GENERATE})
     return {"type": "object", "additionalProperties": False, "properties": props}
 
 
