@@ -87,6 +87,10 @@ def test_hicache_on_matches_off(tiny_model_path, reference, config, tmp_path):
         state = eng.get_internal_state()
         if "hicache_storage_backend" in config:
             assert state["hicache_prefetch_count"] > 0, state
+            # L2 evicted documents into storage-only tree nodes, and prefetches filled them again
+            assert state["hicache_storage_demoted_tokens"] > 0, state
+            if config["hicache_storage_prefetch_policy"] == "wait_complete":
+                assert state["hicache_storage_filled_tokens"] > 0, state
             if config["hicache_storage_prefetch_policy"] != "best_effort":  # (that one may stop at once)
                 assert state["hicache_hit_tokens_l3"] > 0, state
         if config.get("hicache_write_policy") != "write_through_selective":  # (copies re-used nodes only)
