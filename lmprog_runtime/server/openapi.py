@@ -43,6 +43,8 @@ ROUTE_DOCS: Dict[str, tuple] = {
                                    "503 until resumed.", True),
     "/resume_memory_occupation": ("Re-create what /release_memory_occupation freed.", True),
     "/get_weight_version": ("The weight version (meta_info.weight_version of new outputs).", False),
+    "/hicache/storage-backend": ("HiCache's L3 storage backend: PUT attaches, DELETE detaches (idle only; "
+                                 "409 when busy), GET shows it.", True),
 }
 _ERROR = {"type": "object", "required": ["error"], "properties": {
     "error": {"type": "object", "required": ["message", "type", "code"], "properties": {

@@ -268,3 +268,18 @@ def test_random_operations_with_a_storage_tier(page_size):
     assert seen == {True, False}  # storage-only nodes came and went
     tree.reset()
     audit(tree)
+
+
+def test_detaching_storage_forgets_storage_only_nodes():
+    tree, pool = make()
+    DictStorage(tree, page_tokens=8)
+    stem, doc = list(range(1, 9)), list(range(20, 44))
+    put(tree, pool, stem + doc)
+    put(tree, pool, stem + [7] * 8)
+    tree.evict(64)
+    tree.evict_host(64)
+    assert tree.storage_total_size() == 40
+    tree.l3 = None
+    tree.drop_storage_only()
+    assert tree.storage_total_size() == 0 and tree.total_size() == 0 and not tree.root.children
+    audit(tree)
