@@ -11,11 +11,11 @@ from lmprog_runtime.cache.kv_pool import TokenToKVPool
 LAYERS, HEADS, DIM = 2, 1, 4
 
 
-def make(device=64, host=128, page_size=1, policy="write_through", host_dtype=torch.float32):
+def make(device=64, host=128, page_size=1, policy="write_through", host_dtype=torch.float32, layerwise=False):
     dev_pool = TokenToKVPool(device, LAYERS, HEADS, DIM, torch.float32, page_size=page_size)
     host_pool = HostKVPool(host, LAYERS, HEADS, DIM, host_dtype, page_size)
     alloc, host_alloc = TokenSlotAllocator(device, page_size), TokenSlotAllocator(host, page_size)
-    io = TierIO(dev_pool, host_pool)
+    io = TierIO(dev_pool, host_pool, layerwise=layerwise)
     tree = HiRadixCache(alloc, host_alloc, io, page_size, policy)
     return tree, dev_pool
 
@@ -52,6 +52,8 @@ def kv_of(tokens, layer):
 
 
 def assert_kv(pool, slots, tokens, dtype=torch.float32):
+    if pool.load_gate is not None:  # layer-wise load-backs: read only what they finished
+        pool.load_gate.drain()
     for layer in range(LAYERS):
         want = kv_of(tokens, layer).to(dtype).to(torch.float32)
         assert torch.equal(pool.k[layer, slots], want)

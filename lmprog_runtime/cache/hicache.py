@@ -235,6 +235,7 @@ class HiCacheController:
             self._writer.submit(lambda: None).result()
 
     def flush(self) -> None:
+        self.io.drain()
         if self.prefetcher is not None:
             for rid in list(self.prefetcher.tasks):
                 self.prefetcher.finish(rid, keep=False)
@@ -242,6 +243,7 @@ class HiCacheController:
 
     def close(self) -> None:
         self.detach()
+        self.io.close()
 
     def state(self) -> dict:
         s = dict(self.stats)

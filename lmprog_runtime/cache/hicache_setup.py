@@ -71,11 +71,12 @@ def build_hicache(args, runner, allocator: TokenSlotAllocator, page_size: int):
                                  args, config)
     host = HostKVPool(tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, page_size,
                       pin=dev_pool.k.device.type == "cuda")
-    io = TierIO(dev_pool, host)
+    io = TierIO(dev_pool, host, layerwise=args.hicache_io_backend == "kernel")
     io.calibrate()
     tree = HiRadixCache(allocator, TokenSlotAllocator(tokens, page_size), io, page_size, args.hicache_write_policy)
-    logger.info("HiCache: L2 %d tokens (%s, %.2f GB), write policy %s, L3 %s, host->device %.2f GB/s",
+    logger.info("HiCache: L2 %d tokens (%s, %.2f GB), write policy %s, L3 %s, host->device %.2f GB/s, %s",
                 tokens, dtype, tokens * per_token / 1e9, args.hicache_write_policy,
-                args.hicache_storage_backend or "off", io.load_bytes_per_s / 1e9)
+                args.hicache_storage_backend or "off", io.load_bytes_per_s / 1e9,
+                "layer-wise load-back" if io.loads is not None else "whole load-back")
     controller = HiCacheController(tree, io, storage, S, args.hicache_storage_prefetch_policy, config)
     return tree, controller

@@ -10,8 +10,9 @@ import torch
 from hicache_helpers import LAYERS, DictStorage, assert_kv, audit, full_match, kv_of, make, put
 
 
-def test_write_through_evict_keeps_host_copy_and_loads_back_same_bytes():
-    tree, pool = make()
+@pytest.mark.parametrize("layerwise", [False, True], ids=["direct", "layerwise"])
+def test_write_through_evict_keeps_host_copy_and_loads_back_same_bytes(layerwise):
+    tree, pool = make(layerwise=layerwise)
     doc = list(range(100, 140))
     put(tree, pool, doc)
     assert tree.host_total_size() == 40  # backed up at the first insert
@@ -237,10 +238,10 @@ def test_without_storage_host_eviction_deletes():
     audit(tree)
 
 
-@pytest.mark.parametrize("page_size", [1, 4])
-def test_random_operations_with_a_storage_tier(page_size):
+@pytest.mark.parametrize("page_size,layerwise", [(1, False), (4, False), (1, True)])
+def test_random_operations_with_a_storage_tier(page_size, layerwise):
     rng = random.Random(f"l3-{page_size}")
-    tree, pool = make(device=64, host=160, page_size=page_size)
+    tree, pool = make(device=64, host=160, page_size=page_size, layerwise=layerwise)
     store = DictStorage(tree, page_tokens=8)
     stems = [[rng.randrange(50) for _ in range(rng.randrange(4, 28))] for _ in range(6)]
     seen = set()
@@ -283,3 +284,40 @@ def test_detaching_storage_forgets_storage_only_nodes():
     tree.drop_storage_only()
     assert tree.storage_total_size() == 0 and tree.total_size() == 0 and not tree.root.children
     audit(tree)
+
+
+def test_layer_loads_wait_per_layer_and_in_order():
+    """The forward of layer i waits only for layer i: a load blocked in layer 1 lets
+    `wait(0)` return and holds `wait(1)` until it moves on; `drain` waits for all."""
+    import threading
+
+    from lmprog_runtime.cache.layer_loads import LayerLoads
+
+    loads, gate, copied = LayerLoads(3), threading.Event(), []
+
+    def copy_layer(layer):
+        if layer == 1:
+            assert gate.wait(30)
+        copied.append(layer)
+
+    loads.submit(copy_layer)
+    loads.wait(0)
+    assert copied == [0] and loads.pending
+    waiter = threading.Thread(target=loads.wait, args=(1,))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # layer 1 is not copied yet
+    gate.set()
+    waiter.join(30)
+    loads.drain()
+    assert copied == [0, 1, 2] and not loads.pending
+
+    def broken(layer):
+        raise OSError("copy failed")
+
+    loads.submit(broken)
+    with pytest.raises(RuntimeError, match="load-back failed"):
+        loads.wait(0)
+    with pytest.raises(RuntimeError, match="load-back failed"):  # sticky: those slots are garbage
+        loads.drain()
+    loads.close()

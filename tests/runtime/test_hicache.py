@@ -65,6 +65,7 @@ def test_the_working_set_is_several_times_l1(reference):
 
 @pytest.mark.parametrize("config", [
     dict(),
+    dict(hicache_io_backend="direct"),  # whole load-backs (the default copies layer by layer)
     dict(hicache_write_policy="write_through_selective"),
     dict(hicache_write_policy="write_back"),
     dict(page_size=4),
