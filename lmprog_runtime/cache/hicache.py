@@ -249,6 +249,7 @@ class HiCacheController:
         s = dict(self.stats)
         s.update({k: v for k, v in self.io.stats.items()})
         s["hicache_l2_load_bytes_per_s"] = self.io.load_bytes_per_s
+        s["hicache_layerwise_copy_seconds_sum"] = self.io.loads.copy_seconds if self.io.loads else 0.0
         s["hicache_host_tokens"] = self.tree.host_total_size()
         s["hicache_storage_tree_tokens"] = self.tree.storage_total_size()
         s["hicache_storage_demoted_tokens"] = self.tree.storage_counts["demoted"]

@@ -17,6 +17,7 @@ every older load is complete. A copy that raised makes every later `wait`/`drain
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
@@ -29,6 +30,7 @@ class LayerLoads:
         self._finished = 0      # loads fully copied (the copy thread writes it)
         self._layers = 0        # layers copied of load number `_finished` (in progress)
         self._error: Optional[BaseException] = None
+        self.copy_seconds = 0.0  # wall time the copy thread spent copying (all loads)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="lmprog-hicache-load")
 
     @property
@@ -41,6 +43,7 @@ class LayerLoads:
         self._pool.submit(self._run, copy_layer)
 
     def _run(self, copy_layer: Callable[[int], None]) -> None:
+        t0 = time.perf_counter()
         for layer in range(self.num_layers):
             try:
                 if self._error is None:
@@ -51,6 +54,7 @@ class LayerLoads:
                 self._layers = layer + 1
                 self._cv.notify_all()
         with self._cv:
+            self.copy_seconds += time.perf_counter() - t0
             self._finished += 1
             self._layers = 0
             self._cv.notify_all()

@@ -97,6 +97,8 @@ def test_hicache_on_matches_off(tiny_model_path, reference, config, tmp_path):
         if config.get("hicache_write_policy") != "write_through_selective":  # (copies re-used nodes only)
             assert state["hicache_hit_tokens_l2"] > 0, state  # prefixes came back from the host
             assert state["l2_load_bytes"] > 0 and state["hicache_load_back_count"] > 0
+            layerwise = config.get("hicache_io_backend", "kernel") == "kernel"
+            assert (state["hicache_layerwise_copy_seconds_sum"] > 0) == layerwise, state
         assert state["hicache_hit_tokens_l1"] > 0
         eng.check_integrity()  # both tiers: free + tree + held == total
 
