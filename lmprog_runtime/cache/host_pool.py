@@ -79,22 +79,28 @@ class TierIO:
         di, hi = _index(dev_slots, d.k.device), _index(host_slots, "cpu")
         self.stats["l2_load_bytes"] += len(host_slots) * h.bytes_per_token
         if self.loads is not None:
-            self.loads.submit(lambda layer: self._copy_layer(layer, hi, di))
+            ready = None
+            if d.k.device.type == "cuda":  # `di` was made on this thread's stream: the copy stream waits for it
+                ready = torch.cuda.Event()
+                ready.record(torch.cuda.current_stream(d.k.device))
+            self.loads.submit(lambda layer: self._copy_layer(layer, hi, di, ready))
             return
         for layer in range(h.k.shape[0]):
             self._copy_layer_on(layer, hi, di)
         if d.k.device.type == "cuda":
             torch.cuda.current_stream(d.k.device).synchronize()
 
-    def _copy_layer(self, layer: int, hi: torch.Tensor, di: torch.Tensor) -> None:
+    def _copy_layer(self, layer: int, hi: torch.Tensor, di: torch.Tensor, ready=None) -> None:
         """Copy thread: one layer of one load (on a GPU, on the copy thread's own stream,
-        synchronized before the layer counts as copied)."""
+        after `ready`, and synchronized before the layer counts as copied)."""
         d = self.device_pool
         if d.k.device.type != "cuda":
             return self._copy_layer_on(layer, hi, di)
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(d.k.device)
         with torch.cuda.stream(self._copy_stream):
+            if layer == 0 and ready is not None:
+                self._copy_stream.wait_event(ready)
             self._copy_layer_on(layer, hi, di)
         self._copy_stream.synchronize()
 
