@@ -2,6 +2,7 @@
 
     python bench/bench_hicache.py            # 32 documents x 8 questions, ~1,500 tokens each
     python bench/bench_hicache.py --quick    # 8 documents x 3 questions, ~600 tokens: minutes
+    python bench/bench_hicache.py --modes l2,l2+l3   # only some configurations (any case)
 
 Each of `--docs` distinct documents (~`--doc-tokens` tokens) gets `--questions` questions;
 all requests in one random order, `--concurrency` in flight at a time, `--output-len`
@@ -15,7 +16,9 @@ Three configurations, each on a fresh Engine:
 
 Reported per configuration: request and token throughput, mean TTFT, and the share of
 prompt tokens served from each tier (L1 / L2 / L3) and recomputed. Writes
-bench/results/hicache.json and hicache.png. Timings are only meaningful on a quiet machine.
+bench/results/hicache.json and hicache.png; a run of some modes replaces those modes in an
+existing JSON of the same workload and keeps the others (so modes can be run one at a
+time). Timings are only meaningful on a quiet machine.
 """
 
 from __future__ import annotations
@@ -139,28 +142,53 @@ def parse_args(argv=None):
     ap.add_argument("--write-policy", default="write_through")
     ap.add_argument("--prefetch-policy", default="timeout")
     ap.add_argument("--policy", default="lpm")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--modes", "--configs", dest="configs", default=",".join(CONFIGS),
+                    help=f"comma-separated, any of {', '.join(CONFIGS)} (case-insensitive)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="8 documents x 3 questions, ~600 tokens each")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "hicache.json"))
+    ap.add_argument("--out", default=None,
+                    help="default bench/results/hicache.json (hicache_quick.json with --quick)")
     args = ap.parse_args(argv)
     if args.quick:
         args.docs, args.questions, args.doc_tokens, args.output_len = 8, 3, 600, 8
     if args.hicache_ratio is None:
         args.hicache_ratio = 1.5 if args.quick else 3.0
+    args.configs = ",".join(_mode(m, ap) for m in args.configs.split(","))
+    if args.out is None:
+        args.out = os.path.join(HERE, "results", "hicache_quick.json" if args.quick else "hicache.json")
     return args
+
+
+def _mode(name: str, ap) -> str:
+    by_lower = {c.lower(): c for c in CONFIGS}
+    if name.strip().lower() not in by_lower:
+        ap.error(f"--modes: expected some of {', '.join(CONFIGS)}, got {name!r}")
+    return by_lower[name.strip().lower()]
+
+
+def _previous_runs(path: str, config: dict) -> dict:
+    """The runs of an earlier result file for the same workload (all but the modes agree)."""
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    same = {k: v for k, v in old.get("config", {}).items() if k != "configs"} == \
+        {k: v for k, v in config.items() if k != "configs"}
+    return old.get("runs", {}) if same else {}
 
 
 def main(argv=None):
     args = parse_args(argv)
     docs, prompts = build_prompts(args)
     l1 = l1_tokens(args, docs)
-    results = {"config": {**vars(args), "l1_tokens": l1}, "runs": {}}
+    config = {**vars(args), "l1_tokens": l1}
+    results = {"config": config, "runs": _previous_runs(args.out, config)}
     for name in args.configs.split(","):
         print(f"{name}: {len(prompts)} requests over {len(docs)} documents, L1 {l1} tokens ...", flush=True)
         results["runs"][name] = measure(name, prompts, args, l1)
         print(json.dumps(results["runs"][name], indent=1), flush=True)
-    runs = results["runs"]
+    runs = results["runs"] = {n: results["runs"][n] for n in CONFIGS if n in results["runs"]}
     if "off" in runs:
         for name in runs:
             runs[name]["throughput_vs_off"] = runs[name]["request_throughput"] / runs["off"]["request_throughput"]

@@ -26,7 +26,7 @@ EMBEDDING_POOLINGS = ("last", "mean")  # model_executor/embedding.py
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 # HiCache (docs/hicache.md): SGLang's names and defaults.
 HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-HICACHE_IO_BACKENDS = ("kernel", "direct")  # both copy with torch here (index_select/index_copy)
+HICACHE_IO_BACKENDS = ("kernel", "direct")  # layer-wise overlapped / whole load-backs (cache/layer_loads.py)
 HICACHE_STORAGE_BACKENDS = ("file", "mooncake")
 HICACHE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 HICACHE_HOST_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -75,7 +75,7 @@ class ServerArgs:
     hicache_ratio: float = 2.0                 # host pool tokens / device pool tokens
     hicache_size: float = 0.0                  # host pool GB; overrides the ratio when > 0
     hicache_write_policy: str = "write_through"
-    hicache_io_backend: str = "kernel"
+    hicache_io_backend: Optional[str] = None   # None: kernel on a GPU, direct on the CPU
     hicache_host_dtype: str = "auto"           # auto: the device pool's dtype (lmprog's own flag)
     hicache_storage_backend: Optional[str] = None
     hicache_storage_prefetch_policy: str = "timeout"
@@ -163,7 +163,8 @@ class ServerArgs:
 
     def _check_hicache(self) -> None:
         _check_choice("hicache_write_policy", self.hicache_write_policy, HICACHE_WRITE_POLICIES)
-        _check_choice("hicache_io_backend", self.hicache_io_backend, HICACHE_IO_BACKENDS)
+        if self.hicache_io_backend is not None:
+            _check_choice("hicache_io_backend", self.hicache_io_backend, HICACHE_IO_BACKENDS)
         _check_choice("hicache_host_dtype", self.hicache_host_dtype, HICACHE_HOST_DTYPES)
         _check_choice("hicache_storage_prefetch_policy", self.hicache_storage_prefetch_policy,
                       HICACHE_PREFETCH_POLICIES)
@@ -239,7 +240,9 @@ FLAG_HELP = {
     "hicache_size": "host pool size in GB (0: use --hicache-ratio)",
     "hicache_write_policy": "when KV is copied to the host pool: write_through (at first insertion), "
                             "write_through_selective (at the second: re-used prefixes only), write_back (at eviction)",
-    "hicache_io_backend": "how tiers copy pages (kernel, direct; both copy the same way on a CPU)",
+    "hicache_io_backend": "how load-backs copy L2 to L1: kernel (layer by layer on a copy thread, overlapping "
+                          "the forward) or direct (all layers before the forward); unset: kernel on a GPU, "
+                          "direct on a CPU",
     "hicache_host_dtype": "dtype of the host pool (auto: the device pool's)",
     "hicache_storage_backend": "L3 storage: file or mooncake (unset: no L3)",
     "hicache_storage_prefetch_policy": "how long a request waits for its L3 prefetch: best_effort, "

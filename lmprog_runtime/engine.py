@@ -17,9 +17,11 @@ from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Union
 from lmprog_runtime import __version__
 from lmprog_runtime.config import ServerArgs
 from lmprog_runtime.messages import INSPECT_MAX_NODES_CAP, INSPECT_MAX_NODES_DEFAULT, InspectReq
-from lmprog_runtime.messages import MEMORY_TAGS, MemoryOccupationReq, UpdateWeightsReq
+from lmprog_runtime.messages import MEMORY_TAGS, HiCacheStorageReq, MemoryOccupationReq, UpdateWeightsReq
 from lmprog_runtime.model_paths import DEFAULT_MODEL, DEFAULT_MODEL_ID, resolve_model_path, tokenizer_folder_if_ready
 from lmprog_runtime.tokenizer_manager import TokenizerManager
+
+STORAGE_ATTACH_TIMEOUT_S = 120.0  # joining a remote store (Mooncake) may take a while
 
 logger = logging.getLogger(__name__)
 
@@ -236,6 +238,22 @@ class Engine:
 
     def get_weight_version(self) -> str:
         return self.tm.weight_version
+
+    def attach_hicache_storage_backend(self, hicache_storage_backend: str,
+                                       hicache_storage_backend_extra_config_json: Optional[str] = None,
+                                       hicache_storage_prefetch_policy: Optional[str] = None,
+                                       hicache_storage_dir: Optional[str] = None) -> dict:
+        """Attach HiCache's L3 storage backend at run time (idle only; docs/hicache.md)."""
+        return self._control(HiCacheStorageReq("attach", hicache_storage_backend,
+                                               hicache_storage_backend_extra_config_json,
+                                               hicache_storage_prefetch_policy, hicache_storage_dir),
+                             timeout=STORAGE_ATTACH_TIMEOUT_S)
+
+    def detach_hicache_storage_backend(self) -> dict:
+        return self._control(HiCacheStorageReq("detach"), timeout=STORAGE_ATTACH_TIMEOUT_S)
+
+    def hicache_storage_backend_status(self) -> dict:
+        return self._control(HiCacheStorageReq("status"), timeout=30.0)
 
     def _control(self, msg, timeout: float) -> dict:
         reply = self._call(self.tm.control(msg.kind, timeout, msg))

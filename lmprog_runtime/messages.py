@@ -166,6 +166,19 @@ class MemoryOccupationReq:
         return "release_memory" if self.release else "resume_memory"
 
 
+@dataclass(frozen=True)
+class HiCacheStorageReq:
+    """Attach / detach HiCache's L3 storage backend (idle only), or show it (cache/storage_control.py);
+    answered by ControlReply("hicache_storage")."""
+
+    op: str                               # "attach" | "detach" | "status"
+    backend: Optional[str] = None         # attach: "file" | "mooncake"
+    extra_config: Optional[str] = None    # attach: JSON object text (--hicache-storage-backend-extra-config)
+    prefetch_policy: Optional[str] = None  # attach: None keeps the current one
+    storage_dir: Optional[str] = None     # attach, file backend: None keeps --hicache-storage-dir
+    kind: str = "hicache_storage"
+
+
 # -- scheduler → server ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class ReqOutput:

@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from lmprog_runtime.cache.hiradix import L3Index
 from lmprog_runtime.cache.prefetch import Prefetcher
 from lmprog_runtime.cache.storage.base import page_hashes
 
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 MIN_LOAD_BACK_TOKENS = 10
 STORAGE_PAGE_MIN_TOKENS = 64   # L3 page: the KV page size rounded up to at least this many tokens
 WRITTEN_KEYS_REMEMBERED = 1 << 16
+STORAGE_TREE_HOST_MULTIPLE = 8  # storage-only tokens the tree remembers, x L2, when L3 has no known size
 PREFILL_RATE_MIN_TOKENS = 64   # steps computing fewer prompt tokens do not measure the rate
 PREFILL_RATE_SMOOTHING = 0.3   # weight of the newest measurement
 
@@ -93,9 +95,10 @@ def _new_stats() -> dict:
 
 class HiCacheController:
     def __init__(self, tree, io, storage, page_tokens: int, prefetch_policy: str, config: HiCacheConfig):
-        self.tree, self.io, self.storage = tree, io, storage
+        self.tree, self.io, self.storage = tree, io, None
         self.page_tokens = page_tokens  # L3 page, a multiple of the KV page size
         self.config = config
+        self.prefetch_policy = prefetch_policy
         self.stats = _new_stats()
         self.stats["hicache_l2_load_bytes_per_s"] = io.load_bytes_per_s
         self.prefetcher = None
@@ -104,9 +107,34 @@ class HiCacheController:
         self._writes_queued = 0  # batches given to the writer (this thread only writes it)
         self._writes_done = 0    # batches it finished (the writer thread only writes it)
         if storage is not None:
-            self.prefetcher = Prefetcher(tree, io, storage, page_tokens, prefetch_policy, config, self.stats)
-            self._writer = ThreadPoolExecutor(1, thread_name_prefix="lmprog-hicache-write")
-            tree.on_backup = self.on_backup
+            self.attach(storage, prefetch_policy, config)
+
+    # -- the storage tier (at start-up, or /hicache/storage-backend while idle) -----------------
+    def attach(self, storage, prefetch_policy: str, config: HiCacheConfig) -> None:
+        """Start using `storage` as L3: prefetches read from it, backups write to it."""
+        assert self.storage is None, "detach the storage backend first"
+        self.storage, self.prefetch_policy, self.config = storage, prefetch_policy, config
+        self.prefetcher = Prefetcher(self.tree, self.io, storage, self.page_tokens, prefetch_policy,
+                                     config, self.stats)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="lmprog-hicache-write")
+        self.tree.on_backup = self.on_backup
+        capacity = storage.capacity_bytes()
+        per_token = self.io.host_pool.bytes_per_token
+        self.tree.l3 = L3Index(self.page_tokens, self._stored, capacity // per_token if capacity
+                               else STORAGE_TREE_HOST_MULTIPLE * self.tree.host_allocator.size)
+
+    def detach(self) -> None:
+        """Stop using L3: prefetches end (their pages are kept), queued writes finish, the
+        tree forgets its storage-only nodes; the pages stay in the backend."""
+        if self.storage is None:
+            return
+        self.prefetcher.close()
+        self._writer.shutdown(wait=True)
+        self.tree.on_backup, self.tree.l3 = None, None
+        self.tree.drop_storage_only()
+        self._written.clear()
+        storage, self.storage, self.prefetcher, self._writer = self.storage, None, None, None
+        storage.close()
 
     # -- L3 → L2 ------------------------------------------------------------------------------
     def prefetch(self, rid: str, tokens, namespace) -> None:
@@ -181,6 +209,10 @@ class HiCacheController:
             self._writes_queued += 1
             self._writer.submit(self._write, keys, values)
 
+    def _stored(self, keys) -> bool:
+        """Were all `keys` sent to storage (as far as the bounded memory of writes knows)?"""
+        return all(k in self._written for k in keys)
+
     def _remember(self, key: str) -> None:
         self._written[key] = None
         if len(self._written) > WRITTEN_KEYS_REMEMBERED:
@@ -203,22 +235,25 @@ class HiCacheController:
             self._writer.submit(lambda: None).result()
 
     def flush(self) -> None:
+        self.io.drain()
         if self.prefetcher is not None:
             for rid in list(self.prefetcher.tasks):
                 self.prefetcher.finish(rid, keep=False)
         self._written.clear()
 
     def close(self) -> None:
-        if self.prefetcher is not None:
-            self.prefetcher.close()
-            self._writer.shutdown(wait=True)
-            self.storage.close()
+        self.detach()
+        self.io.close()
 
     def state(self) -> dict:
         s = dict(self.stats)
         s.update({k: v for k, v in self.io.stats.items()})
         s["hicache_l2_load_bytes_per_s"] = self.io.load_bytes_per_s
+        s["hicache_layerwise_copy_seconds_sum"] = self.io.loads.copy_seconds if self.io.loads else 0.0
         s["hicache_host_tokens"] = self.tree.host_total_size()
+        s["hicache_storage_tree_tokens"] = self.tree.storage_total_size()
+        s["hicache_storage_demoted_tokens"] = self.tree.storage_counts["demoted"]
+        s["hicache_storage_filled_tokens"] = self.tree.storage_counts["filled"]
         s["hicache_host_pool_tokens"] = self.tree.host_allocator.size
         s["hicache_l3_writes_pending"] = self._writes_queued - self._writes_done
         return s

@@ -48,6 +48,14 @@ def _check_fits(tokens: int, per_token: int) -> None:
                          f"or --hicache-ratio")
 
 
+def resolved_io_backend(args, dev_pool) -> str:
+    """`--hicache-io-backend`, unset: layer-wise (`kernel`) on a GPU, whole copies (`direct`) on a
+    CPU, where the copy thread competes with the forward for the same cores (docs/hicache.md)."""
+    if args.hicache_io_backend is not None:
+        return args.hicache_io_backend
+    return "kernel" if dev_pool.k.device.type == "cuda" else "direct"
+
+
 def model_tag(model_path: str, cfg, dtype: torch.dtype, page_tokens: int) -> str:
     """Names one KV layout in storage keys: pages of another model or format never match."""
     name = re.sub(r"[^A-Za-z0-9.-]+", "-", os.path.basename(os.path.normpath(str(model_path))))[:40]
@@ -71,11 +79,12 @@ def build_hicache(args, runner, allocator: TokenSlotAllocator, page_size: int):
                                  args, config)
     host = HostKVPool(tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, page_size,
                       pin=dev_pool.k.device.type == "cuda")
-    io = TierIO(dev_pool, host)
+    io = TierIO(dev_pool, host, layerwise=resolved_io_backend(args, dev_pool) == "kernel")
     io.calibrate()
     tree = HiRadixCache(allocator, TokenSlotAllocator(tokens, page_size), io, page_size, args.hicache_write_policy)
-    logger.info("HiCache: L2 %d tokens (%s, %.2f GB), write policy %s, L3 %s, host->device %.2f GB/s",
+    logger.info("HiCache: L2 %d tokens (%s, %.2f GB), write policy %s, L3 %s, host->device %.2f GB/s, %s",
                 tokens, dtype, tokens * per_token / 1e9, args.hicache_write_policy,
-                args.hicache_storage_backend or "off", io.load_bytes_per_s / 1e9)
+                args.hicache_storage_backend or "off", io.load_bytes_per_s / 1e9,
+                "layer-wise load-back" if io.loads is not None else "whole load-back")
     controller = HiCacheController(tree, io, storage, S, args.hicache_storage_prefetch_policy, config)
     return tree, controller

@@ -1,14 +1,18 @@
-"""HiRadixCache: the radix tree over two KV tiers, L1 (device pool) and L2 (host pool).
+"""HiRadixCache: the radix tree over three KV tiers, L1 (device pool), L2 (host pool) and
+L3 (storage, addressed by page hash).
 
-A node's `value` holds its device slots or is None (evicted: on the host only); its
-`host_value` holds host slots or is None (not backed up). Invariants, on top of
-RadixCache's (audited by `check_integrity`):
+A node's `value` holds its device slots or is None (evicted); its `host_value` holds host
+slots or is None (not backed up). A node with neither is *storage-only*: its KV lives in
+L3 pages only (it was written through to storage and then evicted from L2). Invariants,
+on top of RadixCache's (audited by `check_integrity`):
 
-- Every node has at least one copy: `value` or `host_value`.
-- Device residency is prefix-closed: an evicted node's children are evicted. So a match
-  is a device part (the path's leading resident nodes) followed by a host part.
+- Every node has a device or a host copy, or is storage-only (only with an L3 attached).
+- Residency is prefix-closed per tier: an evicted node's children are evicted, a
+  storage-only node's children are storage-only. So a match is a device part, then a
+  host part, then a storage part.
 - Evicted nodes are never locked; `evictable_size`/`protected_size` count device tokens.
 - `host_total_size()` = tokens of nodes with a host copy; no host slot is held twice.
+- `storage_total_size()` = tokens of storage-only nodes, at most `l3.max_tokens`.
 - `host_ref` pins a host-only node while a load-back allocates device room.
 
 When copies happen (`write_policy`, SGLang's): `write_through` backs a node up to L2 at
@@ -21,8 +25,15 @@ Eviction in LRU order on each tier: L1 evicts device leaves (resident nodes with
 resident children): a backed-up one just drops its device slots and stays on L2; one
 without a host copy is backed up first if it has host-only children or the policy is
 write_back, and deleted (with its host-only subtree) when that is impossible. L2 evicts
-host-only leaves. `match_prefix` returns device indices plus the host part's length;
-`load_back` copies that part to fresh device slots (all or nothing).
+host-only nodes without host-resident children: with an L3 attached (`l3`, an `L3Index`)
+one whose whole L3 pages were written becomes storage-only (its tail past the last whole
+page is deleted), else it is deleted with its storage-only subtree. Storage-only leaves
+are deleted LRU first when there are more than `l3.max_tokens` of them. The tree's L3
+part is a hint: storage is the truth (its LRU may drop pages), so a prefetch probes it
+and `drop_storage_after` prunes what it no longer holds. `match_prefix` returns device
+indices plus the host and storage parts' lengths; `load_back` copies the host part to
+fresh device slots (all or nothing); a prefetch fills storage-only nodes with host slots
+(`insert_host`).
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ from typing import Callable, Hashable, List, NamedTuple, Optional, Sequence
 import torch
 
 from lmprog_runtime.cache.radix import KVIntegrityError, RadixCache, TreeNode
+from lmprog_runtime.cache.storage.base import page_hashes
 
 WRITE_THRESHOLDS = {"write_through": 1, "write_through_selective": 2, "write_back": None}
 
@@ -40,7 +52,19 @@ class HiMatchResult(NamedTuple):
     indices: torch.Tensor      # int64 [device tokens], a fresh tensor
     last_node: TreeNode        # deepest device-resident matched node (root when none)
     host_len: int              # tokens matched after it, on the host tier only
-    last_host_node: TreeNode   # deepest matched node (== last_node when host_len == 0)
+    last_host_node: TreeNode   # deepest host-or-device matched node (== last_node when host_len == 0)
+    storage_len: int = 0       # tokens matched after that, in storage-only nodes (L3 by hash)
+
+
+class L3Index(NamedTuple):
+    """What the tree needs to know of the storage tier (set by the HiCache controller)."""
+    page_tokens: int                       # an L3 page, a multiple of the KV page size
+    stored: Callable[[List[str]], bool]    # were all these page keys written to storage?
+    max_tokens: int                        # storage-only tokens the tree may remember
+
+
+def _storage_only(n: TreeNode) -> bool:
+    return n.value is None and n.host_value is None
 
 
 class HiRadixCache(RadixCache):
@@ -55,13 +79,19 @@ class HiRadixCache(RadixCache):
         self.write_policy = write_policy
         self.write_threshold = WRITE_THRESHOLDS[write_policy]
         self.on_backup = on_backup
+        self.l3: Optional[L3Index] = None
         self._host_tokens = 0
+        self._storage_tokens = 0
+        self.storage_counts = {"demoted": 0, "filled": 0}  # tokens made storage-only / filled back
         self.root = None
         super().__init__(allocator, page_size=page_size)
 
     # ------------------------------------------------------------------ sizes
     def host_total_size(self) -> int:
         return self._host_tokens
+
+    def storage_total_size(self) -> int:
+        return self._storage_tokens
 
     def reset(self) -> None:
         if self.root is not None:
@@ -75,18 +105,21 @@ class HiRadixCache(RadixCache):
             self.root = None  # the base reset frees nothing more
         super().reset()
         self._host_tokens = 0
+        self._storage_tokens = 0
 
     # ------------------------------------------------------------ match/insert
     def match_prefix(self, token_ids: Sequence[int], namespace: Hashable = None) -> HiMatchResult:
         key = self._aligned_key(token_ids)
         if not key:
             return HiMatchResult(self._empty(), self.root, 0, self.root)
-        deepest, _, path = self._descend(key, namespace)
+        _, _, path = self._descend(key, namespace)
         device = [n for n in path if not n.evicted]  # a prefix of `path` (residency is prefix-closed)
+        cached = [n for n in path if not _storage_only(n)]  # also a prefix, longer
         last = device[-1] if device else self.root
-        host_len = sum(len(n.key) for n in path[len(device):])
+        host_len = sum(len(n.key) for n in cached[len(device):])
+        storage_len = sum(len(n.key) for n in path[len(cached):])
         indices = torch.cat([n.value for n in device]) if device else self._empty()
-        return HiMatchResult(indices, last, host_len, deepest)
+        return HiMatchResult(indices, last, host_len, cached[-1] if cached else self.root, storage_len)
 
     def insert(self, token_ids: Sequence[int], kv_indices: torch.Tensor,
                namespace: Hashable = None) -> int:
@@ -102,6 +135,8 @@ class HiRadixCache(RadixCache):
         resident, pos = 0, 0
         for n in path:
             if n.evicted:
+                if _storage_only(n):
+                    self._storage_tokens -= len(n.key)
                 n.value = kv_indices[pos:pos + len(n.key)].to(torch.int64).clone()
                 self._evictable += len(n.key)  # evicted nodes are unlocked
             else:
@@ -120,19 +155,36 @@ class HiRadixCache(RadixCache):
 
     def insert_host(self, token_ids: Sequence[int], start: int, host_slots: torch.Tensor,
                     namespace: Hashable = None) -> int:
-        """Attach host-only KV for positions [start, start + len(host_slots)) of `token_ids`
-        (page-aligned). Returns `k`: the tree took `host_slots[k:]`, the caller frees
-        `host_slots[:k]` (already cached, or all of them when the path to `start` is gone)."""
+        """Attach host KV for positions [start, start + len(host_slots)) of `token_ids`
+        (page-aligned): storage-only nodes on the path take their slots, a new host-only
+        leaf the rest. Returns `k`: the tree took `host_slots[k:]`, the caller frees
+        `host_slots[:k]` (already cached, or all of them when the path to `start` is gone
+        or a storage-only node begins before `start`)."""
         key = self._aligned_key(token_ids[:start + len(host_slots)])
         assert len(key) == start + len(host_slots), (len(key), start, len(host_slots))
-        node, matched, _ = self._descend(key, namespace)
-        if matched < start or matched >= len(key):
+        node, matched, path = self._descend(key, namespace)
+        pos, first = 0, None  # first: where the storage-only part of the path begins
+        for n in path:
+            if first is None and _storage_only(n):
+                first = pos
+            pos += len(n.key)
+        begin = matched if first is None else first
+        if begin < start or begin >= len(key):
             return len(host_slots)
-        leaf = TreeNode(key[matched:], None, node, namespace, self._clock)
-        leaf.host_value = host_slots[matched - start:].to(torch.int64).clone()
-        node.children[self._child_key(leaf)] = leaf
-        self._host_tokens += len(leaf.key)
-        return matched - start
+        pos = 0
+        for n in path:
+            if pos >= begin:
+                n.host_value = host_slots[pos - start:pos - start + len(n.key)].to(torch.int64).clone()
+                self._host_tokens += len(n.key)
+                self._storage_tokens -= len(n.key)
+                self.storage_counts["filled"] += len(n.key)
+            pos += len(n.key)
+        if matched < len(key):
+            leaf = TreeNode(key[matched:], None, node, namespace, self._clock)
+            leaf.host_value = host_slots[matched - start:].to(torch.int64).clone()
+            node.children[self._child_key(leaf)] = leaf
+            self._host_tokens += len(leaf.key)
+        return begin - start
 
     # ------------------------------------------------------------ host copies
     def _write_through(self, path: List[TreeNode]) -> None:
@@ -227,9 +279,76 @@ class HiRadixCache(RadixCache):
         return n
 
     def evict_host(self, num_tokens: int) -> int:
-        """Free at least `num_tokens` host tokens by deleting host-only leaves, LRU first."""
-        return self._evict_lru(num_tokens, lambda n: n.evicted and not n.children and n.host_ref == 0,
-                               self._delete_leaf)
+        """Free at least `num_tokens` host tokens, LRU first: host-only nodes without
+        host-resident children become storage-only (`_demote`) or are deleted."""
+        freed = self._evict_lru(num_tokens, self._host_leaf, self._evict_host_node)
+        self._trim_storage()
+        return freed
+
+    def _host_leaf(self, n: TreeNode) -> bool:
+        return (n.evicted and n.host_value is not None and n.host_ref == 0
+                and all(c.host_value is None for c in n.children.values()))
+
+    def _evict_host_node(self, node: TreeNode) -> int:
+        n = len(node.key)
+        if not self._demote(node):
+            self._delete_subtree(node)
+        return n
+
+    def _demote(self, node: TreeNode) -> bool:
+        """Drop `node`'s host copy and keep it as storage-only, when its L3 pages were
+        written; a leaf first loses its tail past the last whole L3 page. False: no L3,
+        or nothing of it is in storage (the caller deletes it)."""
+        if self.l3 is None:
+            return False
+        S = self.l3.page_tokens
+        path = self.path_between(self.root, node)
+        end = sum(len(x.key) for x in path)
+        begin = end - len(node.key)
+        cut = end if node.children else end - end % S  # children: their pages hold our tail
+        if cut <= begin:
+            return False
+        tokens = [t for x in path for t in x.key][:cut]
+        if not self.l3.stored(page_hashes(tokens, S, node.namespace)[begin // S:]):
+            return False
+        if cut < end:
+            tail, node = node, self._split(node, cut - begin)  # the prefix keeps the pages
+            self._delete_leaf(tail)
+        self.host_allocator.free(node.host_value)
+        node.host_value = None
+        self._host_tokens -= len(node.key)
+        self._storage_tokens += len(node.key)
+        self.storage_counts["demoted"] += len(node.key)
+        return True
+
+    def _trim_storage(self) -> None:
+        """Forget storage-only leaves, LRU first, past `l3.max_tokens`."""
+        if self.l3 is not None and self._storage_tokens > self.l3.max_tokens:
+            self._evict_lru(self._storage_tokens - self.l3.max_tokens,
+                            lambda n: _storage_only(n) and not n.children, self._delete_leaf)
+
+    def drop_storage_only(self) -> None:
+        """Forget every storage-only node (the storage tier is detached)."""
+        tops = [n for n in self._nodes()
+                if _storage_only(n) and (n.parent is self.root or not _storage_only(n.parent))]
+        for n in tops:
+            self._delete_subtree(n)
+
+    def drop_storage_after(self, token_ids: Sequence[int], namespace: Hashable, keep: int) -> int:
+        """Storage holds `token_ids`' pages only up to position `keep`: delete the
+        storage-only nodes of the path that reach past it (with their subtrees)."""
+        key = self._aligned_key(token_ids)
+        if not key:
+            return 0
+        _, _, path = self._descend(key, namespace)
+        pos = 0
+        for n in path:
+            pos += len(n.key)
+            if _storage_only(n) and pos > keep:
+                before = self._storage_tokens
+                self._delete_subtree(n)
+                return before - self._storage_tokens
+        return 0
 
     def _delete_subtree(self, node: TreeNode) -> None:
         order, stack = [], [node]
@@ -250,31 +369,40 @@ class HiRadixCache(RadixCache):
         if leaf.host_value is not None:
             self.host_allocator.free(leaf.host_value)
             self._host_tokens -= n
+        elif leaf.value is None:
+            self._storage_tokens -= n
         del leaf.parent.children[self._child_key(leaf)]
         leaf.parent = None
         return n
 
     # -------------------------------------------------------------- auditing
     def _check_evicted(self, node: TreeNode) -> None:
-        if node.lock_ref or node.host_value is None:
-            raise KVIntegrityError(f"{node!r}: evicted but locked, or without a host copy")
+        if node.lock_ref or (node.host_value is None and self.l3 is None):
+            raise KVIntegrityError(f"{node!r}: evicted but locked, or without a copy on L2 or L3")
 
     def check_integrity(self) -> None:
         super().check_integrity()
-        host, slots = 0, []
+        host, stored, slots = 0, 0, []
         for node in self._nodes():
             if node.evicted and any(not c.evicted for c in node.children.values()):
                 raise KVIntegrityError(f"{node!r}: evicted with a device-resident child")
             if node.host_ref:
                 raise KVIntegrityError(f"{node!r}: host pin left behind")
             if node.host_value is None:
+                if node.value is None:
+                    stored += len(node.key)
+                    if any(c.host_value is not None for c in node.children.values()):
+                        raise KVIntegrityError(f"{node!r}: storage-only with a host-resident child")
                 continue
             if not (node.host_value.dtype == torch.int64 and tuple(node.host_value.shape) == (len(node.key),)):
                 raise KVIntegrityError(f"{node!r}: host value shape {tuple(node.host_value.shape)}")
             host += len(node.key)
             slots.append(node.host_value)
-        if host != self._host_tokens:
-            raise KVIntegrityError(f"host tokens: counted {host}, counter says {self._host_tokens}")
+        if (host, stored) != (self._host_tokens, self._storage_tokens):
+            raise KVIntegrityError(f"host / storage-only tokens: counted {host} / {stored}, counters say "
+                                   f"{self._host_tokens} / {self._storage_tokens}")
+        if self.l3 is not None and stored > self.l3.max_tokens:
+            raise KVIntegrityError(f"{stored} storage-only tokens, more than the limit {self.l3.max_tokens}")
         if slots:
             every = torch.cat(slots)
             if torch.unique(every).numel() != every.numel():

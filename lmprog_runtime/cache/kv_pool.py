@@ -50,6 +50,7 @@ class TokenToKVPool:
         self.num_layers = num_layers
         self.shape = (num_layers, num_slots + page_size, num_kv_heads, head_dim)  # page 0 = padding
         self.dtype, self.device, self.page_size = dtype, device, page_size
+        self.load_gate = None  # HiCache's LayerLoads when load-backs overlap the forward
         self.allocate()
 
     def allocate(self) -> None:
@@ -76,7 +77,10 @@ class TokenToKVPool:
         return self.k is None
 
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        # loc [T]; k, v [T, kv_heads, head_dim]
+        # loc [T]; k, v [T, kv_heads, head_dim]. Every attention backend calls this for a layer
+        # before reading it: layer-wise load-backs in flight must have copied it first.
+        if self.load_gate is not None:
+            self.load_gate.wait(layer)
         self.k[layer].index_copy_(0, loc, k.to(self.k.dtype))
         self.v[layer].index_copy_(0, loc, v.to(self.v.dtype))
 

@@ -76,6 +76,9 @@ class Prefetcher:
         except Exception:  # noqa: BLE001 - a storage that cannot answer just means no prefetch
             logger.exception("hicache: storage lookup for %s failed", rid)
             return False
+        found = (first + len(keys)) * S
+        if m.storage_len and found < min(have + m.storage_len, len(tokens)) // S * S:
+            self.tree.drop_storage_after(tokens, namespace, found)  # storage lost pages the tree knew
         if not keys:
             return False
         slots = self.tree.alloc_host(len(keys) * S)

@@ -38,10 +38,11 @@ from typing import Callable, List, Optional
 
 from lmprog_runtime.cache.allocator import TokenSlotAllocator
 from lmprog_runtime.cache.manager import KVManager
+from lmprog_runtime.cache.storage_control import StorageControl
 from lmprog_runtime.config import GRAMMAR_COMPILE_TIMEOUT_S, ServerArgs
 from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason, FlushCacheReq,
-                                     EmbedReq, GetInternalStateReq, InspectReq, MemoryOccupationReq,
-                                     TokenizedGenerateReq, UpdateWeightsReq)
+                                     EmbedReq, GetInternalStateReq, HiCacheStorageReq, InspectReq,
+                                     MemoryOccupationReq, TokenizedGenerateReq, UpdateWeightsReq)
 from lmprog_runtime.model_executor.sampler import Sampler
 from lmprog_runtime.scheduler.admission import Admission, AdmissionLimits
 from lmprog_runtime.scheduler.batch import StepPlan, build_forward_batch
@@ -85,6 +86,7 @@ class Scheduler:
         self.kv = self._build_kv(runner, tree)
         self.stats = _new_stats()
         self.weights = WeightControl(runner, self.kv)
+        self.storage_control = StorageControl(server_args, runner, self.kv)
         policy = SchedulePolicy(server_args.schedule_policy, self.kv.cache_enabled)
         self.admission = Admission(self.limits, self.kv, policy, faults)
         self.grammars = GrammarQueue(grammar_factory, GRAMMAR_COMPILE_TIMEOUT_S)
@@ -155,6 +157,10 @@ class Scheduler:
             return inspect_reply(self, msg)
         elif isinstance(msg, (UpdateWeightsReq, MemoryOccupationReq)):
             return self.weights.handle(msg, self.is_idle())
+        elif isinstance(msg, HiCacheStorageReq):
+            busy = None if self.is_idle() else (f"#queue-req={len(self.waiting) + len(self.grammars)} "
+                                                f"#running-req={len(self.running)}")
+            return self.storage_control.handle(msg, busy)
         elif isinstance(msg, EmbedReq):
             self.embeds.append(msg)  # run between steps (run_embeds), never beside a forward
         else:

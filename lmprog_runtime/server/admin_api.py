@@ -5,21 +5,26 @@
     POST /update_weights_from_disk {model_path, weight_version?}       -> {success, message, ...}
     POST /release_memory_occupation, /resume_memory_occupation  {tags?: ["weights", "kv_cache"]}
     GET  /get_weight_version                                           -> {"weight_version": ...}
+    PUT  /hicache/storage-backend  {hicache_storage_backend, hicache_storage_backend_extra_config_json?,
+                                    hicache_storage_prefetch_policy?, hicache_storage_dir?}
+    DELETE /hicache/storage-backend, GET /hicache/storage-backend      -> {hicache_storage_backend, ...}
 
 Weight and memory operations run only while the scheduler is idle (400 naming why
-otherwise); while memory is released, generation answers 503.
+otherwise); while memory is released, generation answers 503. Attaching or detaching
+HiCache's storage backend also runs only while idle (409 otherwise; 400 when invalid).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from lmprog_runtime.messages import MEMORY_TAGS, MemoryOccupationReq, UpdateWeightsReq
+from lmprog_runtime.messages import MEMORY_TAGS, HiCacheStorageReq, MemoryOccupationReq, UpdateWeightsReq
 from lmprog_runtime.server.http import RUNTIME, control, error_response, read_request
 from lmprog_runtime.sessions import SessionError
 from lmprog_runtime.tokenizer_manager import RequestError
 
 WEIGHT_TIMEOUT_S = 600.0  # loading a model from disk may take minutes
+STORAGE_TIMEOUT_S = 120.0  # joining a remote store (Mooncake) may take a while
 
 
 async def open_session(request: web.Request) -> web.Response:
@@ -70,15 +75,35 @@ async def get_weight_version(request: web.Request) -> web.Response:
     return web.json_response({"weight_version": request.app[RUNTIME].tm.weight_version})
 
 
+async def attach_storage_backend(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    obj = await read_request(request, "/hicache/storage-backend")
+    msg = HiCacheStorageReq("attach", obj["hicache_storage_backend"],
+                            obj.get("hicache_storage_backend_extra_config_json"),
+                            obj.get("hicache_storage_prefetch_policy"), obj.get("hicache_storage_dir"))
+    return _reply(await _control(rt, msg, STORAGE_TIMEOUT_S))
+
+
+async def detach_storage_backend(request: web.Request) -> web.Response:
+    return _reply(await _control(request.app[RUNTIME], HiCacheStorageReq("detach"), STORAGE_TIMEOUT_S))
+
+
+async def storage_backend_status(request: web.Request) -> web.Response:
+    reply = await _control(request.app[RUNTIME], HiCacheStorageReq("status"), 30.0)
+    return web.json_response(reply.data)
+
+
 async def _control(rt, msg, timeout: float):
     return await control(rt, msg.kind, timeout, msg)
 
 
 def _reply(reply) -> web.Response:
-    body = {"success": reply.success, "message": reply.message, **reply.data}
+    """200 with the reply's data, or the error envelope with its `code` (400 by default)."""
+    data = dict(reply.data)
+    code = data.pop("code", 400)
     if reply.success:
-        return web.json_response(body)
-    return error_response(reply.message, 400, extra={"success": False})
+        return web.json_response({"success": True, "message": reply.message, **data})
+    return error_response(reply.message, code, extra={"success": False})
 
 
 ADMIN_ROUTES = [
@@ -87,4 +112,7 @@ ADMIN_ROUTES = [
     ("POST", "/release_memory_occupation", release_memory_occupation),
     ("POST", "/resume_memory_occupation", resume_memory_occupation),
     ("GET", "/get_weight_version", get_weight_version),
+    ("PUT", "/hicache/storage-backend", attach_storage_backend),
+    ("DELETE", "/hicache/storage-backend", detach_storage_backend),
+    ("GET", "/hicache/storage-backend", storage_backend_status),
 ]

@@ -68,6 +68,11 @@ _HICACHE = {
     "lmprog:hicache_prefill_tokens_per_second": ("Measured prefill rate (cost-model input).", None,
                                                  {"": "hicache_prefill_tokens_per_s"}),
     "lmprog:hicache_host_tokens": ("Tokens with a copy in the host pool (L2).", None, {"": "hicache_host_tokens"}),
+    "lmprog:hicache_storage_tree_tokens": ("Tokens of radix-tree nodes whose KV is only in storage (L3).", None,
+                                           {"": "hicache_storage_tree_tokens"}),
+    "lmprog:hicache_layerwise_copy_seconds": ("Seconds the layer-wise load-back thread spent copying (L2 to L1, "
+                                              "overlapping forwards).", None,
+                                              {"": "hicache_layerwise_copy_seconds_sum"}),
 }
 
 

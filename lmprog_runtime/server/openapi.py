@@ -51,6 +51,8 @@ ROUTE_DOCS: Dict[str, tuple] = {
     "/inspect/inspect.css": ("The Inspector page's style.", False),
     "/inspect/state": ("The Inspector's snapshot of the scheduler (JSON); query max_nodes in [1, 20000], "
                        "default 2000 radix tree nodes.", False),
+    "/hicache/storage-backend": ("HiCache's L3 storage backend: PUT attaches, DELETE detaches (idle only; "
+                                 "409 when busy), GET shows it.", True),
 }
 _ERROR = {"type": "object", "required": ["error"], "properties": {
     "error": {"type": "object", "required": ["message", "type", "code"], "properties": {

@@ -304,6 +304,19 @@ def memory_schema(lim: Limits) -> dict:
         "tags": {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(MEMORY_TAGS)}}}}
 
 
+def storage_backend_schema(lim: Limits) -> dict:
+    from lmprog_runtime.config import HICACHE_PREFETCH_POLICIES, HICACHE_STORAGE_BACKENDS
+
+    return {"type": "object", "additionalProperties": False, "required": ["hicache_storage_backend"],
+            "properties": {
+                "hicache_storage_backend": {"type": "string", "enum": list(HICACHE_STORAGE_BACKENDS)},
+                "hicache_storage_backend_extra_config_json": _string(
+                    65536, description="a JSON object, as --hicache-storage-backend-extra-config"),
+                "hicache_storage_prefetch_policy": {"type": "string", "enum": list(HICACHE_PREFETCH_POLICIES)},
+                "hicache_storage_dir": _string(4096, minLength=1,
+                                               description="the file backend's directory (lmprog's own field)")}}
+
+
 # endpoint path -> schema builder; aliases share their target's schema
 SCHEMAS = {
     "/generate": generate_schema, "/v1/completions": completion_schema, "/v1/chat/completions": chat_schema,
@@ -314,6 +327,7 @@ SCHEMAS = {
     "/open_session": open_session_schema, "/close_session": close_session_schema,
     "/update_weights_from_disk": update_weights_schema,
     "/release_memory_occupation": memory_schema, "/resume_memory_occupation": memory_schema,
+    "/hicache/storage-backend": storage_backend_schema,
 }
 
 

@@ -7,11 +7,12 @@ import random
 import pytest
 import torch
 
-from hicache_helpers import LAYERS, assert_kv, audit, full_match, kv_of, make, put
+from hicache_helpers import LAYERS, DictStorage, assert_kv, audit, full_match, kv_of, make, put
 
 
-def test_write_through_evict_keeps_host_copy_and_loads_back_same_bytes():
-    tree, pool = make()
+@pytest.mark.parametrize("layerwise", [False, True], ids=["direct", "layerwise"])
+def test_write_through_evict_keeps_host_copy_and_loads_back_same_bytes(layerwise):
+    tree, pool = make(layerwise=layerwise)
     doc = list(range(100, 140))
     put(tree, pool, doc)
     assert tree.host_total_size() == 40  # backed up at the first insert
@@ -163,3 +164,160 @@ def _alloc_evicting(tree, n):
         tree.evict(n - tree.allocator.available_size())
         slots = tree.allocator.alloc(n)
     return slots
+
+
+def test_l1_to_l2_to_storage_only_and_back_gives_the_same_kv():
+    """A document evicted from L1 and then from L2 stays in the tree as storage-only nodes
+    (its tail past the last whole L3 page is deleted); the match reports that part, a
+    prefetch fills the nodes from the pages and the load-back restores the exact KV."""
+    tree, pool = make(device=64, host=128)
+    store = DictStorage(tree, page_tokens=8)
+    doc = list(range(200, 244))  # 44 tokens: 5 whole pages + a 4-token tail
+    put(tree, pool, doc)
+    assert len(store.pages) == 5
+    assert tree.evict(44) == 44 and tree.evict_host(44) == 44
+    audit(tree)
+    assert tree.host_total_size() == 0 and tree.storage_total_size() == 40
+    m = tree.match_prefix(doc)
+    assert (len(m.indices), m.host_len, m.storage_len) == (0, 0, 40)
+    assert m.last_host_node is tree.root
+    assert store.prefetch(doc) == 40
+    audit(tree)
+    m = tree.match_prefix(doc)
+    assert (m.host_len, m.storage_len) == (40, 0)
+    m = tree.load_back(m, tree.allocator.alloc)
+    assert_kv(pool, m.indices, doc[:40])
+    audit(tree)
+
+
+def test_storage_only_nodes_under_a_cached_prefix_and_revival_by_insert():
+    tree, pool = make(device=64, host=128)
+    store = DictStorage(tree, page_tokens=8)
+    stem, a, b = list(range(1, 13)), list(range(50, 68)), list(range(80, 98))  # 12 + 18 tokens
+    put(tree, pool, stem + a)
+    put(tree, pool, stem + b)
+    tree.evict(64)
+    assert tree.evict_host(30) == 36  # both branches (LRU); the stem keeps its host copy
+    audit(tree)
+    for branch in (a, b):
+        m = tree.match_prefix(stem + branch)
+        assert (m.host_len, m.storage_len) == (12, 12)  # to the last whole page (24); the tails are gone
+    assert store.prefetch(stem + a) == 12  # pages 1..2 read, page 1's first 4 tokens were cached
+    assert_kv(pool, full_match(tree, stem + a).indices, (stem + a)[:24])
+    slots = put(tree, pool, stem + b)  # computed again: the storage-only node takes device slots
+    assert tree.storage_total_size() == 0 and len(slots) == 30
+    assert_kv(pool, tree.match_prefix(stem + b).indices, stem + b)
+    audit(tree)
+
+
+def test_storage_only_nodes_are_lru_bounded_and_pruned_when_storage_lost_pages():
+    from lmprog_runtime.cache.hiradix import L3Index
+
+    tree, pool = make(device=32, host=48)
+    store = DictStorage(tree, page_tokens=8)
+    tree.l3 = L3Index(8, tree.l3.stored, max_tokens=32)
+    docs = [list(range(d * 100, d * 100 + 16)) for d in range(6)]
+    for d in docs:
+        put(tree, pool, d)
+    tree.evict(64)
+    tree.evict_host(64)
+    audit(tree)
+    assert tree.storage_total_size() == 32  # the two most recent documents are remembered
+    assert [tree.match_prefix(d).storage_len for d in docs] == [0, 0, 0, 0, 16, 16]
+    assert tree.drop_storage_after(docs[5], None, 8) == 16  # storage holds only its first page
+    assert tree.match_prefix(docs[5]).storage_len == 0
+    audit(tree)
+
+
+def test_without_storage_host_eviction_deletes():
+    tree, pool = make()
+    put(tree, pool, list(range(300, 340)))
+    tree.evict(40)
+    assert tree.evict_host(40) == 40
+    assert tree.storage_total_size() == 0 and tree.total_size() == 0 and not tree.root.children
+    audit(tree)
+
+
+@pytest.mark.parametrize("page_size,layerwise", [(1, False), (4, False), (1, True)])
+def test_random_operations_with_a_storage_tier(page_size, layerwise):
+    rng = random.Random(f"l3-{page_size}")
+    tree, pool = make(device=64, host=160, page_size=page_size, layerwise=layerwise)
+    store = DictStorage(tree, page_tokens=8)
+    stems = [[rng.randrange(50) for _ in range(rng.randrange(4, 28))] for _ in range(6)]
+    seen = set()
+    for step in range(300):
+        op = rng.random()
+        seq = rng.choice(stems) + [rng.randrange(50) for _ in range(rng.randrange(0, 12))]
+        seq = seq[:len(seq) - len(seq) % page_size] or seq[:page_size]
+        ns = rng.choice([None, "salt"])
+        if op < 0.35:
+            put(tree, pool, seq, namespace=ns)
+        elif op < 0.55:
+            store.prefetch(seq, ns)
+        elif op < 0.7:
+            m = tree.match_prefix(seq, ns)
+            if m.host_len:
+                loaded = tree.load_back(m, lambda n: _alloc_evicting(tree, n))
+                if loaded is not None:
+                    assert_kv(pool, loaded.indices, list(seq[:len(loaded.indices)]))
+        elif op < 0.85:
+            tree.evict(rng.randrange(1, 40))
+        else:
+            tree.evict_host(rng.randrange(1, 60))
+        audit(tree)
+        seen.add(tree.storage_total_size() > 0)
+    assert seen == {True, False}  # storage-only nodes came and went
+    tree.reset()
+    audit(tree)
+
+
+def test_detaching_storage_forgets_storage_only_nodes():
+    tree, pool = make()
+    DictStorage(tree, page_tokens=8)
+    stem, doc = list(range(1, 9)), list(range(20, 44))
+    put(tree, pool, stem + doc)
+    put(tree, pool, stem + [7] * 8)
+    tree.evict(64)
+    tree.evict_host(64)
+    assert tree.storage_total_size() == 40
+    tree.l3 = None
+    tree.drop_storage_only()
+    assert tree.storage_total_size() == 0 and tree.total_size() == 0 and not tree.root.children
+    audit(tree)
+
+
+def test_layer_loads_wait_per_layer_and_in_order():
+    """The forward of layer i waits only for layer i: a load blocked in layer 1 lets
+    `wait(0)` return and holds `wait(1)` until it moves on; `drain` waits for all."""
+    import threading
+
+    from lmprog_runtime.cache.layer_loads import LayerLoads
+
+    loads, gate, copied = LayerLoads(3), threading.Event(), []
+
+    def copy_layer(layer):
+        if layer == 1:
+            assert gate.wait(30)
+        copied.append(layer)
+
+    loads.submit(copy_layer)
+    loads.wait(0)
+    assert copied == [0] and loads.pending
+    waiter = threading.Thread(target=loads.wait, args=(1,))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # layer 1 is not copied yet
+    gate.set()
+    waiter.join(30)
+    loads.drain()
+    assert copied == [0, 1, 2] and not loads.pending
+
+    def broken(layer):
+        raise OSError("copy failed")
+
+    loads.submit(broken)
+    with pytest.raises(RuntimeError, match="load-back failed"):
+        loads.wait(0)
+    with pytest.raises(RuntimeError, match="load-back failed"):  # sticky: those slots are garbage
+        loads.drain()
+    loads.close()

@@ -65,13 +65,16 @@ def test_the_working_set_is_several_times_l1(reference):
 
 @pytest.mark.parametrize("config", [
     dict(),
+    dict(hicache_io_backend="kernel"),  # layer-wise load-backs (the CPU default copies whole)
+    dict(hicache_io_backend="kernel", force_overlap_schedule=True),
     dict(hicache_write_policy="write_through_selective"),
     dict(hicache_write_policy="write_back"),
     dict(page_size=4),
     dict(chunked_prefill_size=64, hicache_write_policy="write_through_selective"),  # chunks re-insert
     dict(hicache_ratio=2.5, schedule_policy="lpm"),  # L2 also evicts: 6 documents > L2
     dict(hicache_ratio=2.5, hicache_storage_backend="file"),  # ... and L3 prefetches them back
-    dict(hicache_ratio=2.5, hicache_storage_backend="file", force_overlap_schedule=True),
+    dict(hicache_ratio=2.5, hicache_storage_backend="file", force_overlap_schedule=True,
+         hicache_io_backend="kernel"),
     dict(hicache_ratio=2.5, hicache_storage_backend="file", hicache_storage_prefetch_policy="best_effort"),
     dict(hicache_ratio=2.5, hicache_storage_backend="file", hicache_storage_prefetch_policy="timeout"),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "write_through")
@@ -87,32 +90,41 @@ def test_hicache_on_matches_off(tiny_model_path, reference, config, tmp_path):
         state = eng.get_internal_state()
         if "hicache_storage_backend" in config:
             assert state["hicache_prefetch_count"] > 0, state
+            # L2 evicted documents into storage-only tree nodes, and prefetches filled them again
+            assert state["hicache_storage_demoted_tokens"] > 0, state
+            if config["hicache_storage_prefetch_policy"] == "wait_complete":
+                assert state["hicache_storage_filled_tokens"] > 0, state
             if config["hicache_storage_prefetch_policy"] != "best_effort":  # (that one may stop at once)
                 assert state["hicache_hit_tokens_l3"] > 0, state
         if config.get("hicache_write_policy") != "write_through_selective":  # (copies re-used nodes only)
             assert state["hicache_hit_tokens_l2"] > 0, state  # prefixes came back from the host
             assert state["l2_load_bytes"] > 0 and state["hicache_load_back_count"] > 0
+            layerwise = config.get("hicache_io_backend") == "kernel"
+            assert (state["hicache_layerwise_copy_seconds_sum"] > 0) == layerwise, state
         assert state["hicache_hit_tokens_l1"] > 0
         eng.check_integrity()  # both tiers: free + tree + held == total
 
 
-def test_retraction_with_hicache(tiny_model_path, reference):
+@pytest.mark.parametrize("io_backend", ["direct", "kernel"])
+def test_retraction_with_hicache(tiny_model_path, reference, io_backend):
     expected_long = reference[2]
     with make_engine(tiny_model_path, enable_hierarchical_cache=True, max_total_tokens=256,
-                     hicache_ratio=8.0) as eng:
+                     hicache_ratio=8.0, hicache_io_backend=io_backend) as eng:
         outs = eng.generate(SHORT, LONG, return_logprob=True)  # all at once: decode room runs out
         assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0
         assert_same([_summary(o) for o in outs], expected_long)
         eng.check_integrity()
 
 
-def test_failure_while_holding_a_loaded_back_prefix(tiny_model_path, reference):
+@pytest.mark.parametrize("io_backend", ["direct", "kernel"])
+def test_failure_while_holding_a_loaded_back_prefix(tiny_model_path, reference, io_backend):
+    """(With `kernel` the request fails while its layer-wise copy may still be in flight.)"""
     from lmprog_runtime.tokenizer_manager import RequestError
 
     prompts, expected = reference[:2]
     faults = FaultInjector()
     with make_engine(tiny_model_path, enable_hierarchical_cache=True, max_total_tokens=L1_TOKENS,
-                     hicache_ratio=8.0, faults=faults) as eng:
+                     hicache_ratio=8.0, faults=faults, hicache_io_backend=io_backend) as eng:
         assert_same(outputs(eng, prompts), expected)  # every document now has a host copy
         victim = next(p for p in prompts if p.split("\n")[0] != prompts[-1].split("\n")[0])
         before = eng.get_internal_state()["hicache_load_back_count"]
@@ -165,7 +177,9 @@ def test_metrics_export_the_tiers(tiny_model_path, reference):
                  'lmprog:hicache_load_back_decisions{decision="load",model_name="tiny"}',
                  'lmprog:hicache_copy_bytes_per_second{model_name="tiny",tier="L2"}',
                  'lmprog:hicache_prefill_tokens_per_second{model_name="tiny"}',
-                 'lmprog:hicache_seconds_sum{model_name="tiny",op="load_back"}'):
+                 'lmprog:hicache_seconds_sum{model_name="tiny",op="load_back"}',
+                 'lmprog:hicache_layerwise_copy_seconds{model_name="tiny"}',
+                 'lmprog:hicache_storage_tree_tokens{model_name="tiny"}'):
         assert line in text, line
 
 

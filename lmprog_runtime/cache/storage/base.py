@@ -56,6 +56,10 @@ class HiCacheStorage(ABC):
                 return i
         return len(keys)
 
+    def capacity_bytes(self) -> Optional[int]:
+        """How many page bytes this backend keeps (None: not known)."""
+        return None
+
     @abstractmethod
     def clear(self) -> None:
         """Drop every page of this model layout."""

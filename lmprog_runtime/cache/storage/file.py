@@ -119,6 +119,9 @@ class HiCacheFile(HiCacheStorage):
         except FileNotFoundError:
             pass
 
+    def capacity_bytes(self) -> int:
+        return self.max_bytes
+
     @property
     def stored_bytes(self) -> int:
         return self._bytes

@@ -51,6 +51,7 @@ class HiCacheMooncake(HiCacheStorage):
             raise ValueError(f"hicache mooncake: joining the store at {config.master_server_address!r} "
                              f"failed (setup returned {ret})")
         self.suffix = f"_{model_tag}"
+        self._capacity = config.global_segment_size
         self._lock = threading.Lock()
         self._written: set = set()
 
@@ -77,6 +78,9 @@ class HiCacheMooncake(HiCacheStorage):
             if hit != 1:
                 return i
         return len(keys)
+
+    def capacity_bytes(self) -> int:
+        return self._capacity  # this server's segment (the shared store may hold more)
 
     def clear(self) -> None:
         """Remove the pages this server put (the store is shared: others' pages stay)."""
