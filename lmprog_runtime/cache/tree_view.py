@@ -107,13 +107,20 @@ def _select(nodes: List, depth: dict, sub: dict, max_nodes: int) -> List:
     return sorted(ranked, key=lambda n: (depth[n.id], n.id))  # parents before children
 
 
+def _tier(n) -> str:
+    """Where the node's KV is: device (L1), host (L2 only) or storage (L3 only, by page hash)."""
+    if n.value is not None:
+        return "device"
+    return "host" if n.host_value is not None else "storage"
+
+
 def _node(n, depth: dict, sub: dict, kept: set, rank: dict, labels: dict) -> dict:
     children = n.children.values()
     return {
         "id": n.id, "parent": n.parent.id, "depth": depth[n.id], "tokens": len(n.key),
         "text": labels[n.id], "subtree_tokens": sub[n.id], "hits": n.hits,
         "lock_ref": n.lock_ref, "last_access": n.last_access_time,
-        "tier": "host" if n.value is None else "device", "backed_up": n.host_value is not None,
+        "tier": _tier(n), "backed_up": n.host_value is not None,
         "namespace": _namespace(n.namespace), "children": len(children),
         "hidden_children": sum(c.id not in kept for c in children), "evict_rank": rank.get(n.id),
     }

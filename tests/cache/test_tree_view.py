@@ -130,3 +130,17 @@ def test_label_cache_decodes_only_new_or_split_nodes():
     texts = sorted(n["text"] for n in view["nodes"])
     assert texts == sorted([decode(range(5)), decode(range(5, 17)) + "…", decode([99, 98])])
     assert len(calls) == 4 and len(cache) == 3  # the prefix, the shortened suffix, the new leaf
+
+
+def test_storage_only_nodes_show_the_storage_tier():
+    from hicache_helpers import DictStorage, make as make_hi, put as put_hi
+
+    tree, pool = make_hi(device=64, host=128)
+    DictStorage(tree, page_tokens=8)
+    doc = list(range(200, 244))
+    put_hi(tree, pool, doc)
+    assert tree.evict(44) == 44 and tree.evict_host(44) == 44  # now in L3 only (whole pages)
+    view = tree_view(tree, decode, max_nodes=100)
+    stored = [n for n in view["nodes"] if n["tier"] == "storage"]
+    assert sum(n["tokens"] for n in stored) == tree.storage_total_size() == 40
+    assert not any(n["backed_up"] for n in stored)

@@ -86,7 +86,7 @@ const TreeView = (() => {
 
   function color(n) {
     if (n.isRoot) return "#667";
-    return n.tier === "host" ? "#e69a28" : "#3b7dd8";
+    return n.tier === "host" ? "#e69a28" : n.tier === "storage" ? "#8e5bc8" : "#3b7dd8";
   }
 
   // One frame: edges, then nodes with their marks and labels; only what is in view.
