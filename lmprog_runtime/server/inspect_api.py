@@ -31,7 +31,7 @@ PAGE_FILES = {  # path -> (file in STATIC_DIR, content type)
     "/inspect/inspect.js": ("inspect.js", "application/javascript"),
     "/inspect/inspect.css": ("inspect.css", "text/css"),
 }
-STATE_QUERY = ("max_nodes", "tree")
+STATE_QUERY = ("max_nodes", "tree", "dp_rank")
 SNAPSHOT_TIMEOUT_S = 10.0
 _files: dict = {}  # file name -> bytes, read once
 
@@ -61,6 +61,24 @@ def parse_query(query) -> InspectReq:
     return InspectReq(_max_nodes(query.get("max_nodes")), include_tree=tree == "1")
 
 
+def _dp_rank(raw, dp_size: int) -> int:
+    """Which data-parallel replica's snapshot to answer with (0 unless asked)."""
+    if raw is None:
+        return 0
+    expected = f"an integer in [0, {dp_size - 1}] (the server runs {dp_size} replicas)"
+    if not raw.isdigit() or int(raw) >= dp_size:
+        raise SchemaError("dp_rank", expected, raw)
+    return int(raw)
+
+
+def one_replica(data: dict, rank: int) -> dict:
+    """With --dp-size N every replica answers (merged into `dp_states`): keep replica `rank`'s."""
+    states = data.get("dp_states")
+    if not states:
+        return {**data, "dp_rank": 0, "dp_size": 1}
+    return {**states[rank], "dp_rank": rank, "dp_size": len(states)}
+
+
 def _max_nodes(raw) -> int:
     if raw is None:
         return INSPECT_MAX_NODES_DEFAULT
@@ -75,11 +93,14 @@ def _max_nodes(raw) -> int:
 
 async def state(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    reply = await control(rt, "inspect", SNAPSHOT_TIMEOUT_S, parse_query(request.query))
+    req = parse_query(request.query)
+    rank = _dp_rank(request.query.get("dp_rank"), getattr(getattr(rt, "args", None), "dp_size", 1))
+    reply = await control(rt, "inspect", SNAPSHOT_TIMEOUT_S, req)
     if not reply.success:
         return error_response(reply.message, 500)
+    data = one_replica(reply.data, rank)
     # a 20,000-node snapshot is megabytes of JSON: encode it off the event loop
-    body = await asyncio.get_running_loop().run_in_executor(None, json.dumps, reply.data)
+    body = await asyncio.get_running_loop().run_in_executor(None, json.dumps, data)
     return web.Response(text=body, content_type="application/json", headers={"Cache-Control": "no-store"})
 
 

@@ -195,6 +195,17 @@ def test_server_info_metrics_and_load_per_replica(dp_server):
     assert [ln.split("dp_rank=")[1][:3] for ln in running] == ['"0"', '"1"'], running
 
 
+def test_inspector_shows_one_replica_at_a_time(dp_server):
+    """/inspect/state answers with one replica's snapshot (dp_rank, default 0), each its own tree."""
+    text = PROMPTS[0] + " which the inspector should find in exactly one replica's tree"
+    _greedy(dp_server.url, text)
+    snaps = [requests.get(dp_server.url + f"/inspect/state?dp_rank={r}", timeout=30).json() for r in (0, 1)]
+    assert [(s["dp_rank"], s["dp_size"]) for s in snaps] == [(0, 2), (1, 2)]
+    assert "dp_states" not in snaps[0] and all("tree" in s and "pool" in s for s in snaps)
+    bad = requests.get(dp_server.url + "/inspect/state?dp_rank=2", timeout=30)
+    assert bad.status_code == 400 and "dp_rank" in bad.text
+
+
 def test_flush_fans_out_to_every_replica(dp_server):
     for text in PROMPTS[:2]:  # one prompt cached on each replica
         _greedy(dp_server.url, text + " and a little more text to cache")

@@ -26,7 +26,9 @@
     const headers = st.key ? { Authorization: "Bearer " + st.key } : {};
     try {
       const wantTree = performance.now() >= st.nextTreeAt ? 1 : 0;
-      const r = await fetch(`/inspect/state?max_nodes=${max}&tree=${wantTree}`, { headers, cache: "no-store" });
+      const rank = new URLSearchParams(location.search).get("dp_rank");  // /inspect?dp_rank=1
+      const r = await fetch(`/inspect/state?max_nodes=${max}&tree=${wantTree}` + (rank ? `&dp_rank=${rank}` : ""),
+                            { headers, cache: "no-store" });
       if (r.status === 401) { $("key-form").hidden = false; status("API key needed", true); return; }
       const body = await r.json();
       if (!r.ok) throw new Error((body.error && body.error.message) || r.statusText);
@@ -69,7 +71,8 @@
     st.lastRenderMs = ms; st.renders++;
     st.seen.treeCounts.push(st.treeSnap ? st.treeSnap.num_nodes : 0);
     st.seen.poolUsed.push(snap.pool ? snap.pool.total - snap.pool.free : 0);
-    status(`updated ${new Date(snap.time * 1000).toLocaleTimeString()} · snapshot ` +
+    const replica = snap.dp_size > 1 ? `replica ${snap.dp_rank} of ${snap.dp_size} (?dp_rank=) · ` : "";
+    status(replica + `updated ${new Date(snap.time * 1000).toLocaleTimeString()} · snapshot ` +
       `${(snap.snapshot_s * 1000).toFixed(1)} ms · render ${ms.toFixed(1)} ms`);
     return ms;
   }
