@@ -169,7 +169,9 @@ def parse_args(argv=None):
     ap.add_argument("--doc-tokens", type=int, default=1500)
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool of each replica")
+    ap.add_argument("--max-total-tokens", type=int, default=None,
+                    help="KV pool of each replica (default: room for about half the documents, so that "
+                         "where a document's questions go decides whether its KV is still cached)")
     ap.add_argument("--policies", default="cache_aware,round_robin")
     ap.add_argument("--no-dp", action="store_true", help="skip the --dp-size 2 comparison")
     ap.add_argument("--port", type=int, default=31400)
@@ -179,6 +181,8 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.quick:
         args.docs, args.questions, args.doc_tokens, args.output_len, args.clients = 2, 3, 300, 4, 4
+    if args.max_total_tokens is None:  # ~4.5 of 8 documents: a replica cannot keep them all
+        args.max_total_tokens = int((args.docs / 2 + 0.5) * (args.doc_tokens + 64))
     args.out = args.out or os.path.join(HERE, "results", "router_quick.json" if args.quick else "router.json")
     args.log_dir = os.path.join(HERE, "results", "logs")
     os.makedirs(args.log_dir, exist_ok=True)
