@@ -6,7 +6,10 @@
 Reports decode steps (scheduler forwards), mean latency, throughput, the grammar-mask
 cost per constrained token at batch 1 and at batch 32, checks every output against
 the schema, and checks that jump-forward is exact: the greedy outputs (token ids) with it
-on equal those with it off. Writes bench/results/jump_forward.json and a PNG.
+on equal those with it off. That holds exactly with --dtype float32; with bfloat16 or the
+quantized CPU weights `--dtype auto` may pick, a forward over a draft's tokens and a
+one-token decode round differently, and a near-tie can flip (as it does for speculative
+decoding). Writes bench/results/jump_forward.json and a PNG.
 """
 
 from __future__ import annotations
@@ -134,9 +137,11 @@ def main():
     on, off = results["jump_forward_on"]["batch"], results["jump_forward_off"]["batch"]
     results["steps_ratio"] = off["decode_steps"] / on["decode_steps"]
     results["throughput_ratio"] = on["requests_per_s"] / off["requests_per_s"]
-    results["outputs_identical"] = all(
-        results["jump_forward_on"][part]["output_ids"] == results["jump_forward_off"][part]["output_ids"]
-        for part in ("batch", "batch32", "batch1"))
+    results["outputs_differing"] = sum(
+        a != b for part in ("batch", "batch32", "batch1")
+        for a, b in zip(results["jump_forward_on"][part]["output_ids"],
+                        results["jump_forward_off"][part]["output_ids"]))
+    results["outputs_identical"] = results["outputs_differing"] == 0
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
