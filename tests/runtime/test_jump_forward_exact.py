@@ -118,11 +118,13 @@ def test_compact_whitespace_and_default_whitespace(tiny_model_path):
         assert outs[True] == outs[False], ws
 
 
-def test_llguidance_backend_exact(tiny_model_path):
-    pytest.importorskip("llguidance")
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_other_backends_exact(tiny_model_path, backend):
+    """The adapters behind the same contract: their own forced strings, the same drafts."""
+    pytest.importorskip(backend)
     outs, states = {}, {}
     for jf in (True, False):
-        with make_engine(tiny_model_path, max_total_tokens=4096, grammar_backend="llguidance",
+        with make_engine(tiny_model_path, max_total_tokens=4096, grammar_backend=backend,
                          disable_jump_forward=not jf) as eng:
             res = []
             for name, prompts, params, kwargs in _cases()[:7]:
