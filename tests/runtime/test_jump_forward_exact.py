@@ -150,3 +150,30 @@ def test_smollm2_greedy_outputs_equal_and_steps_saved():
     on, off = res[True][1], res[False][1]
     assert on["num_jump_forward_drafted"] > on["num_jump_forward_tokens"] > 0, on
     assert on["num_steps"] < off["num_steps"], (on["num_steps"], off["num_steps"])
+
+
+def test_radix_cache_holds_only_accepted_tokens(tiny_model_path):
+    """After constrained runs with forced drafts (some rejected), every path of the tree
+    spells a prefix of a finished request's prompt + output: no rejected forced token,
+    and no token that was later changed, reached it."""
+    eng = make_engine(tiny_model_path, max_total_tokens=8192, constrained_json_whitespace_pattern="[ ]?")
+    try:
+        outs = []
+        for name, prompts, params, kwargs in _cases()[:7]:
+            outs += eng.generate(prompts, params, return_prompt_token_ids=True)
+        eng.check_integrity()
+        state = eng.get_internal_state()
+        assert state["num_jump_forward_drafted"] > state["num_jump_forward_tokens"] > 0, state
+        sequences = [tuple(o["prompt_token_ids"] + o["output_ids"]) for o in outs]
+        tree = eng.scheduler.kv.tree
+        leaves = [n for n in tree._nodes() if not n.children]
+        assert leaves
+        for leaf in leaves:
+            path, node = [], leaf
+            while node is not tree.root:
+                path[:0] = list(node.key)
+                node = node.parent
+            assert any(seq[:len(path)] == tuple(path) for seq in sequences), path
+    finally:
+        eng.shutdown()
+
