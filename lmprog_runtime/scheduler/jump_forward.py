@@ -29,7 +29,6 @@ before the position where stop tokens become allowed.
 
 from __future__ import annotations
 
-import logging
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -38,8 +37,6 @@ import torch
 from lmprog_runtime.constrained.jump_forward import CONTEXT_TOKENS, forced_token_ids
 from lmprog_runtime.scheduler.batch import PlannedDraft
 from lmprog_runtime.scheduler.faults import Stage, fail_request
-
-logger = logging.getLogger(__name__)
 
 
 def _eligible(r) -> bool:
