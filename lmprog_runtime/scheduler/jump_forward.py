@@ -114,7 +114,7 @@ class JumpForward:
         limit = draft_limit(r)
         if not jump or limit <= 0:
             return None
-        tail = (r.origin_input_ids + r.output_ids)[-CONTEXT_TOKENS:]
+        tail = (r.origin_input_ids[-CONTEXT_TOKENS:] + r.output_ids[-CONTEXT_TOKENS:])[-CONTEXT_TOKENS:]
         tokens = forced_token_ids(self.tokenizer, jump, tail)[:limit]
         kept, mask = grammar_draft(r.grammar, tokens, self.vocab_size)
         if not kept:
