@@ -21,10 +21,9 @@ Whitespace policy: only bytes the grammar forces are drafted (a state with exact
 live byte), so optional whitespace (JSON's whitespace pattern, `\\s*` in a regex) is never
 forced; forced whitespace is kept only where the model writes it.
 
-A request drafts when speculation's conditions hold (`_eligible`): its only pending token
-is its last output token, no frequency / presence / repetition penalty (verify rows do
-not recount them), at least 2 output tokens left; below min_new_tokens the draft stops
-before the position where stop tokens become allowed.
+A request drafts when its only pending token is its last output token and at least 2
+output tokens are left (`_eligible`). Penalties and min_new_tokens apply in every verify
+row as in a plain step (speculative/verify.py counts the output up to that row).
 """
 
 from __future__ import annotations
@@ -40,22 +39,17 @@ from lmprog_runtime.scheduler.faults import Stage, fail_request
 
 
 def _eligible(r) -> bool:
-    sp = r.sampling
     g = r.grammar
     return (g is not None and not r.finished and r.extend_len == 1 and r.kv_len >= r.prompt_len
             and bool(r.output_ids) and r.max_new_tokens - len(r.output_ids) >= 2
-            and sp.frequency_penalty == 0 and sp.presence_penalty == 0 and sp.repetition_penalty == 1.0
             and not g.is_terminated())
 
 
 def draft_limit(r) -> int:
     """Most draft tokens `r` may verify: k drafts make up to k + 1 tokens (<= the tokens
-    left), and every verify row must agree with the sampler on banning stop tokens
-    (row i follows len(output_ids) + i tokens)."""
-    left = r.max_new_tokens - len(r.output_ids) - 1
-    if len(r.output_ids) < r.min_new_tokens:
-        left = min(left, r.min_new_tokens - len(r.output_ids) - 1)
-    return left
+    left). Penalties and min_new_tokens need no limit: each verify row sees the output
+    as it stands there (speculative/verify.py `_row_views`)."""
+    return r.max_new_tokens - len(r.output_ids) - 1
 
 
 def grammar_draft(g, tokens: List[int], vocab_size: int, cut_after=None):

@@ -45,6 +45,10 @@ def _cases():
     cases += [("logprobs", PROMPTS[:2], {**g, "json_schema": json.dumps(PERSON)},
                {"return_logprob": True, "top_logprobs_num": 2}),
               ("min_new_tokens", PROMPTS[:2], {**g, "regex": REGEXES[0], "min_new_tokens": 20}, {}),
+              ("penalties", PROMPTS, {**g, "json_schema": json.dumps(NESTED), "frequency_penalty": 0.8,
+                                      "presence_penalty": 0.3, "repetition_penalty": 1.3}, {}),
+              ("penalties_lp", PROMPTS[:2], {**g, "regex": REGEXES[2], "repetition_penalty": 1.5,
+                                             "min_new_tokens": 12}, {"return_logprob": True}),
               ("short", PROMPTS, {**g, "json_schema": json.dumps(NESTED), "max_new_tokens": 9}, {}),
               ("stop", PROMPTS, {**g, "regex": REGEXES[2], "stop": [" Pop"]}, {})]
     return cases
@@ -54,7 +58,7 @@ def _summary(out, logprobs: bool):
     s = {"text": out["text"], "ids": out["output_ids"], "finish": out["meta_info"]["finish_reason"]}
     if logprobs:
         s["lp"] = [(round(e[0], 3), e[1]) for e in out["meta_info"]["output_token_logprobs"]]
-        s["top"] = [[e[1] for e in row] for row in out["meta_info"]["output_top_logprobs"]]
+        s["top"] = [[e[1] for e in row] for row in out["meta_info"].get("output_top_logprobs") or []]
     return s
 
 
