@@ -1,10 +1,15 @@
 """JSON extraction under a JSON Schema through the Engine, jump-forward on vs off.
 
     python bench/bench_jump_forward.py                 # SmolLM2, 64 requests, 6-field schema
+    python bench/bench_jump_forward.py --quick         # 8 requests (step counts; rough timings)
 
 Reports decode steps (scheduler forwards), mean latency, throughput, the grammar-mask
-cost per constrained token at batch 1 and at batch 32, and checks every output against
-the schema. Writes bench/results/jump_forward.json and a PNG.
+cost per constrained token at batch 1 and at batch 32, checks every output against
+the schema, and checks that jump-forward is exact: the greedy outputs (token ids) with it
+on equal those with it off. That holds exactly with --dtype float32; with bfloat16 or the
+quantized CPU weights `--dtype auto` may pick, a forward over a draft's tokens and a
+one-token decode round differently, and a near-tie can flip (as it does for speculative
+decoding). Writes bench/results/jump_forward.json and a PNG.
 """
 
 from __future__ import annotations
@@ -74,16 +79,20 @@ def run(engine, texts, params, batch: bool) -> dict:
             valid += 1
         except Exception:
             pass
-    d = {k: state[k] - state0[k] for k in ("num_steps", "mask_s", "mask_rows", "num_generated_tokens",
-                                           "num_jump_forward_tokens", "forward_s", "step_s")}
+    d = {k: state.get(k, 0) - state0.get(k, 0) for k in (
+        "num_steps", "mask_s", "mask_rows", "num_generated_tokens", "num_jump_forward_tokens",
+        "num_jump_forward_drafted", "forward_s", "step_s")}
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     return {
         "requests": len(texts), "wall_s": wall, "requests_per_s": len(texts) / wall,
         "output_tokens_per_s": tokens / wall, "mean_latency_s": statistics.mean(latencies),
         "decode_steps": d["num_steps"], "completion_tokens": tokens,
-        "sampled_tokens": d["num_generated_tokens"], "jump_forward_tokens": d["num_jump_forward_tokens"],
+        # sampled: tokens the model chose itself (generated counts accepted forced tokens too)
+        "sampled_tokens": d["num_generated_tokens"] - d["num_jump_forward_tokens"],
+        "jump_forward_tokens": d["num_jump_forward_tokens"],
+        "jump_forward_drafted": d["num_jump_forward_drafted"],
         "mask_us_per_constrained_token": 1e6 * d["mask_s"] / d["mask_rows"] if d["mask_rows"] else None,
-        "valid": valid,
+        "valid": valid, "output_ids": [o["output_ids"] for o in outs],
     }
 
 
@@ -95,8 +104,11 @@ def main():
     ap.add_argument("--batch1-requests", type=int, default=8, help="requests timed one at a time (mask cost at batch 1)")
     ap.add_argument("--whitespace", default="", help="JSON whitespace pattern ('' = compact JSON)")
     ap.add_argument("--max-new-tokens", type=int, default=160)
+    ap.add_argument("--quick", action="store_true", help="8 requests, batch 32 of 8, 2 at batch 1")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "jump_forward.json"))
     args = ap.parse_args()
+    if args.quick:
+        args.num_requests, args.batch1_requests = min(args.num_requests, 8), min(args.batch1_requests, 2)
 
     from lmprog_runtime import Engine
 
@@ -114,23 +126,29 @@ def main():
             print(f"{key}: batch of {args.num_requests} ...", flush=True)
             batch = run(engine, texts, params, batch=True)
             engine.flush_cache()
-            batch32 = run(engine, texts[:32], params, batch=True)
+            batch32 = run(engine, texts[:32], params, batch=True)  # (all of them with --quick)
             engine.flush_cache()
             single = run(engine, texts[: args.batch1_requests], params, batch=False)
             engine.check_integrity()
         results[key] = {"batch": batch, "batch32": batch32, "batch1": single,
                         "first_request_with_compile_s": compile_s}
-        print(json.dumps(results[key], indent=1), flush=True)
+        print(json.dumps({k: {m: v for m, v in d.items() if m != "output_ids"} if isinstance(d, dict) else d
+                          for k, d in results[key].items()}, indent=1), flush=True)
     on, off = results["jump_forward_on"]["batch"], results["jump_forward_off"]["batch"]
     results["steps_ratio"] = off["decode_steps"] / on["decode_steps"]
     results["throughput_ratio"] = on["requests_per_s"] / off["requests_per_s"]
+    results["outputs_differing"] = sum(
+        a != b for part in ("batch", "batch32", "batch1")
+        for a, b in zip(results["jump_forward_on"][part]["output_ids"],
+                        results["jump_forward_off"][part]["output_ids"]))
+    results["outputs_identical"] = results["outputs_differing"] == 0
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     plot(results, args.out.replace(".json", ".png"))
     print(f"\njump-forward: {results['steps_ratio']:.2f}x fewer decode steps, "
           f"{results['throughput_ratio']:.2f}x throughput; valid {on['valid']}/{on['requests']} (on), "
-          f"{off['valid']}/{off['requests']} (off)")
+          f"{off['valid']}/{off['requests']} (off); greedy outputs identical: {results['outputs_identical']}")
 
 
 def plot(results, path):

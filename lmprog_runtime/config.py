@@ -259,7 +259,7 @@ FLAG_HELP = {
                                       "size (no dense-weight crossover; slower prefill)",
     "grammar_backend": "engine for regex / JSON schema / EBNF constraints (none: refuse them)",
     "disable_jump_forward": "do not emit the forced text of a constraint without decoding it",
-    "constrained_json_whitespace_pattern": "regex for whitespace between JSON tokens (unset: none allowed)",
+    "constrained_json_whitespace_pattern": "regex for whitespace between JSON tokens (unset: [ \\t\\n\\r]{0,16}; \"\" for compact JSON)",
     "tool_call_parser": "format of the model's tool calls, read into tool_calls with tool_choice auto "
                         "(json, pythonic, llama3, qwen25; unset: only tool_choice required or a named "
                         "function, which constrain the answer)",

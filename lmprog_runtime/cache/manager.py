@@ -7,7 +7,7 @@ Every move of KV ownership goes through here, and only here are a request's KV f
     alloc_extend      fresh slots for the next n positions       (admission, each step)
     commit            those n positions are now computed         (after the forward)
     cache_unfinished  the computed prefix goes to the tree       (a prompt finished computing)
-    truncate          drop KV past a position                    (jump-forward rewrote tokens)
+    truncate          drop KV past a position                    (rejected draft tokens)
     retract           give everything back, keep the tokens      (the pool ran short)
     release           hand the KV to the tree (or free it)       (the request finished)
 
@@ -250,7 +250,7 @@ class KVManager:
         req.cache_protected_len = aligned
 
     def truncate(self, req, new_kv_len: int) -> None:
-        """Drop KV beyond `new_kv_len` (jump-forward rewrote those tokens)."""
+        """Drop KV beyond `new_kv_len` (the verify step rejected those draft tokens)."""
         new_kv_len = max(new_kv_len, req.cache_protected_len)
         if new_kv_len >= req.kv_len:
             return

@@ -9,7 +9,13 @@ The scheduler only uses these names:
     grammar.write_mask(np_row)                  # the same into a numpy row, overwriting it
     grammar.accept_token(token_id)              # GrammarError if illegal
     grammar.is_terminated()
-    grammar.jump_forward_str() / grammar.jump_and_retokenize(old_ids, new_ids, keep)
+    grammar.rollback(k)                         # undo the last k accepted tokens
+    grammar.jump_forward_str()                  # text forced from here, or None
+
+Jump-forward needs nothing else from a backend: the scheduler tokenizes the forced text,
+walks the matcher through it for the draft's masks and rolls it back
+(scheduler/jump_forward.py), so every backend behind this contract gets it exactly.
+`jump_and_retokenize` serves callers that commit forced text without verifying it.
 
 A backend compiles on a thread pool and keeps an LRU cache per (kind, spec); a cache
 hit returns an already-completed future holding `grammar.copy()`.

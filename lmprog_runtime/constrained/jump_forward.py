@@ -1,8 +1,13 @@
-"""Compressed FSM (jump-forward): canonical re-tokenization of forced text.
+"""Compressed FSM (jump-forward): tokenizing forced text.
 
-The forced string itself comes from the grammar's byte DFA (`ByteDFA.forced_bytes`: from
-a non-accepting state with exactly one live byte, that byte is forced), the same
-automaton the token masks are read from, so a jump never disagrees with the masks.
+The forced string itself comes from the grammar (outlines: the byte DFA's
+`ByteDFA.forced_bytes`: from a non-accepting state with exactly one live byte, that byte
+is forced), the same automaton the token masks are read from, so a jump never disagrees
+with the masks.
+
+The scheduler drafts `forced_token_ids` (scheduler/jump_forward.py: the model verifies
+them, so outputs stay exact). `jump_forward_retokenize` is the committing variant, which
+rewrites the output's tail canonically (Grammar.jump_and_retokenize pairs with it).
 """
 from __future__ import annotations
 
@@ -30,6 +35,15 @@ def jump_forward_retokenize(tokenizer, output_ids: Sequence[int], jump_str: str,
     context = (list(prompt_tail_ids) + list(output_ids[:start]))[-CONTEXT_TOKENS:]
     keep, new_ids = _retokenize(tokenizer, list(output_ids[start:]), jump_str, context)
     return start + keep, new_ids
+
+
+def forced_token_ids(tokenizer, jump_str: str, tail_ids: Sequence[int] = ()) -> list[int]:
+    """Tokens spelling exactly `jump_str` after the tokens `tail_ids` (the output's last
+    few, as left context), leaving those unchanged: the canonical tokenization of
+    tail + jump_str when it keeps the tail's tokens, else that of jump_str alone."""
+    keep, ids = _retokenize(tokenizer, [], jump_str, list(tail_ids))
+    assert keep == 0
+    return ids
 
 
 def _retokenize(tokenizer, ids_in: list, jump_str: str, tail: list) -> tuple[int, list[int]]:

@@ -29,6 +29,8 @@ Per step:
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
@@ -173,7 +175,7 @@ class Admission:
             return None, 0
         if k < len(draft.tokens):
             mask = None if draft.mask is None else draft.mask[:k + 1]
-            draft = type(draft)(draft.tokens[:k], mask)
+            draft = dataclasses.replace(draft, tokens=draft.tokens[:k], mask=mask)
         return draft, (self.kv.pages_needed(r.kv_len, 1 + k) - base) * p
 
     def _reserved_room(self, running: List) -> float:

@@ -18,6 +18,13 @@ from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 
 
 @dataclass
+class PlannedDraft:
+    tokens: List[int]                     # k >= 1 drafted tokens after the request's last token
+    mask: Optional[torch.Tensor] = None   # bool [k + 1, vocab] (True = allowed) for constrained requests
+    forced: bool = False                  # text the grammar forces (scheduler/jump_forward.py), not a guess
+
+
+@dataclass
 class PlannedReq:
     req: object
     num_tokens: int
@@ -26,7 +33,7 @@ class PlannedReq:
     sample_row: int = -1  # row of the logits tensor to sample from, -1 = none this step
     input_rows: List[int] = field(default_factory=list)  # logits rows scoring prompt tokens
     input_positions: List[int] = field(default_factory=list)  # prompt index j scored by each row
-    draft: Optional[object] = None  # speculator.PlannedDraft: its tokens are the last k of num_tokens
+    draft: Optional[PlannedDraft] = None  # its tokens are the last k of num_tokens
     verify_row: int = -1  # first of the k + 1 logits rows of a verified draft
 
     @property

@@ -36,7 +36,7 @@ class Stage(str, enum.Enum):
     SAMPLING = "sampling"                  # the sampler (batched; retried per request)
     GRAMMAR = "grammar advance"            # accept_token of the sampled token
     STOP_CHECK = "stop check"              # StopChecker (incremental detokenize for stop strings)
-    JUMP_FORWARD = "jump-forward"          # JumpForward.apply (fires after the rewrite, before truncate)
+    JUMP_FORWARD = "jump-forward"          # JumpForward.propose drafting one request's forced text
     OUTPUT = "output delta"                # building a request's delta in the Outbox
     SEND = "output send"                   # the channel to the tokenizer manager
 

@@ -1,5 +1,5 @@
 """Logprob bookkeeping on `Req`: prompt-side scores from the logits rows `batch.py` asked
-for, sampled-token scores from the sampler, and realignment after a jump-forward.
+for, and sampled-token scores from the sampler (or the verify step's rows).
 
 Entries are (logprob, token_id); top-k and by-id lists hold one list of entries per position.
 """
@@ -56,17 +56,3 @@ def record_output_logprob(r, lp_row: torch.Tensor, token: int) -> None:
         r.output_top_logprobs.append(top_entries(lp_row, r.top_logprobs_num)[0])
     if r.token_ids_logprob:
         r.output_token_ids_logprobs.append(entries_by_ids(lp_row, r.token_ids_logprob)[0])
-
-
-def realign_after_jump(r, keep: int, new_ids: list) -> None:
-    """Output positions from `keep` were rewritten by forced tokens, which carry no
-    sampled logprob: (0.0, id) entries keep the lists aligned with `output_ids`."""
-    del r.output_token_logprobs[keep:]
-    r.output_token_logprobs.extend((0.0, t) for t in new_ids)
-    if r.top_logprobs_num > 0:
-        del r.output_top_logprobs[keep:]
-        r.output_top_logprobs.extend([] for _ in new_ids)
-    if r.token_ids_logprob:
-        del r.output_token_ids_logprobs[keep:]
-        r.output_token_ids_logprobs.extend([] for _ in new_ids)
-    r.logprobs_sent = min(r.logprobs_sent, keep)

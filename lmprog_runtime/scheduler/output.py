@@ -2,7 +2,8 @@
 
     commit the computed KV → score prompt logprobs → share finished prompts with the
     cache → sample → per request: append the token, its logprob, advance the grammar,
-    check stops, jump forward, queue a streamed delta.
+    check stops, queue a streamed delta → verify the drafts (speculative and forced text,
+    jump_forward.py) and append what the model accepted the same way.
 
 Each sampled request goes through `on_token` alone: an exception there finishes only that
 request, with an error naming the stage it was in (faults.py). A failure of the batched
@@ -20,8 +21,7 @@ import torch
 
 from lmprog_runtime.messages import FinishReason
 from lmprog_runtime.scheduler.faults import Stage, fail_request
-from lmprog_runtime.scheduler.logprobs import (realign_after_jump, record_input_logprobs,
-                                               record_output_logprob)
+from lmprog_runtime.scheduler.logprobs import record_input_logprobs, record_output_logprob
 
 logger = logging.getLogger(__name__)
 
@@ -35,51 +35,13 @@ class Sampled:
     logprobs: Optional[Sequence[torch.Tensor]]  # float [len(reqs), vocab] rows, when a request asked
 
 
-class JumpForward:
-    """Appends the tokens a grammar forces next (re-tokenized canonically with the output)."""
-
-    def __init__(self, tokenizer, kv, stats: dict, faults=None):
-        self.tokenizer = tokenizer
-        self.kv = kv
-        self.stats = stats  # adds num_jump_forward_tokens
-        self.faults = faults  # FaultInjector (tests only) or None
-
-    def apply(self, r) -> None:
-        from lmprog_runtime.constrained.jump_forward import CONTEXT_TOKENS, jump_forward_retokenize
-        jump = r.grammar.jump_forward_str()
-        if not jump:
-            return
-        keep, new_ids = jump_forward_retokenize(self.tokenizer, r.output_ids, jump,
-                                                r.origin_input_ids[-CONTEXT_TOKENS:])
-        if not new_ids and keep == len(r.output_ids):
-            return
-        old = r.output_ids
-        r.grammar.jump_and_retokenize(old, new_ids, keep)
-        r.output_ids = old[:keep] + new_ids
-        self.stats["num_jump_forward_tokens"] += len(new_ids)
-        r.first_changed = min(r.first_changed, keep)
-        if r.detok is not None:
-            r.detok.rewind(keep)
-        if self.faults is not None:  # the worst moment: tokens rewritten, their KV not yet dropped
-            self.faults.check(Stage.JUMP_FORWARD, r.rid)
-        # KV computed for rewritten tokens is stale: drop it; the next step extends again.
-        self.kv.truncate(r, r.prompt_len + keep)
-        if r.return_logprob:
-            realign_after_jump(r, keep, new_ids)
-        if r.grammar.is_terminated():
-            r.finish(FinishReason.stop(None))
-        elif len(r.output_ids) >= r.max_new_tokens:
-            r.finish(FinishReason.length(r.max_new_tokens))
-
-
 class PostProcessor:
-    def __init__(self, kv, sampler, stops, jump: Optional[JumpForward], outbox, stats: dict,
-                 faults=None):
+    def __init__(self, kv, sampler, stops, jump, outbox, stats: dict, faults=None):
         self.faults = faults    # FaultInjector (tests only) or None
         self.kv = kv
         self.sampler = sampler
         self.stops = stops      # StopChecker
-        self.jump = jump        # None: jump-forward disabled
+        self.jump = jump        # jump_forward.JumpForward (accounts forced drafts); None: disabled
         self.outbox = outbox    # streamed deltas go here
         self.stats = stats      # adds num_generated_tokens
         self.speculator = None  # speculative/speculator.py's Speculator, set when speculation is on
@@ -117,7 +79,10 @@ class PostProcessor:
                     v = verify_rows(self.sampler, r, rows, item.draft.tokens, item.draft.mask)
                     self.stats["num_generated_tokens"] += len(v.tokens)
                     self.on_run(r, v.tokens, v.logprobs)
-                    self.speculator.after_verify(r, k, v.accepted, v.tokens)
+                    if item.draft.forced:
+                        self.jump.after_verify(k, v.accepted)
+                    else:
+                        self.speculator.after_verify(r, k, v.accepted, v.tokens)
             except Exception as e:
                 fail_request(r, Stage.SAMPLING, e)
             finally:
@@ -125,7 +90,7 @@ class PostProcessor:
 
     def on_run(self, r, tokens: List[int], lps: Optional[torch.Tensor]) -> None:
         """Several tokens in one step: each through `on_token`, up to the one that finishes
-        the request; jump-forward and the streamed delta only after the last."""
+        the request; the streamed delta only after the last."""
         for i, t in enumerate(tokens):
             last = i == len(tokens) - 1
             self.on_token(r, t, None if lps is None else lps[i], last=last)
@@ -179,7 +144,7 @@ class PostProcessor:
     def on_token(self, r, token: int, lp_row: Optional[torch.Tensor], last: bool = True) -> None:
         """Everything one sampled token does to its request; an exception at any stage
         finishes this request alone (its KV freed on release, not cached). `last` False:
-        more tokens of a verified run follow in this step (no jump-forward, no delta yet)."""
+        more tokens of a verified run follow in this step (no delta yet)."""
         stage = Stage.SAMPLING  # appending the token and its logprob
         try:
             r.output_ids.append(token)
@@ -195,9 +160,6 @@ class PostProcessor:
                 reason = self.stops.check(r, token)
                 if reason is not None:
                     r.finish(reason)
-            if not r.finished and r.grammar is not None and self.jump is not None and last:
-                stage = Stage.JUMP_FORWARD
-                self.jump.apply(r)
             stage = Stage.OUTPUT
             if last:
                 self.outbox.stream(r)

@@ -4,9 +4,10 @@ and runs the batch loop. One step:
     admit → build batch → forward → sample + post-process → release finished → send
 
 Every step, each running request contributes the tokens it has not computed yet
-(`fill_ids[kv_len:]`): one after a normal decode step, several after a jump-forward
-or while its prompt is being prefilled in chunks. So continuous batching, chunked
-prefill and jump-forward all fall out of one mechanism.
+(`fill_ids[kv_len:]`): one after a normal decode step, several while its prompt is
+being prefilled in chunks, plus any draft it verifies (speculative tokens, or the text
+its grammar forces: jump-forward). So continuous batching, chunked prefill and
+jump-forward all fall out of one mechanism.
 
 Parts and their contracts (each gets its collaborators explicitly):
     Admission      (admission.py)   running + waiting → Admitted(plan, admitted, retracted)
@@ -17,6 +18,8 @@ Parts and their contracts (each gets its collaborators explicitly):
                                     streamed deltas queued in the Outbox
     KVManager      (cache/manager.py) every KV ownership move
     Outbox         (outbox.py)      deltas for the tokenizer manager, sent once per step
+    JumpForward    (jump_forward.py) running → drafts of the text grammars force (before
+                                    admission; exact: verified like speculative drafts)
     Speculator     (speculative/)   running → drafts (before admission); the verify step
                                     in PostProcessor accepts a prefix + a bonus token
 Two loops share these parts: `step` (plain) and `step_overlapped`, where the forward runs
@@ -52,7 +55,8 @@ from lmprog_runtime.scheduler.grammars import GrammarQueue
 from lmprog_runtime.scheduler.inspect import StepRing, inspect_reply
 from lmprog_runtime.scheduler.limits import DECODE_LIKE_EXTEND
 from lmprog_runtime.scheduler.outbox import Outbox, error_output
-from lmprog_runtime.scheduler.output import JumpForward, PostProcessor
+from lmprog_runtime.scheduler.jump_forward import JumpForward, forced_drafts
+from lmprog_runtime.scheduler.output import PostProcessor
 from lmprog_runtime.scheduler.policy import SchedulePolicy
 from lmprog_runtime.scheduler.request import Req, SpecCounts
 from lmprog_runtime.scheduler.stops import StopChecker
@@ -70,7 +74,7 @@ def _new_stats() -> dict:
     """Counters for /metrics and server info (token counts; seconds of wall time)."""
     return {"num_prompt_tokens": 0, "num_cached_tokens": 0, "num_generated_tokens": 0,
             "num_retractions": 0, "num_steps": 0, "forward_s": 0.0, "step_s": 0.0,
-            "mask_s": 0.0, "mask_rows": 0, "num_jump_forward_tokens": 0}
+            "mask_s": 0.0, "mask_rows": 0, "num_jump_forward_tokens": 0, "num_jump_forward_drafted": 0}
 
 
 class Scheduler:
@@ -92,8 +96,9 @@ class Scheduler:
         self.grammars = GrammarQueue(grammar_factory, GRAMMAR_COMPILE_TIMEOUT_S)
         self.masks = MaskBuilder(cfg.vocab_size, self.stats, faults)
         self.outbox = Outbox(server_args.stream_interval, faults)
-        jump = None if server_args.disable_jump_forward else JumpForward(self.tokenizer, self.kv, self.stats,
-                                                                         faults)
+        jump = None if server_args.disable_jump_forward else JumpForward(self.tokenizer, cfg.vocab_size,
+                                                                         self.stats, faults)
+        self.jump = jump
         sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, seed=server_args.random_seed)
         self.post = PostProcessor(self.kv, sampler, StopChecker(self.tokenizer, cfg.eos_token_ids),
                                   jump, self.outbox, self.stats, faults)
@@ -300,7 +305,7 @@ class Scheduler:
                 self._fail(r, reason)
             for r in ready:
                 self._enqueue(r)
-        drafts = self.speculator.propose(self.running) if self.speculator is not None else None
+        drafts = forced_drafts(self.jump, self.speculator, self.running)
         decision = self.admission.admit(self.running, self.waiting, drafts)
         for r in decision.failed:
             self.waiting.remove(r)

@@ -27,13 +27,11 @@ matcher advanced through the draft and rolled back exactly.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-import numpy as np
-import torch
-
+from lmprog_runtime.scheduler.batch import PlannedDraft  # noqa: F401 - drafts are planned in batch.py's shape
 from lmprog_runtime.scheduler.faults import Stage, fail_request
+from lmprog_runtime.scheduler.jump_forward import grammar_draft
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +43,6 @@ RATE_DECAY = 0.7      # acceptance-rate EMA per verify (ranks requests for the s
 # decode only while its tokens are few for the device; past that every rejected draft costs.
 CPU_STEP_DRAFT_TOKENS = 48
 GPU_STEP_DRAFT_TOKENS = 1024
-
-
-@dataclass
-class PlannedDraft:
-    tokens: List[int]                     # k >= 1 drafted tokens after the request's last token
-    mask: Optional[torch.Tensor] = None   # bool [k + 1, vocab] (True = allowed) for constrained requests
 
 
 class DraftBudget:
@@ -170,26 +162,11 @@ class Speculator:
         """Keep the drafts the grammar allows; masks of positions 0..kept (rows)."""
         if self.faults is not None:
             self.faults.check(Stage.GRAMMAR_MASK, r.rid)
-        g = r.grammar
-        rows = np.empty((len(tokens) + 1, self.vocab_size), dtype=np.bool_)
-        kept = 0
-        try:
-            for i, t in enumerate(tokens):
-                g.write_mask(rows[i])  # the state after tokens[:i]
-                if not rows[i][t]:
-                    break
-                g.accept_token(t)
-                if g.is_terminated() or (self.jump_forward and g.jump_forward_str()):
-                    g.rollback(1)  # t may only come as the bonus token, through on_token
-                    break
-                kept += 1
-            else:
-                g.write_mask(rows[kept])
-        finally:
-            g.rollback(kept)
-        if kept == 0:
+        cut = (lambda g: bool(g.jump_forward_str())) if self.jump_forward else None
+        kept, mask = grammar_draft(r.grammar, tokens, self.vocab_size, cut)
+        if not kept:
             return None
-        return PlannedDraft(tokens[:kept], torch.from_numpy(rows[:kept + 1]))
+        return PlannedDraft(kept, mask)
 
     # -- after the verify step ------------------------------------------------------------------
     def after_verify(self, r, proposed: int, accepted: int, appended: List[int]) -> None:

@@ -2,8 +2,9 @@
 verified token and of every drafted position (rows 0..k of one request).
 
 Row i scores the token after draft[:i]. The rows go through the sampler's own pipeline
-(`Sampler.scaled_logits`: mask, logit bias, temperature; penalties do not apply, see
-speculator.py), so a row is exactly what a plain decode step would have sampled from.
+(`Sampler.scaled_logits`: penalties, min_new_tokens, mask, logit bias, temperature), each
+row seeing the output as it stands there (`_row_views`: output_ids + draft[:i]), so a row
+is exactly what a plain decode step would have sampled from.
 
 - Greedy: accept the longest prefix of the draft equal to the rows' argmax, then the
   argmax of the next row (the bonus token): the tokens a plain greedy decode produces.
@@ -33,7 +34,7 @@ class Verified:
 
 def verify_rows(sampler, r, rows: torch.Tensor, draft: List[int], mask: Optional[torch.Tensor]) -> Verified:
     """rows: float [k + 1, V] logits (a copy; edited in place); mask: bool [k + 1, vocab] or None."""
-    reqs = [r] * rows.shape[0]
+    reqs = _row_views(r, draft)
     if mask is not None and mask.shape[-1] < rows.shape[-1]:  # padded vocab rows stay banned
         pad = torch.zeros((mask.shape[0], rows.shape[-1] - mask.shape[-1]), dtype=torch.bool)
         mask = torch.cat([mask, pad], dim=-1)
@@ -46,6 +47,26 @@ def verify_rows(sampler, r, rows: torch.Tensor, draft: List[int], mask: Optional
         tokens, accepted = _accept_sampled(probs, draft, gen)
     lp = torch.log_softmax(scaled[:len(tokens)], dim=-1) if r.return_logprob else None
     return Verified(tokens, accepted, lp)
+
+
+class _RowView:
+    """What the sampler reads of a request (`sampling`, `output_ids`), as it stands at one
+    verify row: row i follows output_ids + draft[:i], so frequency / presence / repetition
+    penalties count those tokens and min_new_tokens sees that length, as a plain step would."""
+
+    __slots__ = ("sampling", "output_ids")
+
+    def __init__(self, sampling, output_ids):
+        self.sampling, self.output_ids = sampling, output_ids
+
+
+def _row_views(r, draft: List[int]) -> list:
+    """[k + 1] requests for the sampler's pipeline; `r` itself when no row would differ."""
+    sp = r.sampling
+    penalized = sp.frequency_penalty != 0 or sp.presence_penalty != 0 or sp.repetition_penalty != 1.0
+    if not penalized and len(r.output_ids) >= sp.min_new_tokens:  # the sampler's own test
+        return [r] * (len(draft) + 1)
+    return [_RowView(sp, r.output_ids + draft[:i]) for i in range(len(draft) + 1)]
 
 
 def _accept_greedy(scaled: torch.Tensor, draft: List[int]):

@@ -1,0 +1,33 @@
+"""Forced-text drafts (scheduler/jump_forward.py): tokens, grammar walk, limits."""
+
+
+def test_drafts_respect_limits_and_grammar(tokenizer):
+    """Units: forced tokens spell the text after the output's tail; a draft stops before
+    the token that completes the grammar and within max_new_tokens;
+    the matcher ends where it began."""
+    from types import SimpleNamespace
+
+    from lmprog_runtime.constrained import create_grammar_backend
+    from lmprog_runtime.constrained.jump_forward import forced_token_ids
+    from lmprog_runtime.scheduler.jump_forward import draft_limit, grammar_draft
+
+    tail = tokenizer.encode('Answer: {"', add_special_tokens=False)
+    ids = forced_token_ids(tokenizer, 'name": "', tail)
+    assert tokenizer.decode(tail + ids) == 'Answer: {"name": "'
+    be = create_grammar_backend("outlines", tokenizer, 49152, [tokenizer.eos_token_id], whitespace_pattern="")
+    try:
+        g = be.get_future("regex", r"(Yes|No), because the sky\.").result(timeout=120)
+        g.accept_token(tokenizer.encode("Yes", add_special_tokens=False)[0])
+        jump = g.jump_forward_str()
+        assert jump == ", because the sky."
+        tokens = forced_token_ids(tokenizer, jump, tokenizer.encode("Yes", add_special_tokens=False))
+        state = g.state
+        kept, mask = grammar_draft(g, tokens, 49152)
+        assert g.state == state
+        assert kept == tokens[:-1]  # the last token completes the grammar: it comes as the bonus
+        assert mask.shape == (len(kept) + 1, 49152) and all(mask[i, t] for i, t in enumerate(kept))
+        assert mask[len(kept), tokens[-1]] and mask[len(kept)].sum() >= 1
+    finally:
+        be.shutdown()
+    r = SimpleNamespace(output_ids=[1, 2, 3], max_new_tokens=10, min_new_tokens=0)
+    assert draft_limit(r) == 6  # 6 drafts + a bonus = the 7 tokens left
