@@ -19,6 +19,9 @@ Parts and their contracts (each gets its collaborators explicitly):
     Outbox         (outbox.py)      deltas for the tokenizer manager, sent once per step
     Speculator     (speculative/)   running → drafts (before admission); the verify step
                                     in PostProcessor accepts a prefix + a bonus token
+    disagg         (disaggregation/) prefill/decode roles: queue stages before `waiting`
+                                    (prefill) or before `running` (decode), polled before
+                                    admission; ships KV pages after each step (prefill)
 Two loops share these parts: `step` (plain) and `step_overlapped`, where the forward runs
 on a worker thread while this one sends, takes in messages and builds the masks. With
 speculative decoding the plain loop runs (drafts need the previous step's tokens).
@@ -39,6 +42,7 @@ from typing import Callable, List, Optional
 from lmprog_runtime.cache.allocator import TokenSlotAllocator
 from lmprog_runtime.cache.manager import KVManager
 from lmprog_runtime.config import GRAMMAR_COMPILE_TIMEOUT_S, ServerArgs
+from lmprog_runtime.disaggregation import build_stages
 from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason, FlushCacheReq,
                                      EmbedReq, GetInternalStateReq, MemoryOccupationReq, TokenizedGenerateReq,
                                      UpdateWeightsReq)
@@ -96,6 +100,7 @@ class Scheduler:
                                   jump, self.outbox, self.stats, faults)
         self.speculator = build_speculator(server_args, runner, jump is not None, self.stats, faults)
         self.post.speculator = self.speculator
+        self.disagg = build_stages(server_args, runner, self.kv, self.admission, self.post, self._fail, self.stats)
         self.waiting: deque = deque()
         self.running: List[Req] = []
         self.embeds: List[EmbedReq] = []
@@ -185,6 +190,8 @@ class Scheduler:
         self._enqueue(req)
 
     def _enqueue(self, req: Req) -> None:
+        if self.disagg is not None and self.disagg.takes(req):
+            return self.disagg.add(req)  # waits for its other half first
         self.waiting.append(req)
         self.kv.prefetch(req)  # HiCache L3 → L2 while it waits
 
@@ -204,6 +211,8 @@ class Scheduler:
             self._fail(r, reason)
         for r in self.grammars.remove_matching(hit):
             self._fail(r, reason)
+        if self.disagg is not None:
+            self.disagg.abort(hit, reason)
         for r in self.running:
             if hit(r):
                 r.finish(reason)  # released at the end of the current step
@@ -249,6 +258,8 @@ class Scheduler:
         """The tail both loops share: sample + post-process, release, account, send."""
         if logits is not None:  # None: the forward failed and so did the batch's requests
             self.post.process(plan, logits, mask)
+        if self.disagg is not None:
+            self.disagg.after_step()  # prefill: ship finished pages, end finished transfers
         self._release_finished()
         self._end_step(t0)
         self._flush()
@@ -271,6 +282,9 @@ class Scheduler:
         return self.runner.forward(batch)
 
     def _idle_step(self) -> bool:
+        if self.disagg is not None:
+            self.disagg.after_step()
+            self.disagg.idle_wait(PREFETCH_POLL_S)  # a transfer or handshake is on its way
         self._release_finished()
         self._flush()
         self.kv.wait_for_storage(PREFETCH_POLL_S)  # queued requests may wait on L3 reads
@@ -284,6 +298,10 @@ class Scheduler:
                 self._fail(r, reason)
             for r in ready:
                 self._enqueue(r)
+        if self.disagg is not None:
+            to_waiting, to_running = self.disagg.poll(self.running)
+            self.waiting.extend(to_waiting)
+            self.running.extend(to_running)  # decode: KV arrived, no prefill forward
         drafts = self.speculator.propose(self.running) if self.speculator is not None else None
         decision = self.admission.admit(self.running, self.waiting, drafts)
         for r in decision.failed:
@@ -334,7 +352,8 @@ class Scheduler:
             self._tp_window = (self.stats["step_s"], self.stats["num_generated_tokens"])
 
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or len(self.grammars) or self.embeds)
+        return not (self.waiting or self.running or len(self.grammars) or self.embeds
+                    or (self.disagg is not None and len(self.disagg)))
 
     def run_embeds(self) -> None:
         """Answer the queued embedding requests (each fails alone with its message)."""
@@ -379,7 +398,7 @@ class Scheduler:
         return ControlReply("flush_cache", message="Cache flushed.")
 
     def check_integrity(self) -> None:
-        self.kv.check_integrity(self.running)
+        self.kv.check_integrity(self.running + (self.disagg.live() if self.disagg is not None else []))
         if self.speculator is not None:
             self.speculator.source.check_integrity()
 
@@ -391,7 +410,7 @@ class Scheduler:
             "max_req_input_len": lim.max_req_input_len,
             "max_running_requests": lim.max_running,
             "num_running_reqs": len(self.running),
-            "num_queue_reqs": len(self.waiting) + len(self.grammars),
+            "num_queue_reqs": len(self.waiting) + len(self.grammars) + (len(self.disagg) if self.disagg else 0),
             "num_grammar_queue_reqs": len(self.grammars),
             "num_used_tokens": lim.pool_tokens - kv.available(),
             "token_usage": 1 - kv.available() / lim.pool_tokens,
@@ -447,3 +466,5 @@ class Scheduler:
         finally:
             self.watchdog.stop()
             self.kv.close()  # HiCache: ends prefetches, waits for queued storage writes
+            if self.disagg is not None:
+                self.disagg.close()

@@ -1,0 +1,38 @@
+"""Prefill/decode disaggregation (SGLang's protocol; docs/disaggregation.md).
+
+A prefill server (`--disaggregation-mode prefill`) computes prompts and writes their KV pages
+into a decode server's pool (`--disaggregation-mode decode`), which decodes from the first
+token the prefill side sampled. The router sends the same request, with `bootstrap_host`,
+`bootstrap_port` and `bootstrap_room`, to both.
+
+    base.py       KVPoll, the wire messages, the contracts of manager / sender / receiver
+    bootstrap.py  the prefill server's bootstrap server (PUT/GET /route, /health)
+    conn.py       KVManager (control endpoint, listener, heartbeat), KVSender, KVReceiver
+    transfer.py   the byte movers: mooncake (TransferEngine) and fake (nothing moves)
+    prefill.py    PrefillStages: bootstrapping → waiting ... → ship pages → finish
+    decode.py     DecodeStages: prealloc → transfer → running
+
+The scheduler calls one stage object through five hooks (`takes`/`add` where a request would
+join the waiting queue, `poll` before admission, `after_step`, `abort`, `live` for the
+integrity audit); `build_stages` returns None for a normal server.
+"""
+
+from __future__ import annotations
+
+
+def build_stages(args, runner, kv, admission, post, fail, stats: dict):
+    """The queue stages of this server's role, or None (`disaggregation_mode` null)."""
+    if args.disaggregation_mode == "null":
+        return None
+    from lmprog_runtime.disaggregation.conn import KVManager
+    from lmprog_runtime.disaggregation.transfer import build_transfer
+
+    stats.update(num_disagg_transfers=0, num_disagg_failures=0, disagg_bytes_sent=0,
+                 disagg_bytes_received=0, disagg_transfer_s=0.0)
+    transfer = build_transfer(args.disaggregation_transfer_backend, args.host, args.disaggregation_ib_device)
+    manager = KVManager(args, runner.token_to_kv_pool, kv.page_size, transfer)
+    if args.disaggregation_mode == "prefill":
+        from lmprog_runtime.disaggregation.prefill import PrefillStages
+        return PrefillStages(manager, kv, fail, stats)
+    from lmprog_runtime.disaggregation.decode import DecodeStages
+    return DecodeStages(manager, kv, admission, post, fail, stats)
