@@ -73,6 +73,7 @@ class KVManager(BaseKVManager):
         self._lock = threading.Lock()
         self.mail: Dict[int, Tuple[float, object]] = {}  # room → (arrival, TransferInfo | Abort | Done)
         self._acked: Dict[int, float] = {}  # rooms whose abort this (prefill) side answered
+        self.ended: Dict[int, Tuple[float, str]] = {}  # prefill: rooms that ended before their handshake
         self.arrived = threading.Event()  # set on every control message (wakes an idle loop)
         self._stop = threading.Event()
         self._listener = threading.Thread(target=self._listen, name="lmprog-kv-listen", daemon=True)
@@ -142,13 +143,18 @@ class KVManager(BaseKVManager):
         since writes happen on this thread). The abort stays, so a late request fails."""
         with self._lock:
             todo = [(r, m) for r, (_, m) in self.mail.items() if isinstance(m, TransferAbort) and r not in self._acked]
+            late = [(r, m) for r, (_, m) in self.mail.items() if isinstance(m, TransferInfo) and r in self.ended]
         now = time.monotonic()
         for room, msg in todo:
             self._acked[room] = now
             if msg.endpoint:
                 self.push(msg.endpoint, TransferDone(room, False, message=f"aborted: {msg.message}"))
-        for room in [r for r, t in self._acked.items() if now - t > STALE_ROOM_S]:
-            del self._acked[room]
+        for room, info in late:  # the prefill half ended first: its decode half fails at once
+            self.take(room)
+            self.push(info.endpoint, TransferDone(room, False, message=self.ended.pop(room)[1]))
+        for table in (self._acked, self.ended):
+            for room in [r for r, v in table.items() if now - (v if isinstance(v, float) else v[0]) > STALE_ROOM_S]:
+                del table[room]
 
     def push(self, endpoint: str, msg) -> bool:
         """Send `msg` to a peer's control endpoint without blocking; False if it cannot go."""
@@ -269,9 +275,9 @@ class KVSender(BaseKVSender):
                     srcs.append(base + (layer * mine.rows + s) * mine.slot_bytes)
                     dsts.append(peer + (layer * theirs.rows + d) * theirs.slot_bytes)
                     lens.append(n * mine.slot_bytes)
-        self.m.transfer.write(info.session_id, srcs, dsts, lens)
+        moved = self.m.transfer.write(info.session_id, srcs, dsts, lens)
         self.state = KVPoll.Transferring
-        self.bytes_sent += sum(lens)
+        self.bytes_sent += moved
         self.transfer_s += time.perf_counter() - t0
 
     def finish(self, meta: dict) -> None:
@@ -285,6 +291,8 @@ class KVSender(BaseKVSender):
     def abort(self, message: str) -> None:
         if self.info is not None and self.state is not KVPoll.Success:
             self.m.push(self.info.endpoint, TransferDone(self.room, False, message=message))
+        elif self.info is None:  # its handshake may still come: answer it with this failure
+            self.m.ended[self.room] = (time.monotonic(), message)
         self.m.take(self.room)
         if self.state is not KVPoll.Success:
             self._fail(message)

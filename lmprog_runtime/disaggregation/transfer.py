@@ -2,7 +2,7 @@
 
     TransferBackend.session_id        the address peers write to us at
     TransferBackend.register(p, n)    make [p, p + n) of this process's memory writable by peers
-    TransferBackend.write(peer, src, dst, lengths)
+    TransferBackend.write(peer, src, dst, lengths) -> bytes moved
                                       copy each src[i] (local address) to dst[i] (the peer's
                                       registered memory), lengths[i] bytes; raises on failure
 
@@ -26,8 +26,8 @@ class FakeTransfer:
     def register(self, ptr: int, nbytes: int) -> None:
         pass
 
-    def write(self, peer: str, src: List[int], dst: List[int], lengths: List[int]) -> None:
-        pass
+    def write(self, peer: str, src: List[int], dst: List[int], lengths: List[int]) -> int:
+        return 0
 
 
 def _rdma_present() -> bool:
@@ -57,18 +57,19 @@ class MooncakeTransfer:
         if code != 0:
             raise RuntimeError(f"mooncake register_memory({nbytes} bytes) returned {code}")
 
-    def write(self, peer: str, src: List[int], dst: List[int], lengths: List[int]) -> None:
+    def write(self, peer: str, src: List[int], dst: List[int], lengths: List[int]) -> int:
         if not src:
-            return
+            return 0
         if self._batched:
             code = self.engine.batch_transfer_sync_write(peer, src, dst, lengths)
             if code != 0:
                 raise RuntimeError(f"mooncake batch write of {len(src)} blocks to {peer} returned {code}")
-            return
+            return sum(lengths)
         for s, d, n in zip(src, dst, lengths):
             code = self.engine.transfer_sync_write(peer, s, d, n)
             if code != 0:
                 raise RuntimeError(f"mooncake write of {n} bytes to {peer} returned {code}")
+        return sum(lengths)
 
 
 def build_transfer(name: str, host: str, ib_device: Optional[str]):
