@@ -33,7 +33,8 @@ GENERATE_FIELDS = {
     "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
 }
 IGNORED_FIELDS = {"lora_path", "priority", "custom_labels", "no_logs", "modalities",
-                  "return_hidden_states", "background", "conversation_id"}
+                  "return_hidden_states", "background", "conversation_id", "model",
+                  "return_bytes", "return_entropy"}  # false only (the schema), as sglang-router sends them
 
 
 class RequestError(ValueError):

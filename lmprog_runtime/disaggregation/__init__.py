@@ -20,6 +20,16 @@ integrity audit); `build_stages` returns None for a normal server.
 from __future__ import annotations
 
 
+def refusal(req, stages):
+    """A 400 for a request with bootstrap fields on a server of neither role, else None."""
+    if req.bootstrap is None or stages is not None:
+        return None
+    from lmprog_runtime.messages import FinishReason
+    return FinishReason.error(400, "bootstrap_host/bootstrap_port/bootstrap_room: this server is not part of "
+                                   "a prefill/decode pair (start it with --disaggregation-mode prefill or "
+                                   "decode).", "BadRequest")
+
+
 def build_stages(args, runner, kv, admission, post, fail, stats: dict):
     """The queue stages of this server's role, or None (`disaggregation_mode` null)."""
     if args.disaggregation_mode == "null":

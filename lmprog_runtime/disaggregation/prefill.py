@@ -19,7 +19,7 @@ from typing import Dict, List, Tuple
 
 from lmprog_runtime.disaggregation.base import KVPoll
 from lmprog_runtime.messages import FinishReason
-from lmprog_runtime.scheduler.faults import Stage, fail_request
+from lmprog_runtime.scheduler.faults import Stage, error_reason, fail_request
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +72,9 @@ class PrefillStages:
             if not (req.finished and req.finished_reason.is_abort):
                 try:
                     self._advance(req, sender, shipped)
-                except Exception as e:  # this request fails alone
+                except Exception as e:  # this request fails alone, whatever stopped it this step
                     fail_request(req, Stage.KV_TRANSFER, e)
+                    req.finished_reason = error_reason(Stage.KV_TRANSFER, e)
             if req.finished:
                 if req.finished_reason.is_abort:
                     self._count_failure()

@@ -42,7 +42,7 @@ from typing import Callable, List, Optional
 from lmprog_runtime.cache.allocator import TokenSlotAllocator
 from lmprog_runtime.cache.manager import KVManager
 from lmprog_runtime.config import GRAMMAR_COMPILE_TIMEOUT_S, ServerArgs
-from lmprog_runtime.disaggregation import build_stages
+from lmprog_runtime.disaggregation import build_stages, refusal
 from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason, FlushCacheReq,
                                      EmbedReq, GetInternalStateReq, MemoryOccupationReq, TokenizedGenerateReq,
                                      UpdateWeightsReq)
@@ -180,7 +180,7 @@ class Scheduler:
         limit = self.args.max_queued_requests
         if limit is not None and len(self.waiting) + len(self.grammars) >= limit:
             return self._fail(req, FinishReason.error(503, "The request queue is full.", "BadRequest"))
-        error = self.weights.refusal() or self.admission.check(req)
+        error = self.weights.refusal() or refusal(req, self.disagg) or self.admission.check(req)
         if error is None and req.sampling.grammar is not None:
             error = self.grammars.submit(req)
             if error is None:

@@ -116,7 +116,8 @@ def sampling_schema(lim: Limits) -> dict:
 
 
 _IGNORED_GENERATE = ("lora_path", "priority", "custom_labels", "no_logs", "modalities",
-                     "return_hidden_states", "background", "conversation_id")
+                     "return_hidden_states", "background", "conversation_id",
+                     "model")  # sglang-router adds the model name to /generate bodies
 # SGLang fields for features this server does not have yet: a request that sets one is a 400
 # naming it (accepting and ignoring them would silently do something else than asked).
 _DATA_PARALLEL = "data parallelism is not supported yet (one scheduler)"
@@ -169,6 +170,9 @@ def generate_schema(lim: Limits) -> dict:
         "cache_salt": per_item(_string(MAX_RID_CHARS)), "extra_key": per_item(_string(MAX_RID_CHARS)),
         "return_prompt_token_ids": _BOOL, "log_metrics": _BOOL, "session_params": SESSION_PARAMS,
         **bootstrap_fields(per_item),
+        # sglang-router writes these into every /generate body it forwards, false
+        "return_bytes": {"type": "boolean", "enum": [False], "description": "false (not supported)"},
+        "return_entropy": {"type": "boolean", "enum": [False], "description": "false (not supported)"},
     }
     props.update({k: {"description": "accepted and ignored (SGLang compatibility)"} for k in _IGNORED_GENERATE})
     props.update(_unsupported())
