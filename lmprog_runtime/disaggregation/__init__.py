@@ -30,8 +30,9 @@ def refusal(req, stages):
                                    "decode).", "BadRequest")
 
 
-def build_stages(args, runner, kv, admission, post, fail, stats: dict):
-    """The queue stages of this server's role, or None (`disaggregation_mode` null)."""
+def build_stages(args, runner, kv, admission, post, fail, stats: dict, faults=None):
+    """The queue stages of this server's role, or None (`disaggregation_mode` null).
+    `faults`: the scheduler's FaultInjector (tests only), checked at Stage.KV_TRANSFER."""
     if args.disaggregation_mode == "null":
         return None
     from lmprog_runtime.disaggregation.conn import KVManager
@@ -43,6 +44,6 @@ def build_stages(args, runner, kv, admission, post, fail, stats: dict):
     manager = KVManager(args, runner.token_to_kv_pool, kv.page_size, transfer)
     if args.disaggregation_mode == "prefill":
         from lmprog_runtime.disaggregation.prefill import PrefillStages
-        return PrefillStages(manager, kv, fail, stats)
+        return PrefillStages(manager, kv, fail, stats, faults)
     from lmprog_runtime.disaggregation.decode import DecodeStages
-    return DecodeStages(manager, kv, admission, post, fail, stats)
+    return DecodeStages(manager, kv, admission, post, fail, stats, faults)

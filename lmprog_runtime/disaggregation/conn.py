@@ -81,7 +81,7 @@ class KVManager(BaseKVManager):
         self.bootstrap_server: Optional[KVBootstrapServer] = None
         self._routes: Dict[str, Future] = {}  # bootstrap addr → Future[(ip, port)]
         self._lookups = ThreadPoolExecutor(2, thread_name_prefix="lmprog-kv-route")
-        self.dead: Dict[str, str] = {}  # bootstrap addr → why it is considered gone
+        self.dead: Dict[str, Tuple[float, str]] = {}  # bootstrap addr → (since, why it is considered gone)
         self._misses: Dict[str, int] = {}
         self._heartbeat: Optional[threading.Thread] = None
         if self.mode == "prefill":
@@ -190,6 +190,11 @@ class KVManager(BaseKVManager):
                     raise
                 time.sleep(0.2)
 
+    def gone_since(self, addr: str, t: float) -> Optional[str]:
+        """Why `addr`'s prefill server is gone, if it was declared gone after time `t`."""
+        entry = self.dead.get(addr)
+        return entry[1] if entry is not None and entry[0] >= t else None
+
     def _probe(self) -> None:
         while not self._stop.wait(config.DISAGGREGATION_HEARTBEAT_INTERVAL_S):
             for addr in list(self._routes):
@@ -198,11 +203,10 @@ class KVManager(BaseKVManager):
                 except OSError:
                     ok = False
                 self._misses[addr] = 0 if ok else self._misses.get(addr, 0) + 1
-                if ok:
-                    self.dead.pop(addr, None)
-                elif self._misses[addr] >= config.DISAGGREGATION_HEARTBEAT_MAX_FAILURE:
-                    self.dead[addr] = f"the prefill server's bootstrap server {addr} stopped answering"
-                    self._routes.pop(addr, None)
+                if not ok and self._misses[addr] >= config.DISAGGREGATION_HEARTBEAT_MAX_FAILURE:
+                    why = f"the prefill server's bootstrap server {addr} stopped answering"
+                    self.dead[addr] = (time.monotonic(), why)
+                    self._routes.pop(addr, None)  # a later request looks it up afresh
 
     # -- roles --------------------------------------------------------------------------------
     def sender(self, bootstrap, prompt_len: int) -> "KVSender":
@@ -304,6 +308,7 @@ class KVReceiver(BaseKVReceiver):
     def __init__(self, manager: KVManager, bootstrap):
         self.m, self.room, self.addr = manager, bootstrap.room, bootstrap.addr
         self.route = manager.route(self.addr)
+        self.created = time.monotonic()
         self.state = KVPoll.Bootstrapping
         self.failure = ""
         self.sent_at = 0.0
@@ -312,8 +317,9 @@ class KVReceiver(BaseKVReceiver):
     def poll(self) -> KVPoll:
         if self.state in (KVPoll.Failed, KVPoll.Success):
             return self.state
-        if self.addr in self.m.dead:
-            return self._fail(self.m.dead[self.addr])
+        gone = self.m.gone_since(self.addr, self.created)
+        if gone is not None:
+            return self._fail(gone)
         if self.state is KVPoll.Bootstrapping and self.route.done():
             exc = self.route.exception()
             if exc is not None:

@@ -32,7 +32,7 @@ LOGPROB_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_i
 
 
 class DecodeStages:
-    def __init__(self, manager, kv, admission, post, fail, stats: dict):
+    def __init__(self, manager, kv, admission, post, fail, stats: dict, faults=None):
         """`fail(req, reason)`: finish a request and send its final output (it holds no KV)."""
         self.m = manager
         self.kv = kv  # cache.manager.KVManager: every KV move of these requests goes through it
@@ -40,6 +40,7 @@ class DecodeStages:
         self.post = post
         self._fail = fail
         self.stats = stats
+        self.faults = faults  # FaultInjector (tests only) or None
         self.prealloc: List[Tuple[object, object]] = []  # (Req, KVReceiver), no KV yet
         self.transfer: List[Tuple[object, object]] = []  # (Req, KVReceiver), slots held
         self.draining: List[Tuple[object, object, float]] = []  # finished, slots held: (Req, rcv, since)
@@ -120,6 +121,8 @@ class DecodeStages:
         self.stats["disagg_bytes_received"] += done.bytes_sent
         self.stats["disagg_transfer_s"] += done.transfer_s
         try:
+            if self.faults is not None:
+                self.faults.check(Stage.KV_TRANSFER, req.rid)
             self.kv.cache_unfinished(req)
             if req.return_logprob:
                 for name in LOGPROB_LISTS:
@@ -140,7 +143,8 @@ class DecodeStages:
         keep = []
         for req, rcv, since in self.draining:
             msg = self.m.peek(rcv.room)
-            quiet = (rcv.done is not None or isinstance(msg, TransferDone) or rcv.addr in self.m.dead
+            quiet = (rcv.done is not None or isinstance(msg, TransferDone)
+                     or self.m.gone_since(rcv.addr, rcv.created) is not None
                      or time.monotonic() - since > config.DISAGGREGATION_WAITING_TIMEOUT_S)
             if quiet:
                 self.m.take(rcv.room)

@@ -27,12 +27,13 @@ LOGPROB_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_i
 
 
 class PrefillStages:
-    def __init__(self, manager, kv, fail, stats: dict):
+    def __init__(self, manager, kv, fail, stats: dict, faults=None):
         """`fail(req, reason)`: the scheduler's way to finish a request that holds no KV."""
         self.m = manager
         self.kv = kv  # cache.manager.KVManager (reads request rows; moves nothing)
         self._fail = fail
         self.stats = stats
+        self.faults = faults  # FaultInjector (tests only) or None
         self.bootstrapping: List[Tuple[object, object]] = []  # (Req, KVSender)
         self.active: Dict[str, Tuple[object, object, list]] = {}  # rid → (Req, KVSender, [shipped])
 
@@ -88,6 +89,8 @@ class PrefillStages:
             return
         if req.row is None:  # waiting (or retracted): nothing computed to ship
             return
+        if self.faults is not None:
+            self.faults.check(Stage.KV_TRANSFER, req.rid)
         p = self.kv.page_size
         upto = req.prompt_len if req.kv_len >= req.prompt_len else req.kv_len // p * p
         if upto > shipped[0]:

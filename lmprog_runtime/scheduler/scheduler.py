@@ -100,7 +100,8 @@ class Scheduler:
                                   jump, self.outbox, self.stats, faults)
         self.speculator = build_speculator(server_args, runner, jump is not None, self.stats, faults)
         self.post.speculator = self.speculator
-        self.disagg = build_stages(server_args, runner, self.kv, self.admission, self.post, self._fail, self.stats)
+        self.disagg = build_stages(server_args, runner, self.kv, self.admission, self.post, self._fail,
+                                   self.stats, faults)
         self.waiting: deque = deque()
         self.running: List[Req] = []
         self.embeds: List[EmbedReq] = []

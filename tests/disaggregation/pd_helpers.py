@@ -20,8 +20,9 @@ def mooncake_or_skip() -> None:
         pytest.skip(f"mooncake not importable ({type(e).__name__}: {e})")
 
 
-def make_pair(model_path, backend: str, **kwargs):
-    """(prefill Engine, decode Engine, bootstrap port) on the tiny model."""
+def make_pair(model_path, backend: str, prefill_faults=None, decode_faults=None, **kwargs):
+    """(prefill Engine, decode Engine, bootstrap port) on the tiny model; `*_faults`: a
+    FaultInjector of that half's scheduler."""
     from engine_helpers import make_engine
 
     mooncake_or_skip() if backend == "mooncake" else None
@@ -29,8 +30,9 @@ def make_pair(model_path, backend: str, **kwargs):
                   disaggregation_transfer_backend=backend, **kwargs)
     port = free_port()
     prefill = make_engine(model_path, disaggregation_mode="prefill", disaggregation_bootstrap_port=port,
-                          port=free_port(), **common)
-    decode = make_engine(model_path, disaggregation_mode="decode", port=free_port(), **common)
+                          port=free_port(), faults=prefill_faults, **common)
+    decode = make_engine(model_path, disaggregation_mode="decode", port=free_port(), faults=decode_faults,
+                         **common)
     return prefill, decode, port
 
 
