@@ -64,7 +64,10 @@ def test_streaming_matches_colocated(colocated, mooncake_pair):
     prompt = PROMPTS[1] + " streamed"
     want = list(colocated.generate(prompt, GREEDY, stream=True, return_logprob=True))
     p, chunks = run_pair(prefill, decode, port, prompt, GREEDY, stream=True, return_logprob=True)
-    assert [c["output_ids"] for c in chunks] == [c["output_ids"] for c in want]
+    final = want[-1]["output_ids"]
+    assert chunks[-1]["output_ids"] == final and chunks[-1]["text"] == want[-1]["text"]
+    # chunks are cumulative; how many tokens one carries depends on timing (as colocated)
+    assert all(final[:len(c["output_ids"])] == c["output_ids"] for c in chunks) and len(chunks) > 2
     assert chunks[-1]["meta_info"]["output_token_logprobs"] == want[-1]["meta_info"]["output_token_logprobs"]
     audit(prefill, decode)
 
