@@ -213,7 +213,7 @@ def plot(result: dict, path: str) -> None:
         for k, stat in enumerate(("median_ms", "p99_ms")):
             vals = [result["setups"][n][metric][stat] or 0 for n in names]
             ax.bar([i + 0.38 * k for i in range(len(names))], vals, width=0.38, label=stat.replace("_ms", ""))
-        ax.set_xticks([i + 0.19 for i in range(len(names))], names)
+        ax.set_xticks([i + 0.19 for i in range(len(names))], [n.replace(" (", "\n(") for n in names], fontsize=8)
         ax.set_ylabel("ms")
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
@@ -245,8 +245,9 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    log_dir = os.path.join(RESULTS, "logs")
-    os.makedirs(log_dir, exist_ok=True)
+    import tempfile
+    log_dir = tempfile.mkdtemp(prefix="bench_disagg_")  # the three servers' logs
+    print(f"server logs in {log_dir}", flush=True)
     reqs = workload(args)
     result = {"workload": f"{args.short_requests} short (~{args.short_tokens} tok in, {args.short_output} out, "
                           f"{args.rate}/s) + {args.long_requests} long ({args.long_tokens} tok)",

@@ -61,10 +61,9 @@ class KVManager(BaseKVManager):
         self.mode = args.disaggregation_mode
         self.host = args.host
         self.transfer = transfer
-        self.layout = pool_layout(pool, page_size)
-        nbytes = self.layout.num_layers * self.layout.rows * self.layout.slot_bytes
-        transfer.register(self.layout.k_ptr, nbytes)
-        transfer.register(self.layout.v_ptr, nbytes)
+        self._pool, self._page_size = pool, page_size
+        self._registered = set()  # (ptr, nbytes) given to the transfer backend
+        self.page_size = self.layout.page_size  # reading the layout registers the pool's memory
         self._ctx = zmq.Context()
         self._pull = self._ctx.socket(zmq.PULL)
         port = self._pull.bind_to_random_port(f"tcp://{self.host}")
@@ -89,6 +88,20 @@ class KVManager(BaseKVManager):
         else:
             self._heartbeat = threading.Thread(target=self._probe, name="lmprog-kv-heartbeat", daemon=True)
             self._heartbeat.start()
+
+    @property
+    def layout(self) -> PoolLayout:
+        """The pool as it is now (its tensors are re-created after a memory release), its
+        memory registered with the transfer backend."""
+        if self._pool.k is None:
+            raise RuntimeError("the KV pool is released (/release_memory_occupation); resume it first")
+        lay = pool_layout(self._pool, self._page_size)
+        nbytes = lay.num_layers * lay.rows * lay.slot_bytes
+        for ptr in (lay.k_ptr, lay.v_ptr):
+            if (ptr, nbytes) not in self._registered:
+                self.transfer.register(ptr, nbytes)
+                self._registered.add((ptr, nbytes))
+        return lay
 
     # -- prefill: the bootstrap server and this rank's registration -------------------------
     def _serve_bootstrap(self, args) -> None:
