@@ -38,7 +38,7 @@ def build_stages(args, runner, kv, admission, post, fail, stats: dict, faults=No
     from lmprog_runtime.disaggregation.conn import KVManager
     from lmprog_runtime.disaggregation.transfer import build_transfer
 
-    stats.update(num_disagg_transfers=0, num_disagg_failures=0, disagg_bytes_sent=0,
+    stats.update(num_disagg_transfers=0, num_disagg_failures=0, num_disagg_chunks_sent=0, disagg_bytes_sent=0,
                  disagg_bytes_received=0, disagg_transfer_s=0.0)
     transfer = build_transfer(args.disaggregation_transfer_backend, args.host, args.disaggregation_ib_device)
     manager = KVManager(args, runner.token_to_kv_pool, kv.page_size, transfer)

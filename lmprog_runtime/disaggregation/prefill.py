@@ -97,6 +97,7 @@ class PrefillStages:
             slots = self.kv.req_pool.table[req.row, shipped[0]:upto].tolist()
             sender.send(slots, shipped[0])
             shipped[0] = upto
+            self.stats["num_disagg_chunks_sent"] += 1
         if req.output_ids and shipped[0] >= req.prompt_len:
             sender.finish(self._meta(req))
             self.stats["num_disagg_transfers"] += 1

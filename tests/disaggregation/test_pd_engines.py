@@ -100,6 +100,7 @@ def test_chunked_prefill_ships_every_chunk(colocated, tiny_model_path):
         prompt = [(5 * i) % 700 + 2 for i in range(301)]
         want = colocated.generate(input_ids=prompt, sampling_params=GREEDY, return_logprob=True)
         p, d = run_pair(prefill, decode, port, prompt, GREEDY, return_logprob=True)
+        assert _stats(prefill)["num_disagg_chunks_sent"] == 5  # 64 x 4 + 45: each chunk as it is done
         assert d["output_ids"] == want["output_ids"]
         assert d["meta_info"]["output_token_logprobs"] == want["meta_info"]["output_token_logprobs"]
         assert _stats(decode)["disagg_bytes_received"] > 0
