@@ -31,7 +31,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import List, Optional
+from typing import List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
