@@ -40,8 +40,12 @@ def build_stages(args, runner, kv, admission, post, fail, stats: dict, faults=No
 
     stats.update(num_disagg_transfers=0, num_disagg_failures=0, num_disagg_chunks_sent=0, disagg_bytes_sent=0,
                  disagg_bytes_received=0, disagg_transfer_s=0.0)
+    pool = runner.token_to_kv_pool
+    if args.disaggregation_transfer_backend == "mooncake" and pool.k.device.type != "cpu":
+        raise ValueError("disaggregation_transfer_backend 'mooncake' writes host memory here (the non-CUDA "
+                         f"Mooncake build); the KV pool is on {pool.k.device}.")
     transfer = build_transfer(args.disaggregation_transfer_backend, args.host, args.disaggregation_ib_device)
-    manager = KVManager(args, runner.token_to_kv_pool, kv.page_size, transfer)
+    manager = KVManager(args, pool, kv.page_size, transfer)
     if args.disaggregation_mode == "prefill":
         from lmprog_runtime.disaggregation.prefill import PrefillStages
         return PrefillStages(manager, kv, fail, stats, faults)
