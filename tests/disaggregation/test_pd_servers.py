@@ -216,3 +216,13 @@ def test_sglang_router_streams_from_the_pair(live_server, pair, router):
     assert got[-1] == "[DONE]" and got[-2]["output_ids"] == want[-2]["output_ids"]
     assert got[-2]["text"] == want[-2]["text"]
     _audit(*pair[:2])
+
+
+def test_sglang_router_chat_completions(live_server, pair, router):
+    body = {"model": "any", "messages": [{"role": "user", "content": "Name three colours."}],
+            "max_tokens": 10, "temperature": 0}
+    want = requests.post(live_server + "/v1/chat/completions", json=body, timeout=60).json()
+    r = requests.post(router + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    _audit(*pair[:2])
