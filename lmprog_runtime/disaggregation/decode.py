@@ -55,6 +55,11 @@ class DecodeStages:
     def __len__(self) -> int:
         return len(self.prealloc) + len(self.transfer) + len(self.draining)
 
+    def state(self) -> dict:
+        """Queue gauges (SGLang's names) for the scheduler's internal state."""
+        return {"num_decode_prealloc_queue_reqs": len(self.prealloc),
+                "num_decode_transfer_queue_reqs": len(self.transfer) + len(self.draining)}
+
     def live(self) -> list:
         """Requests holding KV outside `running` (for the integrity audit)."""
         return [r for r, _ in self.transfer] + [r for r, _, _ in self.draining]

@@ -48,6 +48,11 @@ class PrefillStages:
     def __len__(self) -> int:
         return len(self.bootstrapping)
 
+    def state(self) -> dict:
+        """Queue gauges (SGLang's names) for the scheduler's internal state."""
+        return {"num_prefill_bootstrap_queue_reqs": len(self.bootstrapping),
+                "num_prefill_inflight_queue_reqs": len(self.active)}
+
     def live(self) -> list:
         return []  # bootstrapping requests hold no KV; admitted ones are in `running`
 

@@ -427,6 +427,7 @@ class Scheduler:
             **(self.speculator.internal_state() if self.speculator is not None else {}),
             **s,
             **(kv.hicache.state() if kv.hicache is not None else {}),
+            **(self.disagg.state() if self.disagg is not None else {}),
         }
 
     def _audit(self) -> str:

@@ -144,9 +144,13 @@ def test_transfer_timeout_fails_the_decode_half(fake_pair, monkeypatch):
     late prefill half at once."""
     from lmprog_runtime import config
     prefill, decode, port = fake_pair
-    monkeypatch.setattr(config, "DISAGGREGATION_WAITING_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(config, "DISAGGREGATION_WAITING_TIMEOUT_S", 3.0)
     boot = boot_fields(port)
     t, box = in_thread(lambda: decode.generate(PROMPTS[0], GREEDY, **boot))
+    deadline = time.monotonic() + 2.5
+    while _stats(decode)["num_decode_transfer_queue_reqs"] != 1:  # its slots are out, it waits
+        assert time.monotonic() < deadline, _stats(decode)
+        time.sleep(0.05)
     t.join(30)
     assert "did not arrive" in _error_of(box)
     audit(decode)
