@@ -223,7 +223,7 @@ class KVManager(BaseKVManager):
 
     # -- roles --------------------------------------------------------------------------------
     def sender(self, bootstrap, prompt_len: int) -> "KVSender":
-        return KVSender(self, bootstrap.room)
+        return KVSender(self, bootstrap.room, prompt_len)
 
     def receiver(self, bootstrap) -> "KVReceiver":
         return KVReceiver(self, bootstrap)
@@ -245,8 +245,8 @@ class KVManager(BaseKVManager):
 class KVSender(BaseKVSender):
     """The prefill half of one room."""
 
-    def __init__(self, manager: KVManager, room: int):
-        self.m, self.room = manager, room
+    def __init__(self, manager: KVManager, room: int, prompt_len: int):
+        self.m, self.room, self.prompt_len = manager, room, prompt_len
         self.created = time.monotonic()
         self.info: Optional[TransferInfo] = None
         self.state = KVPoll.Bootstrapping
@@ -262,7 +262,12 @@ class KVSender(BaseKVSender):
             return self._fail(f"the decode server ended room {self.room}: {msg.message}")
         if self.info is None and isinstance(msg, TransferInfo):
             why = self.m.layout.compatible(msg.layout)
+            theirs = msg.decode_prefix_len + len(msg.dst_slots)
+            if why is None and theirs != self.prompt_len:
+                why = (f"the prompt is {theirs} tokens on the decode server and {self.prompt_len} here "
+                       f"(different tokenizers or chat templates?)")
             if why is not None:
+                self.info = msg  # so that abort() tells the decode side
                 return self._fail(why)
             self.info, self.state = msg, KVPoll.WaitingForInput
         if self.info is None and time.monotonic() - self.created > config.DISAGGREGATION_BOOTSTRAP_TIMEOUT_S:
@@ -306,13 +311,18 @@ class KVSender(BaseKVSender):
         self.state = KVPoll.Success
 
     def abort(self, message: str) -> None:
-        if self.info is not None and self.state is not KVPoll.Success:
-            self.m.push(self.info.endpoint, TransferDone(self.room, False, message=message))
-        elif self.info is None:  # its handshake may still come: answer it with this failure
-            self.m.ended[self.room] = (time.monotonic(), message)
-        self.m.take(self.room)
+        """End this half: the decode side learns it (a failed TransferDone, which also tells it
+        nothing writes its slots any more), now if its endpoint is known (from the handshake or
+        its own abort), else when its handshake comes."""
         if self.state is not KVPoll.Success:
+            mail = self.m.peek(self.room)
+            endpoint = self.info.endpoint if self.info is not None else getattr(mail, "endpoint", "")
+            if endpoint:
+                self.m.push(endpoint, TransferDone(self.room, False, message=message))
+            else:
+                self.m.ended[self.room] = (time.monotonic(), message)
             self._fail(message)
+        self.m.take(self.room)
 
 
 class KVReceiver(BaseKVReceiver):

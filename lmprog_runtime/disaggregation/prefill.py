@@ -63,6 +63,7 @@ class PrefillStages:
             state = sender.poll()
             if state is KVPoll.Failed:
                 self._count_failure()
+                sender.abort(sender.failure)  # its decode half hears it (now, or when it handshakes)
                 self._fail(req, FinishReason.error(500, f"KV bootstrap failed: {sender.failure}"))
             elif state is KVPoll.WaitingForInput:
                 self.active[req.rid] = (req, sender, [0])

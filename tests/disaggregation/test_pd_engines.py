@@ -273,3 +273,4 @@ def test_concurrent_requests_join_one_decode_batch(colocated, mooncake_pair):
         lp = lambda r: [e[0] for e in r["meta_info"]["output_token_logprobs"]]  # noqa: E731
         assert lp(g) == pytest.approx(lp(w), abs=1e-4)
     audit(prefill, decode)
+

@@ -118,3 +118,64 @@ def test_request_fields_reach_the_message():
         tm.parse({"text": "a", "bootstrap_room": 3})
     with pytest.raises(RequestError, match="n = 1"):
         tm.parse({"text": "a", "bootstrap_host": "h", "bootstrap_room": 3, "sampling_params": {"n": 2}})
+
+
+def _manager():
+    from types import SimpleNamespace
+
+    import torch
+
+    from lmprog_runtime.disaggregation.conn import KVManager
+    from lmprog_runtime.disaggregation.transfer import FakeTransfer
+    pool = SimpleNamespace(k=torch.zeros(2, 9, 1, 4), v=torch.zeros(2, 9, 1, 4))
+    args = SimpleNamespace(disaggregation_mode="decode", host="127.0.0.1")
+    return KVManager(args, pool, 1, FakeTransfer())
+
+
+def _wait_mail(manager, room, kind):
+    import time
+    deadline = time.monotonic() + 10
+    while not isinstance(manager.peek(room), kind):
+        assert time.monotonic() < deadline, manager.peek(room)
+        time.sleep(0.01)
+    return manager.peek(room)
+
+
+def test_an_abort_from_the_decode_side_is_answered_even_before_any_handshake():
+    """The decode half sent its handshake and then its abort, and the prefill side saw only
+    the abort (it replaced the handshake in the room's mailbox): the prefill half fails and
+    answers the abort's endpoint, so the decode server frees its slots at once."""
+    from lmprog_runtime.disaggregation.base import KVPoll, TransferAbort, TransferDone
+    from lmprog_runtime.disaggregation.conn import KVSender
+    prefill_m, decode_m = _manager(), _manager()
+    try:
+        sender = KVSender(prefill_m, room=42, prompt_len=8)
+        assert sender.poll() is KVPoll.Bootstrapping
+        decode_m.push(prefill_m.endpoint, TransferAbort(42, "client went away", decode_m.endpoint))
+        _wait_mail(prefill_m, 42, TransferAbort)
+        assert sender.poll() is KVPoll.Failed and "client went away" in sender.failure
+        sender.abort(sender.failure)
+        done = _wait_mail(decode_m, 42, TransferDone)
+        assert not done.ok and prefill_m.peek(42) is None
+    finally:
+        prefill_m.close()
+        decode_m.close()
+
+
+def test_a_handshake_after_the_prefill_half_ended_is_answered_with_its_failure():
+    from lmprog_runtime.disaggregation.base import KVPoll, TransferDone, TransferInfo
+    from lmprog_runtime.disaggregation.conn import KVSender
+    prefill_m, decode_m = _manager(), _manager()
+    try:
+        sender = KVSender(prefill_m, room=7, prompt_len=8)
+        sender.abort("Aborted by client")  # before any handshake
+        assert sender.poll() is KVPoll.Failed
+        info = TransferInfo(7, decode_m.endpoint, "fake", decode_m.layout, list(range(1, 9)), 0)
+        decode_m.push(prefill_m.endpoint, info)
+        _wait_mail(prefill_m, 7, TransferInfo)
+        prefill_m.answer_aborts()
+        done = _wait_mail(decode_m, 7, TransferDone)
+        assert not done.ok and "Aborted by client" in done.message
+    finally:
+        prefill_m.close()
+        decode_m.close()
