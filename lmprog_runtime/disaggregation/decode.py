@@ -89,12 +89,26 @@ class DecodeStages:
             if state is KVPoll.Failed:
                 self.stats["num_disagg_failures"] += 1
                 self._fail(req, FinishReason.error(500, f"KV bootstrap failed: {rcv.failure}"))
-            elif state is KVPoll.WaitingForInput and not blocked and self._preallocate(req, rcv, running):
-                self.transfer.append((req, rcv))
+            elif state is KVPoll.WaitingForInput and not blocked and self._guarded_prealloc(req, rcv, running):
+                if not req.finished:
+                    self.transfer.append((req, rcv))
             else:
                 blocked = blocked or state is KVPoll.WaitingForInput  # first come, first served
                 keep.append((req, rcv))
         self.prealloc = keep
+
+    def _guarded_prealloc(self, req, rcv, running) -> bool:
+        """`_preallocate`, where an exception fails this request alone (its KV freed): True
+        when the request left the queue (preallocated, or failed)."""
+        try:
+            return self._preallocate(req, rcv, running)
+        except Exception as e:  # noqa: BLE001 - the scheduler goes on
+            fail_request(req, Stage.KV_TRANSFER, e)
+            if req.row is not None:
+                self.kv.release(req, cache=False)
+            rcv.abort(str(e))
+            self._fail(req, req.finished_reason)
+            return True
 
     def _preallocate(self, req, rcv, running) -> bool:
         """Row + cached prefix + slots for the rest of the prompt, sent to the prefill side;
@@ -102,6 +116,8 @@ class DecodeStages:
         holding = list(running) + [r for r, _ in self.transfer]
         if len(holding) >= self.admission.limits.max_running or not self.kv.assign(req):
             return False
+        if self.faults is not None:  # row and prefix lock held, no slots yet
+            self.faults.check(Stage.KV_TRANSFER, req.rid)
         prefix = req.kv_len
         n = req.prompt_len - prefix
         need = self.kv.pages_needed(prefix, n) * self.kv.page_size + self.admission.future_room(req)

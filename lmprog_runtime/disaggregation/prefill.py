@@ -60,7 +60,11 @@ class PrefillStages:
         """(requests whose decode side is ready: to the waiting queue, []) — and fails the rest."""
         ready, keep = [], []
         for req, sender in self.bootstrapping:
-            state = sender.poll()
+            try:
+                state = sender.poll()
+            except Exception as e:  # noqa: BLE001 - e.g. a handshake that cannot be read: this room fails
+                fail_request(req, Stage.KV_TRANSFER, e)
+                sender.failure, state = str(e), KVPoll.Failed
             if state is KVPoll.Failed:
                 self._count_failure()
                 sender.abort(sender.failure)  # its decode half hears it (now, or when it handshakes)

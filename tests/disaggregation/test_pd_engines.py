@@ -234,15 +234,18 @@ def test_prefill_server_gone_fails_waiting_decode_requests(tiny_model_path, monk
 
 
 def test_a_failure_while_shipping_fails_both_halves_alone(tiny_model_path, colocated):
-    """A fault while the prefill side ships one request's pages (Stage.KV_TRANSFER): that
-    request fails on both sides with a 500; the next one goes through unharmed."""
+    """A fault (Stage.KV_TRANSFER) while the prefill side ships one request's pages, while the
+    decode side preallocates its slots, or installs its KV: that request fails with a 500
+    (on both sides where the prefill half is still running); the next one goes through."""
     from lmprog_runtime.scheduler.faults import FaultInjector, Stage
     pf, df = FaultInjector(), FaultInjector()
     prefill, decode, port = make_pair(tiny_model_path, "mooncake", prefill_faults=pf, decode_faults=df)
     try:
         pf.arm(Stage.KV_TRANSFER, "pd-ship-fail")
-        df.arm(Stage.KV_TRANSFER, "pd-install-fail")
-        for rid, failing in (("pd-ship-fail", "prefill"), ("pd-install-fail", "decode")):
+        df.arm(Stage.KV_TRANSFER, "pd-install-fail", after=1)  # the preallocation's check passes
+        df.arm(Stage.KV_TRANSFER, "pd-prealloc-fail")
+        for rid, failing in (("pd-ship-fail", "prefill"), ("pd-install-fail", "decode"),
+                             ("pd-prealloc-fail", "decode")):
             boot = boot_fields(port)
             tp, bp = in_thread(lambda: prefill.generate(PROMPTS[0], GREEDY, rid=rid, **boot))
             td, bd = in_thread(lambda: decode.generate(PROMPTS[0], GREEDY, rid=rid, **boot))
@@ -250,6 +253,8 @@ def test_a_failure_while_shipping_fails_both_halves_alone(tiny_model_path, coloc
             assert "kv transfer" in _error_of(bd) or "prefill server failed" in _error_of(bd)
             if failing == "prefill":
                 assert "kv transfer" in _error_of(bp)
+        assert sorted(r for _, r in df.fired) == ["pd-install-fail", "pd-prealloc-fail"]
+        assert [r for _, r in pf.fired] == ["pd-ship-fail"]
         p, d = run_pair(prefill, decode, port, PROMPTS[1], GREEDY)
         assert d["output_ids"] == colocated.generate(PROMPTS[1], GREEDY)["output_ids"]
         audit(prefill, decode)
