@@ -185,7 +185,46 @@ def speculative(results_dir: str) -> List[str]:
 def component_sections(results_dir: str) -> List[str]:
     return [*vs_llamacpp(results_dir), *one_batch_dtypes(results_dir), *prefix_cache(results_dir),
             *hicache(results_dir), *overlap(results_dir), *jump_forward(results_dir),
-            *speculative(results_dir), *grammar_coverage(results_dir), *frontend_overhead(results_dir)]
+            *speculative(results_dir), *grammar_coverage(results_dir), *frontend_overhead(results_dir),
+            *disaggregation(results_dir)]
+
+
+def _disagg_verdict(setups: List[dict]) -> List[str]:
+    """Where the split wins and where it loses, read off the numbers (colocated first)."""
+    if len(setups) != 2:
+        return []
+    colo, pd = setups
+    lines = []
+    for metric, what in (("short_itl", "inter-token latency"), ("short_ttft", "time to first token")):
+        for stat in ("median_ms", "p99_ms"):
+            a, b = colo[metric][stat], pd[metric][stat]
+            if a and b:
+                lines.append(f"{what} {stat[:-3]}: {'lower' if b < a else 'higher'} split "
+                             f"({_f(b / a, 2)}x colocated)")
+    return ["On these cores, with one thread per half: " + "; ".join(lines) + ". A prompt waits for the "
+            "single prefill thread where the colocated server uses both; the decode steps no longer "
+            "wait for long prefills."]
+
+
+def disaggregation(results_dir: str) -> List[str]:
+    d = _load(results_dir, "disagg.json")
+    if not d:
+        return []
+    out = ["## Prefill/decode disaggregation (`bench/bench_disagg.py`)", "",
+           f"{d['workload']}; {d['model_path']}, KV over {d['transfer_backend']}"
+           + (" (quick sizes, `--quick`)" if d.get("quick") else "") + ". Latencies of the short requests, ms.", "",
+           "| setup | TTFT median | TTFT p99 | ITL median | ITL p99 | KV per request | transfer per request |",
+           "|---|---|---|---|---|---|---|"]
+    for name, r in d["setups"].items():
+        mb = r.get("bytes_per_request")
+        ms = r.get("transfer_ms_per_request")
+        out.append(f"| {name} | {_f(r['short_ttft']['median_ms'], 0)} | {_f(r['short_ttft']['p99_ms'], 0)} | "
+                   f"{_f(r['short_itl']['median_ms'], 0)} | {_f(r['short_itl']['p99_ms'], 0)} | "
+                   f"{'-' if mb is None else _f(mb / 1e6, 1) + ' MB'} | {'-' if ms is None else _f(ms, 1) + ' ms'} |")
+    out += ["", *_disagg_verdict(list(d["setups"].values())), "",
+            "```\npython bench/bench_disagg.py" + (" --quick" if d.get("quick") else "") + "\n```",
+            "![disagg](../bench/results/disagg.png)", ""]
+    return out
 
 
 def hicache(results_dir: str) -> List[str]:

@@ -36,6 +36,9 @@ NGRAM_MATCH_TYPES = ("BFS", "PROB")
 # Tokens one request adds to a verify forward (the last verified token + its drafts) are
 # attended as one short extend by every backend: at most attention/torch_native.SHORT_EXTEND.
 MAX_VERIFY_TOKENS = 16
+# Prefill/decode disaggregation (lmprog_runtime/disaggregation/, docs/disaggregation.md).
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
+DISAGGREGATION_TRANSFER_BACKENDS = ("mooncake", "fake")
 NGRAM_DEFAULT_DRAFT_TOKENS = 12  # SGLang's NGRAM default
 STANDALONE_DEFAULT_STEPS = (5, 1, 6)  # (num_steps, eagle_topk, num_draft_tokens) when unset
 # Data parallelism (server/data_parallel.py, docs/scale-out.md): SGLang's in-process methods.
@@ -128,6 +131,11 @@ class ServerArgs:
     tp_size: int = 1
     dp_size: int = 1                           # scheduler replicas behind the one HTTP server
     load_balance_method: str = "auto"          # how the server picks a replica per request
+    # prefill/decode disaggregation (SGLang's names and defaults; docs/disaggregation.md)
+    disaggregation_mode: str = "null"
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_transfer_backend: str = "mooncake"
+    disaggregation_ib_device: Optional[str] = None
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
@@ -153,6 +161,7 @@ class ServerArgs:
                              f"got {self.tp_size}, expected 1 (one device).")
         self._check_data_parallel()
         self._check_hicache()
+        self._check_disaggregation()
         from lmprog_runtime.speculative.config import validate_speculative_args
         validate_speculative_args(self)
 
@@ -180,6 +189,22 @@ class ServerArgs:
             raise ValueError("enable_hierarchical_cache needs the radix cache; drop disable_radix_cache.")
         if self.hicache_storage_backend is not None and not self.enable_hierarchical_cache:
             raise ValueError("hicache_storage_backend needs enable_hierarchical_cache.")
+
+    def _check_disaggregation(self) -> None:
+        _check_choice("disaggregation_mode", self.disaggregation_mode, DISAGGREGATION_MODES)
+        _check_choice("disaggregation_transfer_backend", self.disaggregation_transfer_backend,
+                      DISAGGREGATION_TRANSFER_BACKENDS)
+        if not 0 < self.disaggregation_bootstrap_port < 65536:
+            raise ValueError(f"disaggregation_bootstrap_port must be in [1, 65535], got "
+                             f"{self.disaggregation_bootstrap_port}.")
+        if self.disaggregation_mode == "prefill" and self.disaggregation_bootstrap_port == self.port:
+            raise ValueError(f"disaggregation_bootstrap_port ({self.disaggregation_bootstrap_port}) must "
+                             f"differ from port ({self.port}).")
+        if self.disaggregation_mode != "null" and self.enable_hierarchical_cache:
+            raise ValueError("disaggregation_mode needs the plain radix cache; drop enable_hierarchical_cache.")
+        if self.disaggregation_mode != "null" and self.speculative_algorithm is not None:
+            raise ValueError("disaggregation_mode does not combine with speculative decoding yet; "
+                             "drop speculative_algorithm.")
 
     @property
     def resolved_hicache_storage_dir(self) -> str:
@@ -300,6 +325,13 @@ FLAG_HELP = {
                "radix cache, behind this one server; each gets --num-threads // N threads, at least 1 (also --dp)",
     "load_balance_method": "how a request picks its replica with --dp-size > 1: round_robin, "
                            "shortest_queue (fewest requests in flight), auto (round_robin)",
+    "disaggregation_mode": "prefill/decode disaggregation role: null (a normal server), prefill (computes "
+                           "prompts and sends their KV), decode (receives the KV and decodes)",
+    "disaggregation_bootstrap_port": "prefill: TCP port of the bootstrap server decode servers ask for "
+                                     "this server's KV endpoint",
+    "disaggregation_transfer_backend": "how KV pages move: mooncake (Mooncake TransferEngine writes into "
+                                       "the decode pool) or fake (the handshake and metadata only, no KV bytes)",
+    "disaggregation_ib_device": "RDMA device(s) for mooncake (unset, or none present: protocol tcp)",
 }
 _ALIASES = {"tp_size": ("--tp",), "dp_size": ("--dp",)}
 
@@ -326,6 +358,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             "hicache_storage_prefetch_policy": HICACHE_PREFETCH_POLICIES,
             "hicache_host_dtype": HICACHE_HOST_DTYPES, "speculative_algorithm": SPECULATIVE_ALGORITHMS,
             "speculative_ngram_match_type": NGRAM_MATCH_TYPES, "load_balance_method": LOAD_BALANCE_METHODS,
+            "disaggregation_mode": DISAGGREGATION_MODES,
+            "disaggregation_transfer_backend": DISAGGREGATION_TRANSFER_BACKENDS,
         }.get(f.name)
         parser.add_argument(*flags, type=kind, default=default, choices=choices, help=help_text,
                             dest=f.name)
@@ -363,6 +397,13 @@ NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_KERNELS") or os.environ.get("LMP
 NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_WALK"))
 # HiCache `file` storage directory when --hicache-storage-dir is not given (SGLang's variable).
 HICACHE_FILE_STORAGE_DIR = os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or "/tmp/hicache"
+# Prefill/decode disaggregation (SGLang's variables, seconds): how long a prefill request waits
+# for its decode server's handshake, how long a decode request waits for its KV, and the decode
+# side's liveness probe of each prefill bootstrap server (interval; misses before its rooms fail).
+DISAGGREGATION_BOOTSTRAP_TIMEOUT_S = float(os.environ.get("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT") or 300)
+DISAGGREGATION_WAITING_TIMEOUT_S = float(os.environ.get("SGLANG_DISAGGREGATION_WAITING_TIMEOUT") or 300)
+DISAGGREGATION_HEARTBEAT_INTERVAL_S = float(os.environ.get("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL") or 5)
+DISAGGREGATION_HEARTBEAT_MAX_FAILURE = env_int("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2)
 # Derived artifacts (e.g. the config and tokenizer converted from a GGUF file).
 CACHE_DIR = os.environ.get("LMPROG_CACHE_DIR") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lmprog")

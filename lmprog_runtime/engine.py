@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 _GENERATE_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob",
                   "return_text_in_logprobs", "rid", "cache_salt", "extra_key", "return_prompt_token_ids",
-                  "session_params")
+                  "session_params", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key")
 
 
 def build_scheduler(args: ServerArgs, faults=None):

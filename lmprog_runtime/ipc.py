@@ -9,7 +9,8 @@ pickled objects from `messages.py`:
 The server binds both sockets (it outlives the child); the scheduler connects. The
 scheduler side is synchronous (`recv(block)` / `send(obj)`, the signature of
 `Scheduler.run_forever`); the server side sends synchronously from its event loop and
-receives on an asyncio task. Nothing else in the runtime touches zmq.
+receives on an asyncio task. Nothing else in the runtime touches zmq but disaggregation/conn.py
+(its own sockets between a prefill and a decode server, for their KV handshakes).
 """
 
 from __future__ import annotations

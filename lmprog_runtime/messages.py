@@ -78,6 +78,21 @@ class FinishReason:
 
 # -- server → scheduler ---------------------------------------------------------------------
 @dataclass(frozen=True)
+class Bootstrap:
+    """Prefill/decode disaggregation: where the prefill half of a request runs (its bootstrap
+    server) and the room that pairs the prefill and decode halves."""
+
+    host: str
+    port: int
+    room: int  # in [0, 2^63)
+    pair_key: Optional[str] = None
+
+    @property
+    def addr(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
 class TokenizedGenerateReq:
     rid: str
     input_ids: List[int]
@@ -90,6 +105,7 @@ class TokenizedGenerateReq:
     stream: bool = False
     cache_salt: Optional[str] = None
     extra_key: Optional[str] = None
+    bootstrap: Optional[Bootstrap] = None  # set on both halves of a disaggregated request
 
     @property
     def namespace(self) -> Optional[tuple]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 from lmprog_runtime.detokenize import IncrementalDetokenizer
-from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason,
+from lmprog_runtime.messages import (AbortReq, BatchOutput, Bootstrap, ControlReply, FinishReason,
                                      FlushCacheReq, GetInternalStateReq, TokenizedGenerateReq)
 from lmprog_runtime.sampling_params import SamplingParams
 from lmprog_runtime.sessions import SESSION_PARAM_KEYS, SessionError, SessionStore
@@ -30,6 +30,7 @@ GENERATE_FIELDS = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
     "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "stream", "cache_salt",
     "extra_key", "return_prompt_token_ids", "log_metrics", "session_params",
+    "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
 }
 IGNORED_FIELDS = {"lora_path", "priority", "custom_labels", "no_logs", "modalities",
                   "return_hidden_states", "background", "conversation_id", "model",
@@ -142,6 +143,9 @@ class TokenizerManager:
                     raise RequestError(f"token_ids_logprob contains out-of-vocabulary token id {bad[0]}; "
                                        f"valid range is [0, {self.vocab_size}).")
         stream = bool(obj.get("stream", False))
+        boots = self._bootstraps(obj, count, is_batch)
+        if n != 1 and any(boots):
+            raise RequestError("bootstrap_room: a disaggregated request takes n = 1.")
         reqs, warmups = [], []
         for i in range(count):
             self._check_length(prompts[i], params[i])
@@ -153,7 +157,8 @@ class TokenizerManager:
                 token_ids_logprob=tids[i], stream=stream,
                 cache_salt=per["cache_salt"][i] or None, extra_key=per["extra_key"][i] or None)
             if n == 1:
-                reqs.append(TokenizedGenerateReq(rid=rids[i], sampling_params=params[i], **common))
+                reqs.append(TokenizedGenerateReq(rid=rids[i], sampling_params=params[i],
+                                                 bootstrap=boots[i], **common))
                 continue
             warm = params[i].clone()
             warm.max_new_tokens, warm.min_new_tokens, warm.n = 0, 0, 1
@@ -170,6 +175,25 @@ class TokenizerManager:
         return GenerateJob(reqs, is_batch or n > 1, stream, warmups,
                            bool(obj.get("return_text_in_logprobs", False)),
                            bool(obj.get("return_prompt_token_ids", False)), session)
+
+    def _bootstraps(self, obj: dict, count: int, is_batch: bool) -> List[Optional[Bootstrap]]:
+        """One Bootstrap (or None) per prompt; a batch's scalar room is room + i (SGLang)."""
+        keys = ("bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key")
+        per = {k: self._per_item(obj.get(k), count, k, is_batch) for k in keys}
+        if is_batch and isinstance(obj.get("bootstrap_room"), int):
+            per["bootstrap_room"] = [obj["bootstrap_room"] + i for i in range(count)]
+        out = []
+        for i in range(count):
+            host, port, room = (per[k][i] for k in keys[:3])
+            if host is None and port is None and room is None:
+                out.append(None)
+                continue
+            if host is None or room is None or not isinstance(room, int) or not 0 <= room < 1 << 63:
+                raise RequestError(f"bootstrap_host and bootstrap_room (an integer in [0, 2^63)) are both "
+                                   f"needed for a disaggregated request; got host={host!r}, room={room!r}.")
+            port = 8998 if port is None else self._int(port, 8998, "bootstrap_port")
+            out.append(Bootstrap(host, port, room, per["bootstrap_pair_key"][i]))
+        return out
 
     def _session_prompt(self, params, is_batch: bool, input_ids: List[int]) -> List[int]:
         if is_batch:

@@ -37,7 +37,9 @@ def port_is_free(port: int) -> bool:
 
 
 class LiveServer:
-    def __init__(self, model_path: str, log_dir, extra_args: List[str] = ()):
+    def __init__(self, model_path: str, log_dir, extra_args: List[str] = (), env: Optional[dict] = None):
+        """`env`: extra environment variables of the server process."""
+        self.env = dict(env or {})
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(str(log_dir), f"server-{self.port}.log")
@@ -48,7 +50,7 @@ class LiveServer:
         self.proc: Optional[subprocess.Popen] = None
 
     def start(self) -> "LiveServer":
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **self.env}
         repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
         with open(self.log_path, "wb") as log:

@@ -182,6 +182,14 @@ class Admission:
         """Output tokens the running requests may still need, scaled by the ratio."""
         return sum(self._future(r) for r in running)
 
+    def free_room(self, running) -> float:
+        """Pool tokens left after the reserved decode room of `running` (disaggregation/decode.py
+        preallocates a request's prompt slots against it)."""
+        return self.kv.available() - self._reserved_room(running)
+
+    def future_room(self, r) -> float:
+        return self._future(r)
+
     def _future(self, r) -> float:
         return min(r.max_new_tokens - len(r.output_ids), NEW_TOKEN_CLIP) * self.new_token_ratio
 

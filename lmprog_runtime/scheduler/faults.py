@@ -39,6 +39,7 @@ class Stage(str, enum.Enum):
     JUMP_FORWARD = "jump-forward"          # JumpForward.propose drafting one request's forced text
     OUTPUT = "output delta"                # building a request's delta in the Outbox
     SEND = "output send"                   # the channel to the tokenizer manager
+    KV_TRANSFER = "kv transfer"            # disaggregation: sending or installing a request's KV pages
 
 
 class InjectedFault(RuntimeError):

@@ -46,6 +46,7 @@ class Req:
         self.top_logprobs_num = msg.top_logprobs_num
         self.token_ids_logprob = msg.token_ids_logprob
         self.stream = msg.stream
+        self.bootstrap = msg.bootstrap  # disaggregation: the prefill server and room (None: colocated)
         self.created = time.monotonic()
         # limits, clamped to what the context and the pool can hold on arrival
         self.max_new_tokens: int = self.sampling.max_new_tokens

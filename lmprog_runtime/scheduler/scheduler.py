@@ -22,6 +22,9 @@ Parts and their contracts (each gets its collaborators explicitly):
                                     admission; exact: verified like speculative drafts)
     Speculator     (speculative/)   running → drafts (before admission); the verify step
                                     in PostProcessor accepts a prefix + a bonus token
+    disagg         (disaggregation/) prefill/decode roles: queue stages before `waiting`
+                                    (prefill) or before `running` (decode), polled before
+                                    admission; ships KV pages after each step (prefill)
 Two loops share these parts: `step` (plain) and `step_overlapped`, where the forward runs
 on a worker thread while this one sends, takes in messages and builds the masks. With
 speculative decoding the plain loop runs (drafts need the previous step's tokens).
@@ -43,6 +46,7 @@ from lmprog_runtime.cache.allocator import TokenSlotAllocator
 from lmprog_runtime.cache.manager import KVManager
 from lmprog_runtime.cache.storage_control import StorageControl
 from lmprog_runtime.config import GRAMMAR_COMPILE_TIMEOUT_S, ServerArgs
+from lmprog_runtime.disaggregation import build_stages, refusal
 from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason, FlushCacheReq,
                                      EmbedReq, GetInternalStateReq, HiCacheStorageReq, InspectReq,
                                      MemoryOccupationReq, TokenizedGenerateReq, UpdateWeightsReq)
@@ -104,6 +108,8 @@ class Scheduler:
                                   jump, self.outbox, self.stats, faults)
         self.speculator = build_speculator(server_args, runner, jump is not None, self.stats, faults)
         self.post.speculator = self.speculator
+        self.disagg = build_stages(server_args, runner, self.kv, self.admission, self.post, self._fail,
+                                   self.stats, faults)
         self.waiting: deque = deque()
         self.running: List[Req] = []
         self.embeds: List[EmbedReq] = []
@@ -194,7 +200,7 @@ class Scheduler:
         limit = self.args.max_queued_requests
         if limit is not None and len(self.waiting) + len(self.grammars) >= limit:
             return self._fail(req, FinishReason.error(503, "The request queue is full.", "BadRequest"))
-        error = self.weights.refusal() or self.admission.check(req)
+        error = self.weights.refusal() or refusal(req, self.disagg) or self.admission.check(req)
         if error is None and req.sampling.grammar is not None:
             error = self.grammars.submit(req)
             if error is None:
@@ -204,6 +210,8 @@ class Scheduler:
         self._enqueue(req)
 
     def _enqueue(self, req: Req) -> None:
+        if self.disagg is not None and self.disagg.takes(req):
+            return self.disagg.add(req)  # waits for its other half first
         self.waiting.append(req)
         self.kv.prefetch(req)  # HiCache L3 → L2 while it waits
 
@@ -223,6 +231,8 @@ class Scheduler:
             self._fail(r, reason)
         for r in self.grammars.remove_matching(hit):
             self._fail(r, reason)
+        if self.disagg is not None:
+            self.disagg.abort(hit, reason)
         for r in self.running:
             if hit(r):
                 r.finish(reason)  # released at the end of the current step
@@ -270,6 +280,8 @@ class Scheduler:
         """The tail both loops share: sample + post-process, release, account, send."""
         if logits is not None:  # None: the forward failed and so did the batch's requests
             self.post.process(plan, logits, mask)
+        if self.disagg is not None:
+            self.disagg.after_step()  # prefill: ship finished pages, end finished transfers
         self._release_finished()
         self._end_step(t0, plan)
         self._flush()
@@ -292,6 +304,9 @@ class Scheduler:
         return self.runner.forward(batch)
 
     def _idle_step(self) -> bool:
+        if self.disagg is not None:
+            self.disagg.after_step()
+            self.disagg.idle_wait(PREFETCH_POLL_S)  # a transfer or handshake is on its way
         self._release_finished()
         self._flush()
         self.kv.wait_for_storage(PREFETCH_POLL_S)  # queued requests may wait on L3 reads
@@ -305,6 +320,10 @@ class Scheduler:
                 self._fail(r, reason)
             for r in ready:
                 self._enqueue(r)
+        if self.disagg is not None:
+            to_waiting, to_running = self.disagg.poll(self.running)
+            self.waiting.extend(to_waiting)
+            self.running.extend(to_running)  # decode: KV arrived, no prefill forward
         drafts = forced_drafts(self.jump, self.speculator, self.running)
         decision = self.admission.admit(self.running, self.waiting, drafts)
         for r in decision.failed:
@@ -358,7 +377,8 @@ class Scheduler:
             self._tp_window = (self.stats["step_s"], self.stats["num_generated_tokens"])
 
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or len(self.grammars) or self.embeds)
+        return not (self.waiting or self.running or len(self.grammars) or self.embeds
+                    or (self.disagg is not None and len(self.disagg)))
 
     def run_embeds(self) -> None:
         """Answer the queued embedding requests (each fails alone with its message)."""
@@ -403,7 +423,7 @@ class Scheduler:
         return ControlReply("flush_cache", message="Cache flushed.")
 
     def check_integrity(self) -> None:
-        self.kv.check_integrity(self.running)
+        self.kv.check_integrity(self.running + (self.disagg.live() if self.disagg is not None else []))
         if self.speculator is not None:
             self.speculator.source.check_integrity()
 
@@ -415,7 +435,7 @@ class Scheduler:
             "max_req_input_len": lim.max_req_input_len,
             "max_running_requests": lim.max_running,
             "num_running_reqs": len(self.running),
-            "num_queue_reqs": len(self.waiting) + len(self.grammars),
+            "num_queue_reqs": len(self.waiting) + len(self.grammars) + (len(self.disagg) if self.disagg else 0),
             "num_grammar_queue_reqs": len(self.grammars),
             "num_used_tokens": lim.pool_tokens - kv.available(),
             "token_usage": 1 - kv.available() / lim.pool_tokens,
@@ -431,6 +451,7 @@ class Scheduler:
             **(self.speculator.internal_state() if self.speculator is not None else {}),
             **s,
             **(kv.hicache.state() if kv.hicache is not None else {}),
+            **(self.disagg.state() if self.disagg is not None else {}),
         }
 
     def _audit(self) -> str:
@@ -471,3 +492,5 @@ class Scheduler:
         finally:
             self.watchdog.stop()
             self.kv.close()  # HiCache: ends prefetches, waits for queued storage writes
+            if self.disagg is not None:
+                self.disagg.close()

@@ -200,7 +200,8 @@ def _prompt_count(obj: dict) -> int:
     return len(text) if isinstance(text, list) else 1
 
 
-_PER_ITEM = ("return_logprob", "logprob_start_len", "top_logprobs_num", "cache_salt", "extra_key")
+_PER_ITEM = ("return_logprob", "logprob_start_len", "top_logprobs_num", "cache_salt", "extra_key",
+             "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key")
 
 
 def _check_per_item(obj: dict) -> None:

@@ -70,10 +70,14 @@ def _response_format(rf: dict) -> dict:
                        f"structural_tag; got {kind!r}.")
 
 
+BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key")
+
+
 def _base_request(body: dict, sampling: dict, stream: bool) -> dict:
     return {"sampling_params": sampling, "stream": stream, "rid": body.get("rid") or uuid.uuid4().hex,
             "return_text_in_logprobs": True, "cache_salt": body.get("cache_salt"),
-            "extra_key": body.get("extra_key")}
+            "extra_key": body.get("extra_key"),
+            **{k: body.get(k) for k in BOOTSTRAP_FIELDS}}
 
 
 def render_chat(rt, messages, body: dict, plan: Optional[ToolPlan] = None) -> List[int]:

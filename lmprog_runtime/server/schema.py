@@ -123,12 +123,26 @@ _IGNORED_GENERATE = ("lora_path", "priority", "custom_labels", "no_logs", "modal
 _FALSE_ONLY_GENERATE = ("return_bytes", "return_entropy")
 # SGLang fields for features this server does not have yet: a request that sets one is a 400
 # naming it (accepting and ignoring them would silently do something else than asked).
-_DISAGGREGATION = "prefill/decode disaggregation is not supported yet (one server, one device)"
 _DATA_PARALLEL = ("choosing the replica is not supported yet (--dp-size balances with "
                   "--load-balance-method)")
-UNSUPPORTED_FIELDS = {"bootstrap_host": _DISAGGREGATION, "bootstrap_port": _DISAGGREGATION,
-                      "bootstrap_room": _DISAGGREGATION, "bootstrap_pair_key": _DISAGGREGATION,
-                      "data_parallel_rank": _DATA_PARALLEL, "routed_dp_rank": _DATA_PARALLEL}
+UNSUPPORTED_FIELDS = {"data_parallel_rank": _DATA_PARALLEL, "routed_dp_rank": _DATA_PARALLEL}
+MAX_HOSTNAME_CHARS = 255
+
+
+def bootstrap_fields(per_item) -> Dict[str, dict]:
+    """Prefill/decode disaggregation (SGLang's fields, set by the router on both servers):
+    the prefill server's bootstrap address and the room that pairs the two halves of a
+    request. `per_item` wraps a field that a batch may give per prompt."""
+    return {
+        "bootstrap_host": per_item(_string(MAX_HOSTNAME_CHARS, minLength=1,
+                                           description="the prefill server's host name or address")),
+        "bootstrap_port": per_item({"type": "integer", "minimum": 1, "maximum": 65535,
+                                    "description": "the prefill server's --disaggregation-bootstrap-port"}),
+        "bootstrap_room": per_item({"type": "integer", "minimum": 0, "maximum": INT64_MAX,
+                                    "description": "an integer in [0, 2^63-1] pairing the prefill and "
+                                                   "decode halves (a batch's scalar room is room + i)"}),
+        "bootstrap_pair_key": per_item(_string(MAX_RID_CHARS)),
+    }
 
 
 def _unsupported() -> Dict[str, dict]:
@@ -159,6 +173,7 @@ def generate_schema(lim: Limits) -> dict:
         "return_text_in_logprobs": _BOOL,
         "cache_salt": per_item(_string(MAX_RID_CHARS)), "extra_key": per_item(_string(MAX_RID_CHARS)),
         "return_prompt_token_ids": _BOOL, "log_metrics": _BOOL, "session_params": SESSION_PARAMS,
+        **bootstrap_fields(per_item),
     }
     props.update({k: {"description": "accepted and ignored (SGLang compatibility)"} for k in _IGNORED_GENERATE})
     props.update(_unsupported())
@@ -189,6 +204,7 @@ def _openai_common(lim: Limits) -> Dict[str, dict]:
         "rid": _RID, "cache_salt": _string(MAX_RID_CHARS), "extra_key": _string(MAX_RID_CHARS),
         "user": _string(MAX_RID_CHARS, description="a string of at most 256 characters (an end-user id; "
                                                    "accepted, not used)"),
+        **bootstrap_fields(lambda item: item),
         **_unsupported(),
     }
 

@@ -2,8 +2,8 @@
 
 - `lmprog-runtime serve --help` documents every flag with its default (and unit);
 - `--tp-size/--tp` other than 1 stops at once with "not supported yet";
-- SGLang fields for features this server lacks (`bootstrap_host/port/room`,
-  `data_parallel_rank`, ...) are a 400 naming the field, never silently ignored;
+- SGLang fields for features this server lacks (`data_parallel_rank`, ...) are a 400
+  naming the field, never silently ignored (bootstrap fields: tests/disaggregation);
 - `/get_model_info` names the real model (the embedded default by its Hugging Face id),
   so SGLang's client picks the right chat template and can load the tokenizer.
 """
@@ -43,8 +43,7 @@ def test_tensor_parallelism_is_refused_clearly(flag, capsys):
         ServerArgs(tp_size=4)
 
 
-@pytest.mark.parametrize("field, value", [("bootstrap_host", "10.0.0.2"), ("bootstrap_port", 8998),
-                                          ("bootstrap_room", 7), ("data_parallel_rank", 0)])
+@pytest.mark.parametrize("field, value", [("data_parallel_rank", 0)])
 def test_scale_out_fields_are_a_400_naming_them(live_server, field, value):
     body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}, field: value}
     r = requests.post(live_server + "/generate", json=body, timeout=30)
