@@ -43,6 +43,19 @@ def pool_layout(pool, page_size: int) -> PoolLayout:
                       dtype=str(k.dtype).removeprefix("torch."))
 
 
+def kv_bytes_per_token(layout: PoolLayout) -> int:
+    """K and V of one position over every layer: what one token costs on the wire."""
+    return 2 * layout.num_layers * layout.slot_bytes
+
+
+def handoff(room: int, rid: str, direction: str, peer: str, state: KVPoll, tokens, bytes_per_token: int,
+            bytes_done, since: float) -> dict:
+    """One transfer as the Inspector shows it (scheduler/inspect.py HANDOFF_FIELDS)."""
+    return {"id": room, "rid": rid, "direction": direction, "peer": peer, "state": state.name,
+            "bytes": None if tokens is None else tokens * bytes_per_token, "bytes_done": bytes_done,
+            "elapsed_s": time.monotonic() - since}
+
+
 def slot_runs(src: List[int], dst: List[int]) -> List[Tuple[int, int, int]]:
     """Maximal runs (src_start, dst_start, length) where both slot lists count up by one."""
     runs = []
@@ -335,6 +348,7 @@ class KVReceiver(BaseKVReceiver):
         self.state = KVPoll.Bootstrapping
         self.failure = ""
         self.sent_at = 0.0
+        self.tokens = 0
         self.done: Optional[TransferDone] = None
 
     def poll(self) -> KVPoll:
@@ -371,6 +385,7 @@ class KVReceiver(BaseKVReceiver):
         return f"tcp://{ip}:{port}"
 
     def send_metadata(self, dst_slots: List[int], decode_prefix_len: int) -> None:
+        self.tokens = len(dst_slots)  # positions the prefill side will write (the Inspector's size)
         info = TransferInfo(self.room, self.m.endpoint, self.m.transfer.session_id, self.m.layout,
                             dst_slots, decode_prefix_len)
         if not self.m.push(self._prefill_endpoint(), info):

@@ -23,6 +23,7 @@ from typing import List, Tuple
 
 from lmprog_runtime import config
 from lmprog_runtime.disaggregation.base import KVPoll, TransferDone
+from lmprog_runtime.disaggregation.conn import handoff, kv_bytes_per_token
 from lmprog_runtime.messages import FinishReason
 from lmprog_runtime.scheduler.faults import Stage, fail_request
 
@@ -63,6 +64,13 @@ class DecodeStages:
     def live(self) -> list:
         """Requests holding KV outside `running` (for the integrity audit)."""
         return [r for r, _ in self.transfer] + [r for r, _, _ in self.draining]
+
+    def handoffs(self) -> list:
+        """Rooms in flight, for the Inspector (the prefill side writes one-sidedly: no progress
+        is seen here until its TransferDone)."""
+        bpt = kv_bytes_per_token(self.m.layout)
+        return [handoff(rcv.room, req.rid, "receive", rcv.addr, rcv.state, rcv.tokens or None, bpt, None,
+                        rcv.created) for req, rcv in self.prealloc + self.transfer]
 
     # -- each step ----------------------------------------------------------------------------
     def poll(self, running) -> Tuple[list, list]:

@@ -18,6 +18,7 @@ import logging
 from typing import Dict, List, Tuple
 
 from lmprog_runtime.disaggregation.base import KVPoll
+from lmprog_runtime.disaggregation.conn import handoff, kv_bytes_per_token
 from lmprog_runtime.messages import FinishReason
 from lmprog_runtime.scheduler.faults import Stage, error_reason, fail_request
 
@@ -55,6 +56,14 @@ class PrefillStages:
 
     def live(self) -> list:
         return []  # bootstrapping requests hold no KV; admitted ones are in `running`
+
+    def handoffs(self) -> list:
+        """Rooms in flight, for the Inspector: waiting for the handshake, or shipping pages."""
+        bpt = kv_bytes_per_token(self.m.layout)
+        rooms = [(req, s) for req, s in self.bootstrapping] + [(req, s) for req, s, _ in self.active.values()]
+        return [handoff(s.room, req.rid, "send", s.info.endpoint if s.info else "", s.state,
+                        None if s.info is None else s.prompt_len - s.info.decode_prefix_len, bpt,
+                        s.bytes_sent, s.created) for req, s in rooms]
 
     def poll(self, running) -> Tuple[list, list]:
         """(requests whose decode side is ready: to the waiting queue, []) — and fails the rest."""

@@ -124,8 +124,8 @@ class Scheduler:
         self.steps = StepRing()  # the Inspector's timeline
         self.edge_labels: dict = {}  # the Inspector's decoded tree edges, (node id, key length) -> text
         self._step_times = (0.0, 0.0)  # this step's (forward s, CPU s overlapped with it)
-        # () -> [transfer dicts with inspect.HANDOFF_FIELDS]; set by a KV transfer engine
-        self.handoff_probe: Optional[Callable[[], list]] = None
+        # () -> [transfer dicts with inspect.HANDOFF_FIELDS]: the rooms of a disaggregated server
+        self.handoff_probe: Optional[Callable[[], list]] = self.disagg.handoffs if self.disagg is not None else None
 
     def _build_kv(self, runner, tree) -> KVManager:
         allocator = TokenSlotAllocator(runner.max_total_num_tokens, self.limits.page_size)

@@ -279,3 +279,32 @@ def test_concurrent_requests_join_one_decode_batch(colocated, mooncake_pair):
         assert lp(g) == pytest.approx(lp(w), abs=1e-4)
     audit(prefill, decode)
 
+
+
+def test_inspector_shows_rooms_in_flight_on_both_halves(fake_pair):
+    """Each half's /inspect/state lists its rooms: the prefill side's waiting for a handshake,
+    the decode side's waiting for its KV, with the room, rid, direction and size."""
+    prefill, decode, port = fake_pair
+    boot = boot_fields(port)
+    t1, box1 = in_thread(lambda: prefill.generate(PROMPTS[1], GREEDY, rid="pd-inspect-p", **boot))
+    time.sleep(0.5)
+    sent = prefill.inspect_state(include_tree=False)["handoffs"]
+    assert sent["enabled"] and [(h["id"], h["rid"], h["direction"], h["state"]) for h in sent["items"]] == \
+        [(boot["bootstrap_room"], "pd-inspect-p", "send", "Bootstrapping")]
+    prefill.abort("pd-inspect-p")
+    t1.join(30)
+    boot = boot_fields(port)
+    t2, box2 = in_thread(lambda: decode.generate(PROMPTS[2], GREEDY, rid="pd-inspect-d", **boot))
+    deadline = time.monotonic() + 30
+    while True:  # prealloc, then (slots sent) Transferring with its size known
+        items = decode.inspect_state(include_tree=False)["handoffs"]["items"]
+        if items and items[0]["state"] == "Transferring" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert [(h["id"], h["rid"], h["direction"], h["state"]) for h in items] == \
+        [(boot["bootstrap_room"], "pd-inspect-d", "receive", "Transferring")]
+    assert items[0]["bytes"] > 0 and items[0]["elapsed_s"] >= 0
+    decode.abort("pd-inspect-d")
+    t2.join(30)
+    assert not decode.inspect_state(include_tree=False)["handoffs"]["items"]
+    audit(prefill, decode)
