@@ -78,12 +78,16 @@ def test_overlap_loop_steps_and_pool(tiny_model_path):
 
 
 def test_hits_counted_on_reuse(tiny_engine):
+    """The second request reuses the first one's prefix node: its hit count goes up. A namespace
+    of its own keeps the shared session engine's other prompts from splitting the prefix."""
     prompt = "A prefix the cache keeps for the hit counter test, " * 3
-    tiny_engine.generate(prompt + "first", {"max_new_tokens": 1, "temperature": 0})
-    tiny_engine.generate(prompt + "second", {"max_new_tokens": 1, "temperature": 0})
+    for tail in ("first", "second"):
+        tiny_engine.generate(prompt + tail, {"max_new_tokens": 1, "temperature": 0}, cache_salt="hits-test")
     tree = tiny_engine.inspect_state(max_nodes=INSPECT_MAX_NODES_CAP)["tree"]
-    hit = [n for n in tree["nodes"] if n["text"].startswith("A prefix the cache") and n["hits"] >= 1]
-    assert hit, [n for n in tree["nodes"] if "prefix" in n["text"]]
+    mine = [n for n in tree["nodes"] if (n["namespace"] or {}).get("cache_salt") == "hits-test"]
+    shared = [n for n in mine if n["children"] >= 2]  # where "first" and "second" part
+    assert len(shared) == 1 and shared[0]["text"].startswith("A prefix the cache"), mine
+    assert shared[0]["hits"] >= 1, shared
 
 
 def test_grammar_entries_are_timed(tiny_engine):
