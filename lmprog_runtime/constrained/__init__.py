@@ -14,6 +14,7 @@ from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
 
 _BACKENDS = {
     "outlines": ("lmprog_runtime.constrained.outlines_backend", "OutlinesBackend"),
+    "cfg": ("lmprog_runtime.constrained.cfg.backend", "CfgBackend"),
     "llguidance": ("lmprog_runtime.constrained.llguidance_backend", "LLGuidanceBackend"),
     "xgrammar": ("lmprog_runtime.constrained.xgrammar_backend", "XGrammarBackend"),
 }
@@ -22,7 +23,7 @@ _BACKENDS = {
 def create_grammar_backend(name: str, tokenizer, vocab_size: int, eos_token_ids: Sequence[int],
                            whitespace_pattern: Optional[str] = None,
                            config: Optional[GrammarBackendConfig] = None) -> GrammarBackend:
-    """Build the grammar backend `name` (outlines | llguidance | xgrammar)."""
+    """Build the grammar backend `name` (outlines | cfg | llguidance | xgrammar)."""
     import importlib
     from dataclasses import replace
 

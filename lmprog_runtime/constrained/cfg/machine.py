@@ -1,0 +1,385 @@
+"""The pushdown matcher of a compiled value grammar, one byte at a time.
+
+A parse state is a tuple of stacks (one per live alternative of an anyOf/oneOf: a
+GLR-style set, deduplicated). A stack is a cons list `(frame, rest)`, frames are tuples, so
+states are immutable, hashable and shared: rollback is keeping the old state, and the
+token-trie walk branches without copying. Frames (first field = kind):
+
+    ("V", node, ws)                            a value of `node` may start (after ws bytes)
+    ("O", node, phase, seen, key, ws)          object; phase 0 `{` 1 key 2 value 3 `,` 4 in value
+    ("A", node, phase, count, seen, ws)        array; phase 0 `[` 2 item 3 `,` 4 in item
+    ("S", node, count, utf, esc, hs, pats, text)  string body: char count, UTF-8 / escape
+                                               decoder states, pending high surrogate, regex
+                                               states, text (kept for keys and enums only)
+    ("N", node, text, d)                       number text and its JSON-number DFA state
+    ("L", literal, i)                          true / false / null, i bytes read
+    ("C", node, start)                         residual check of the value starting at byte `start`
+    ("U", start)                               capture of a uniqueItems array item
+    ("R", term, utf)                           a whole-output regex (the `regex` kind)
+    ("D", done)                                bottom; done = 1 once the root value is complete
+
+`ctx(start, end)` returns output bytes [start, end) (committed output + the bytes being
+tried), read only when a captured value completes.
+"""
+from __future__ import annotations
+
+import bisect
+from decimal import Decimal
+from typing import Callable, Optional
+
+from lmprog_runtime.constrained.cfg.nodes import Node
+from lmprog_runtime.constrained.cfg.residual import Residual, canonical
+
+WS = frozenset(b" \t\n\r")
+DIGITS = frozenset(b"0123456789")
+# JSON number DFA: 0 start, 1 '-', 2 '0', 3 int, 4 '.', 5 frac, 6 'e', 7 exp sign, 8 exp
+_NUM: list[dict[int, int]] = [{} for _ in range(9)]
+for _d in DIGITS:
+    _NUM[0][_d] = _NUM[1][_d] = 2 if _d == 0x30 else 3
+    _NUM[3][_d] = 3
+    _NUM[4][_d] = _NUM[5][_d] = 5
+    _NUM[6][_d] = _NUM[7][_d] = _NUM[8][_d] = 8
+_NUM[0][0x2D] = 1
+for _s in (2, 3):
+    _NUM[_s][0x2E] = 4
+for _s in (2, 3, 5):
+    _NUM[_s][0x65] = _NUM[_s][0x45] = 6
+_NUM[6][0x2B] = _NUM[6][0x2D] = 7
+NUM_COMPLETE = frozenset((2, 3, 5, 8))
+MAX_NUMBER_CHARS = 400
+_ESC = {0x22: 0x22, 0x5C: 0x5C, 0x2F: 0x2F, 0x62: 8, 0x66: 12, 0x6E: 10, 0x72: 13, 0x74: 9}
+_HEX = {b: int(chr(b), 16) for b in b"0123456789abcdefABCDEF"}
+
+Ctx = Callable[[int, int], bytes]
+
+
+def utf8_start(b: int):
+    """Decoder state after a UTF-8 lead byte: (bytes still needed, code point so far, lo, hi
+    bounds of the next byte); None for a byte that cannot start a character."""
+    if 0xC2 <= b <= 0xDF:
+        return (1, b & 0x1F, 0x80, 0xBF)
+    if 0xE0 <= b <= 0xEF:
+        return (2, b & 0x0F, 0xA0 if b == 0xE0 else 0x80, 0x9F if b == 0xED else 0xBF)
+    if 0xF0 <= b <= 0xF4:
+        return (3, b & 0x07, 0x90 if b == 0xF0 else 0x80, 0x8F if b == 0xF4 else 0xBF)
+    return None
+
+
+class Machine:
+    def __init__(self, root: Optional[Node], pool, residual: Optional[Residual], child_of, max_ws: int,
+                 regex_term: Optional[int] = None):
+        self.root, self.pool, self.residual, self.max_ws = root, pool, residual, max_ws
+        self._child_of = child_of  # (node, key) -> Node | None
+        self.regex_term = regex_term
+
+    def initial(self) -> tuple:
+        if self.regex_term is not None:
+            return (((("R", self.regex_term, 0)), None),)
+        return ((("V", self.root, 0), (("D", 0), None)),)
+
+    # ------------------------------------------------------------ driving
+    def advance(self, state: tuple, b: int, pos: int, ctx: Ctx) -> tuple:
+        out: list = []
+        for st in state:
+            out.extend(self.step(st, b, pos, ctx))
+        return tuple(dict.fromkeys(out)) if len(out) > 1 else tuple(out)
+
+    def accepting(self, state: tuple, pos: int, ctx: Ctx) -> bool:
+        for st in state:
+            top = st[0]
+            if top[0] == "D" and top[1]:
+                return True
+            if top[0] == "R" and top[2] == 0 and self.pool.nullable(top[1]):
+                return True
+            if top[0] == "N" and top[3] in NUM_COMPLETE and top[1].number_ok(Decimal(top[2])):
+                if any(s[0] == ("D", 1) for s in self.finish(st[1], None, pos, ctx)):
+                    return True
+        return False
+
+    def complete(self, state: tuple) -> bool:
+        """No byte can follow: every alternative is done."""
+        return bool(state) and all(st[0] == ("D", 1) or (st[0][0] == "R" and st[0][1] == self.pool.EPS)
+                                   for st in state)
+
+    def step(self, st, b: int, pos: int, ctx: Ctx) -> list:
+        top, rest = st
+        kind = top[0]
+        if kind == "S":
+            return self._string(top, rest, b, pos, ctx)
+        if kind == "V":
+            if b in WS:
+                return [(("V", top[1], top[2] + 1), rest)] if top[2] < self.max_ws else []
+            return self.start_value(rest, top[1], b, pos, ctx)
+        if kind == "O":
+            return self._object(top, rest, b, pos, ctx)
+        if kind == "A":
+            return self._array(top, rest, b, pos, ctx)
+        if kind == "N":
+            return self._number(top, rest, b, pos, ctx)
+        if kind == "L":
+            lit, i = top[1], top[2]
+            if b != ord(lit[i]):
+                return []
+            return self.finish(rest, None, pos + 1, ctx) if i + 1 == len(lit) else [(("L", lit, i + 1), rest)]
+        if kind == "R":
+            return self._regex(top, rest, b)
+        return []  # D: nothing after the root value
+
+    def start_value(self, rest, node: Node, b: int, pos: int, ctx: Ctx) -> list:
+        if node.never:
+            return []
+        if node.residual is not None:
+            rest = (("C", node, pos), rest)
+        if node.alts is not None:
+            out: list = []
+            for alt in node.alts:
+                out.extend(self.start_value(rest, alt, b, pos, ctx))
+            return out
+        types = node.types
+        if b == 0x22:
+            if "string" not in types or (node.enum is not None and not node.enum):
+                return []
+            text = "" if node.enum is not None else None
+            return [(("S", node, 0, 0, 0, 0, node.patterns, text), rest)]
+        if b == 0x7B:
+            return [(("O", node, 0, frozenset(), None, 0), rest)] if "object" in types else []
+        if b == 0x5B:
+            if "array" not in types:
+                return []
+            return [(("A", node, 0, 0, frozenset() if node.unique else None, 0), rest)]
+        if b in DIGITS or b == 0x2D:
+            if not node.allows_number():
+                return []
+            return [(("N", node, chr(b), _NUM[0][b]), rest)]
+        for lit in node.literals:
+            if b == ord(lit[0]):
+                return [(("L", lit, 1), rest)]
+        return []
+
+    # ------------------------------------------------------------ completion
+    def finish(self, rest, result, end: int, ctx: Ctx) -> list:
+        """The value on top of `rest` just completed (its text ends at byte `end`)."""
+        top = rest[0]
+        kind = top[0]
+        if kind == "D":
+            return [(("D", 1), rest[1])]
+        if kind == "C":
+            if not self.residual.valid_text(ctx(top[2], end), top[1].residual):
+                return []
+            return self.finish(rest[1], result, end, ctx)
+        if kind == "U":
+            value = canonical(ctx(top[1], end))
+            return self.finish(rest[1], value, end, ctx)
+        if kind == "A":
+            seen = top[4]
+            if seen is not None:
+                if result in seen:
+                    return []
+                seen = seen | {result}
+            return [(("A", top[1], 2, top[3] + 1, seen, 0), rest[1])]
+        if kind == "O":
+            node, phase, seen = top[1], top[2], top[3]
+            if phase == 4:
+                return [(("O", node, 2, seen | {top[4]}, None, 0), rest[1])]
+            return self._key_done(top, rest[1], result)
+        return []
+
+    def _key_done(self, top, rest, key: str) -> list:
+        node, seen = top[1], top[3]
+        if key in seen or self._child_of(node, key) is None:
+            return []
+        kn = node.key_node
+        if kn is not None and kn.residual is not None and not self.residual.valid(key, kn.residual):
+            return []
+        return [(("O", node, 1, seen, key, 0), rest)]
+
+    # ------------------------------------------------------------ containers
+    def _object(self, top, rest, b: int, pos: int, ctx: Ctx) -> list:
+        _, node, phase, seen, key, ws = top
+        if b in WS:
+            return [(("O", node, phase, seen, key, ws + 1), rest)] if ws < self.max_ws else []
+        if phase == 1:
+            if b != 0x3A:
+                return []
+            child = self._child_of(node, key)
+            return [(("V", child, 0), (("O", node, 4, seen, key, 0), rest))]
+        if b == 0x22 and phase in (0, 3):
+            if node.max_props is not None and len(seen) >= node.max_props:
+                return []
+            kn = node.key_node
+            if kn.never or "string" not in kn.types or (kn.enum is not None and not kn.enum):
+                return []
+            return [(("S", kn, 0, 0, 0, 0, kn.patterns, ""), (("O", node, phase, seen, None, 0), rest))]
+        if b == 0x7D and phase in (0, 2):
+            if not (node.required <= seen and len(seen) >= node.min_props):
+                return []
+            for k in seen:
+                deps = node.dep_required.get(k)
+                if deps and not set(deps) <= seen:
+                    return []
+            return self.finish(rest, None, pos + 1, ctx)
+        if b == 0x2C and phase == 2:
+            if node.max_props is not None and len(seen) >= node.max_props:
+                return []
+            if node.additional is None and not node.pattern_props and len(seen) >= len(node.props):
+                return []
+            return [(("O", node, 3, seen, None, 0), rest)]
+        return []
+
+    def _array(self, top, rest, b: int, pos: int, ctx: Ctx) -> list:
+        _, node, phase, count, seen, ws = top
+        if b in WS:
+            return [(("A", node, phase, count, seen, ws + 1), rest)] if ws < self.max_ws else []
+        if b == 0x5D and phase in (0, 2):
+            return self.finish(rest, None, pos + 1, ctx) if count >= node.min_items else []
+        if b == 0x2C:
+            if phase != 2 or (node.max_items is not None and count >= node.max_items):
+                return []
+            return [(("A", node, 3, count, seen, 0), rest)] if _item(node, count) is not None else []
+        if phase == 2:
+            return []
+        item = _item(node, count)
+        if item is None:
+            return []
+        inner = (("A", node, 4, count, seen, 0), rest)
+        if seen is not None:
+            inner = (("U", pos), inner)
+        return self.start_value(inner, item, b, pos, ctx)
+
+    def _number(self, top, rest, b: int, pos: int, ctx: Ctx) -> list:
+        _, node, text, d = top
+        nd = _NUM[d].get(b)
+        if nd is not None:
+            return [(("N", node, text + chr(b), nd), rest)] if len(text) < MAX_NUMBER_CHARS else []
+        if d not in NUM_COMPLETE or not node.number_ok(Decimal(text)):
+            return []
+        out: list = []
+        for st in self.finish(rest, None, pos, ctx):
+            out.extend(self.step(st, b, pos, ctx))
+        return out
+
+    # ------------------------------------------------------------ strings
+    def _string(self, top, rest, b: int, pos: int, ctx: Ctx) -> list:
+        _, node, count, utf, esc, hs, pats, text = top
+        if utf:
+            need, acc, lo, hi = utf
+            if not lo <= b <= hi:
+                return []
+            acc = (acc << 6) | (b & 0x3F)
+            if need > 1:
+                return [(("S", node, count, (need - 1, acc, 0x80, 0xBF), 0, hs, pats, text), rest)]
+            return self._feed_counted(node, count, hs, pats, text, acc, rest)
+        if esc:
+            if esc == 1:
+                if b == 0x75:
+                    return [(("S", node, count, 0, (0, 0), hs, pats, text), rest)]
+                cp = _ESC.get(b)
+                return [] if cp is None else self._char(node, count, hs, pats, text, cp, rest)
+            v = _HEX.get(b)
+            if v is None:
+                return []
+            n, acc = esc[0] + 1, (esc[1] << 4) | v
+            if n < 4:
+                return [(("S", node, count, 0, (n, acc), hs, pats, text), rest)]
+            return self._unit(node, count, hs, pats, text, acc, rest)
+        if b == 0x22:
+            return self._close(node, count, hs, pats, text, rest, pos, ctx)
+        if b == 0x5C:
+            return [(("S", node, count, 0, 1, hs, pats, text), rest)]
+        if b < 0x20:
+            return []
+        if b < 0x80:
+            return self._char(node, count, hs, pats, text, b, rest)
+        u = utf8_start(b)
+        if u is None or (node.max_len is not None and count + 1 > node.max_len):
+            return []  # a character counts from its first byte, as the mask's counters do
+        return [(("S", node, count, u, 0, hs, pats, text), rest)]
+
+    def _unit(self, node, count, hs, pats, text, cu: int, rest) -> list:
+        """A \\uXXXX code unit: surrogate pairs make one character, as JSON decoders do."""
+        if hs and 0xDC00 <= cu <= 0xDFFF:
+            cp = 0x10000 + ((hs - 0xD800) << 10) + (cu - 0xDC00)
+            return self._feed(node, count, 0, pats, text, cp, rest)
+        if 0xD800 <= cu <= 0xDBFF:
+            got = self._flush(node, hs, pats, text)
+            if got is None or (node.max_len is not None and count + 1 > node.max_len):
+                return []
+            return [(("S", node, count + 1, 0, 0, cu, got[0], got[1]), rest)]
+        return self._char(node, count, hs, pats, text, cu, rest)
+
+    def _flush(self, node, hs, pats, text):
+        """Feed a pending high surrogate as a lone character: (pats, text) or None (dead)."""
+        if not hs:
+            return pats, text
+        return self._advance_text(node, pats, text, hs)
+
+    def _char(self, node, count, hs, pats, text, cp: int, rest) -> list:
+        if node.max_len is not None and count + 1 > node.max_len:
+            return []
+        got = self._flush(node, hs, pats, text)
+        if got is None:
+            return []
+        return self._feed(node, count + 1, 0, got[0], got[1], cp, rest)
+
+    def _feed_counted(self, node, count, hs, pats, text, cp: int, rest) -> list:
+        """The last byte of a multi-byte character (counted at its lead byte)."""
+        got = self._flush(node, hs, pats, text)
+        if got is None:
+            return []
+        return self._feed(node, count + 1, 0, got[0], got[1], cp, rest)
+
+    def _feed(self, node, count, hs, pats, text, cp: int, rest) -> list:
+        got = self._advance_text(node, pats, text, cp)
+        if got is None:
+            return []
+        return [(("S", node, count, 0, 0, hs, got[0], got[1]), rest)]
+
+    def _advance_text(self, node, pats, text, cp: int):
+        if pats:
+            step, dead = self.pool.step, self.pool.NONE
+            pats = tuple(step(p, cp) for p in pats)
+            if dead in pats:
+                return None
+        if text is not None:
+            text += chr(cp)
+            enum = node.enum
+            if enum is not None:
+                i = bisect.bisect_left(enum, text)
+                if i == len(enum) or not enum[i].startswith(text):
+                    return None
+        return pats, text
+
+    def _close(self, node, count, hs, pats, text, rest, pos: int, ctx: Ctx) -> list:
+        got = self._flush(node, hs, pats, text)
+        if got is None or count < node.min_len:
+            return []
+        pats, text = got
+        if any(not self.pool.nullable(p) for p in pats):
+            return []
+        if node.enum is not None:
+            i = bisect.bisect_left(node.enum, text)
+            if i == len(node.enum) or node.enum[i] != text:
+                return []
+        return self.finish(rest, text, pos + 1, ctx)
+
+    def _regex(self, top, rest, b: int) -> list:
+        _, term, utf = top
+        if utf:
+            need, acc, lo, hi = utf
+            if not lo <= b <= hi:
+                return []
+            acc = (acc << 6) | (b & 0x3F)
+            if need > 1:
+                return [(("R", term, (need - 1, acc, 0x80, 0xBF)), rest)]
+            cp = acc
+        elif b < 0x80:
+            cp = b
+        else:
+            u = utf8_start(b)
+            return [] if u is None else [(("R", term, u), rest)]
+        nxt = self.pool.step(term, cp)
+        return [] if nxt == self.pool.NONE else [(("R", nxt, 0), rest)]
+
+
+def _item(node: Node, i: int) -> Optional[Node]:
+    return node.prefix[i] if i < len(node.prefix) else node.items

@@ -1,0 +1,81 @@
+"""Grammar rules of a compiled JSON Schema: one `Node` per (sub)schema.
+
+A node is a nonterminal of the value grammar: which value kinds may start here (`types`,
+`literals`), the lexeme constraints of its strings (length counters, regex states, an enum
+trie) and numbers (exact bounds on the number's text), and the rules of its object members
+and array items (other nodes, so `$ref` recursion is a cycle, never an unrolling). `alts`
+makes the node a choice between other nodes (anyOf/oneOf); the matcher follows each.
+
+Invariant: the structural language of a node contains every instance valid under its
+schema. Keywords the structure does not express exactly put the whole (sub)schema into
+`residual`, which the matcher checks on the value's text the moment the value is complete,
+so the combination accepts exactly the valid instances.
+"""
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Optional
+
+ALL_TYPES = frozenset(("null", "boolean", "object", "array", "string", "number", "integer"))
+
+
+class Node:
+    __slots__ = ("schema", "types", "literals", "min_len", "max_len", "patterns", "enum", "lo", "lo_excl",
+                 "hi", "hi_excl", "multiple_of", "integer", "props", "pattern_props", "additional",
+                 "required", "min_props", "max_props", "dep_required", "key_node", "prefix", "items",
+                 "min_items", "max_items", "unique", "alts", "residual", "never", "_child", "name")
+
+    def __init__(self, schema=None):
+        self.schema = schema
+        self.types = ALL_TYPES
+        self.literals = frozenset(("true", "false", "null"))
+        self.min_len, self.max_len = 0, None          # characters (code points), as JSON Schema counts
+        self.patterns: tuple[int, ...] = ()           # RegexPool start states, all must match
+        self.enum: Optional[tuple[str, ...]] = None   # sorted allowed strings
+        self.lo: Optional[Decimal] = None
+        self.lo_excl = False
+        self.hi: Optional[Decimal] = None
+        self.hi_excl = False
+        self.multiple_of: Optional[Decimal] = None
+        self.integer = False                          # numbers must be integral
+        self.props: dict[str, "Node"] = {}
+        self.pattern_props: tuple[tuple[int, "Node"], ...] = ()
+        self.additional: Optional["Node"] = None      # None: undeclared keys are refused
+        self.required: frozenset = frozenset()
+        self.min_props, self.max_props = 0, None
+        self.dep_required: dict[str, tuple[str, ...]] = {}
+        self.key_node: Optional["Node"] = None        # string rule for keys (propertyNames, closed keys)
+        self.prefix: tuple["Node", ...] = ()
+        self.items: Optional["Node"] = None           # None: no items past the prefix
+        self.min_items, self.max_items = 0, None
+        self.unique = False
+        self.alts: Optional[tuple["Node", ...]] = None
+        self.residual = None                          # schema checked on the complete value's text
+        self.never = False
+        self._child: dict = {}
+        self.name = ""
+
+    def allows_string(self) -> bool:
+        return "string" in self.types
+
+    def allows_number(self) -> bool:
+        return "number" in self.types or "integer" in self.types
+
+    def integer_only(self) -> bool:
+        return self.integer or ("integer" in self.types and "number" not in self.types)
+
+    def number_ok(self, value: Decimal) -> bool:
+        if self.integer_only() and value != value.to_integral_value():
+            return False
+        if self.lo is not None and (value < self.lo or (self.lo_excl and value == self.lo)):
+            return False
+        if self.hi is not None and (value > self.hi or (self.hi_excl and value == self.hi)):
+            return False
+        if self.multiple_of is not None:
+            q = value / self.multiple_of
+            if q != q.to_integral_value():
+                return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"Node({self.name or sorted(self.types)})"
