@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
@@ -64,15 +65,28 @@ class CfgGrammar(Grammar):
         return self._shared.machine.accepting(self.state, len(self._hist), self._ctx(b""))
 
     def fill_mask(self, mask_row: torch.Tensor) -> None:
+        if mask_row.device.type == "cpu" and mask_row.is_contiguous():
+            self._or_into(mask_row.numpy())
+            return
+        row = np.zeros(mask_row.shape[0], dtype=np.bool_)
+        self._or_into(row)
+        mask_row |= torch.from_numpy(row).to(mask_row.device)
+
+    def write_mask(self, row) -> None:
+        row.fill(False)
+        self._or_into(row)
+
+    def _or_into(self, row: np.ndarray) -> None:
+        """Set the allowed tokens True in the numpy bool row (others untouched)."""
         sh = self._shared
         if not self.finished:
             allowed = sh.engine.mask(self.state, bytes(self._hist))
-            n = min(len(allowed), mask_row.shape[0])
-            mask_row[:n] |= torch.from_numpy(allowed[:n])
+            n = min(len(allowed), row.shape[0])
+            np.logical_or(row[:n], allowed[:n], out=row[:n])
         if self.finished or self._accepting():
             for e in sh.eos:
-                if e < mask_row.shape[0]:
-                    mask_row[e] = True
+                if e < row.shape[0]:
+                    row[e] = True
 
     def accept_token(self, token_id: int) -> None:
         sh = self._shared

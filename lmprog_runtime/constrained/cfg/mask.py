@@ -44,9 +44,32 @@ class VocabInfo:
                 plain[i], chars[i] = True, n
         self.plain, self.chars = plain, chars
         self.special = TokenTrie(special, use_c=False)
+        # plain tokens that end on a character boundary, as code points (CSR by level), for
+        # the vectorized regex walk; the others (a character cut by the token's end) are walked
+        self.whole = np.zeros(self.n_slots, dtype=np.bool_)
+        cps: list[list[int]] = []
+        ids: list[int] = []
+        for i in np.nonzero(plain)[0].tolist():
+            try:
+                text = table[i].decode("utf-8")
+            except UnicodeDecodeError:
+                special[i] = table[i]
+                continue
+            self.whole[i] = True
+            ids.append(i)
+            cps.append([ord(c) for c in text])
+        self.whole_ids = np.asarray(ids, dtype=np.int64)
+        width = max((len(c) for c in cps), default=0)
+        self.levels = []  # per position k: (row indices into whole_ids with > k chars, their k-th code point)
+        for k in range(width):
+            rows = [r for r, c in enumerate(cps) if len(c) > k]
+            self.levels.append((np.asarray(rows, dtype=np.int64),
+                                np.asarray([cps[r][k] for r in rows], dtype=np.int64)))
+        self.special_or_cut = TokenTrie(special, use_c=False)
         self.max_chars = max((len(b) for b in table if b), default=1) + 1
         self.lists = _lists(self.trie)
         self.special_lists = _lists(self.special)
+        self.cut_lists = _lists(self.special_or_cut)
 
 
 def _lists(trie: TokenTrie):
@@ -81,6 +104,8 @@ class MaskEngine:
         self.machine, self.vocab = machine, vocab
         self._memo: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
+        self._alive: dict[int, np.ndarray] = {}
+        self._table: Optional[_ClassTable] = None
 
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
         key = self._fast_key(state)
@@ -90,34 +115,45 @@ class MaskEngine:
             if got is not None:
                 self._memo.move_to_end(memo_key)
         if got is None:
-            if key is not None:
-                got = self._walk(state, hist, self.vocab.special, self.vocab.special_lists)
-            else:
-                got = self._walk(state, hist, self.vocab.trie, self.vocab.lists)
+            got = self._compute(key, state, hist)
             with self._lock:
                 self._memo[memo_key] = got
                 while len(self._memo) > MEMO_STATES:
                     self._memo.popitem(last=False)
         if key is None:
             return got
-        node, count = state[0][0][1], state[0][0][2]
-        out = self.vocab.plain.copy()
+        v, (node, count) = self.vocab, state[0][0][1:3]
+        counted = v.whole if key[4] else v.plain  # the tokens not walked: their length is checked here
+        if key[4]:
+            out = got.copy()
+        else:
+            out = v.plain | got
         if node.max_len is not None:
-            out &= self.vocab.chars <= node.max_len - count
-        out |= got
+            out &= ~(counted & (v.chars > node.max_len - count))
         return out
+
+    def _compute(self, key, state: tuple, hist: bytes) -> np.ndarray:
+        v = self.vocab
+        if key is None:
+            return self._walk(state, hist, v.trie, v.lists)
+        if not key[4]:
+            return self._walk(state, hist, v.special, v.special_lists)
+        alive = v.whole.copy()
+        for p in key[4]:
+            alive &= self._regex_alive(p)
+        return alive | self._walk(state, hist, v.special_or_cut, v.cut_lists)
 
     def _fast_key(self, state: tuple):
         """A key for the string-body fast path, or None when it does not apply."""
         if len(state) != 1:
             return None
         top, rest = state[0]
-        if top[0] != "S" or top[3] or top[4] or top[5] or top[6] or top[1].enum is not None:
+        if top[0] != "S" or top[3] or top[4] or top[5] or top[1].enum is not None:
             return None
         node, count, cap = top[1], top[2], self.vocab.max_chars
         left = cap if node.max_len is None else min(node.max_len - count, cap)
         deficit = min(max(node.min_len - count, 0), cap)
-        return ("fast", node, left, deficit, top[7], rest)
+        return ("fast", node, left, deficit, top[6], top[7], rest)
 
     def _walk(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
         byte, depth, skip, tok, dups = lists
@@ -152,3 +188,72 @@ class MaskEngine:
         for t, src in dups:
             out[t] = out[src]
         return out
+
+    # ------------------------------------------------------------ regex tables
+    def _regex_alive(self, p: int) -> np.ndarray:
+        """bool [n_slots]: the whole-character plain tokens after which pattern state `p` is
+        not dead, computed for all of them at once, one character position at a time, over
+        a lazily filled transition table (states x character classes)."""
+        with self._lock:
+            got = self._alive.get(p)
+        if got is not None:
+            return got
+        tab = self._tables()
+        v = self.vocab
+        st = np.full(len(v.whole_ids), tab.local(p), dtype=np.int64)
+        for k, (rows, cls) in enumerate(tab.level_classes):
+            cur = st[rows]
+            st[rows] = tab.next(cur, cls)
+        out = np.zeros(v.n_slots, dtype=np.bool_)
+        out[v.whole_ids[st != tab.dead]] = True
+        with self._lock:
+            self._alive[p] = out
+        return out
+
+    def _tables(self) -> "_ClassTable":
+        pool = self.machine.pool
+        n = pool.n_charsets()
+        with self._lock:
+            if self._table is None or self._table.version != n:
+                self._table = _ClassTable(pool, self.vocab, n)
+                self._alive = {}
+            return self._table
+
+
+class _ClassTable:
+    """Code points split into classes no character set of the pool tells apart, and a
+    transition table over them, filled on demand (pool.step on a class representative)."""
+
+    def __init__(self, pool, vocab: VocabInfo, version: int):
+        self.pool, self.version = pool, version
+        bounds = pool.charset_bounds()
+        self.bounds = np.asarray(bounds, dtype=np.int64)
+        self.reps = [0] + bounds  # class k >= 1 starts at bounds[k-1]
+        self.level_classes = [(rows, np.searchsorted(self.bounds, cps, side="right"))
+                              for rows, cps in vocab.levels]
+        self.n_classes = len(bounds) + 1
+        self.terms: list[int] = []
+        self.ids: dict[int, int] = {}
+        self.trans = np.full((16, self.n_classes), -1, dtype=np.int64)
+        self.dead = self.local(pool.NONE)
+
+    def local(self, term: int) -> int:
+        got = self.ids.get(term)
+        if got is None:
+            got = self.ids[term] = len(self.terms)
+            self.terms.append(term)
+            if got >= self.trans.shape[0]:
+                grown = np.full((self.trans.shape[0] * 2, self.n_classes), -1, dtype=np.int64)
+                grown[: self.trans.shape[0]] = self.trans
+                self.trans = grown
+        return got
+
+    def next(self, cur: np.ndarray, cls: np.ndarray) -> np.ndarray:
+        nxt = self.trans[cur, cls]
+        missing = nxt < 0
+        if missing.any():
+            for s, c in set(zip(cur[missing].tolist(), cls[missing].tolist())):
+                term = self.pool.step(self.terms[s], self.reps[c])
+                self.trans[s, c] = self.local(term)
+            nxt = self.trans[cur, cls]
+        return nxt

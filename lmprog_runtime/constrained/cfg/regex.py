@@ -97,6 +97,7 @@ class RegexPool:
         self._deriv: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
         self.max_terms = max_terms
+        self._n_charsets = 0
 
     def _intern(self, key: tuple) -> int:
         got = self._ids.get(key)
@@ -109,6 +110,7 @@ class RegexPool:
                     raise RegexError(f"the pattern's automaton grew past {self.max_terms} states")
                 got = len(self._terms)
                 self._terms.append(key)
+                self._n_charsets += key[0] == "c"
                 self._ids[key] = got
         return got
 
@@ -221,6 +223,19 @@ class RegexPool:
             if t == self.NONE:
                 return False
         return self.nullable(t)
+
+    def n_charsets(self) -> int:
+        return self._n_charsets
+
+    def charset_bounds(self) -> list[int]:
+        """Sorted code points where some character set of the pool starts or stops matching."""
+        out = set()
+        for term in list(self._terms):
+            if term[0] == "c":
+                for lo, hi in term[1]:
+                    out.add(lo)
+                    out.add(hi + 1)
+        return sorted(out)
 
     def any_star(self) -> int:
         return self.star(self.chars(((0, MAX_CP),)))
