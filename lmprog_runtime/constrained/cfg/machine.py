@@ -8,7 +8,7 @@ token-trie walk branches without copying. Frames (first field = kind):
     ("V", node, ws)                            a value of `node` may start (after ws bytes)
     ("O", node, phase, seen, key, ws)          object; phase 0 `{` 1 key 2 value 3 `,` 4 in value
     ("A", node, phase, count, seen, ws)        array; phase 0 `[` 2 item 3 `,` 4 in item
-    ("S", node, count, utf, esc, hs, pats, text)  string body: char count, UTF-8 / escape
+    ("S", node, count, utf, esc, hs, pats, text)  string body: char count, UTF-8 (need, cp, lo, hi, raw) / escape
                                                decoder states, pending high surrogate, regex
                                                states, text (kept for keys and enums only)
     ("N", node, text, d)                       number text and its JSON-number DFA state
@@ -24,7 +24,6 @@ tried), read only when a captured value completes.
 from __future__ import annotations
 
 import bisect
-from decimal import Decimal
 from typing import Callable, Optional
 
 from lmprog_runtime.constrained.cfg.nodes import Node
@@ -75,7 +74,7 @@ class Machine:
     def initial(self) -> tuple:
         if self.regex_term is not None:
             return (((("R", self.regex_term, 0)), None),)
-        return ((("V", self.root, 0), (("D", 0), None)),)
+        return ((("V", self.root, self.max_ws), (("D", 0), None)),)  # no whitespace before the root
 
     # ------------------------------------------------------------ driving
     def advance(self, state: tuple, b: int, pos: int, ctx: Ctx) -> tuple:
@@ -91,7 +90,7 @@ class Machine:
                 return True
             if top[0] == "R" and top[2] == 0 and self.pool.nullable(top[1]):
                 return True
-            if top[0] == "N" and top[3] in NUM_COMPLETE and top[1].number_ok(Decimal(top[2])):
+            if top[0] == "N" and top[3] in NUM_COMPLETE and top[1].number_ok(top[2]):
                 if any(s[0] == ("D", 1) for s in self.finish(st[1], None, pos, ctx)):
                     return True
         return False
@@ -206,7 +205,7 @@ class Machine:
         if b == 0x22 and phase in (0, 3):
             if node.max_props is not None and len(seen) >= node.max_props:
                 return []
-            kn = node.key_node
+            kn = _key_rule(node, seen)
             if kn.never or "string" not in kn.types or (kn.enum is not None and not kn.enum):
                 return []
             return [(("S", kn, 0, 0, 0, 0, kn.patterns, ""), (("O", node, phase, seen, None, 0), rest))]
@@ -251,7 +250,7 @@ class Machine:
         nd = _NUM[d].get(b)
         if nd is not None:
             return [(("N", node, text + chr(b), nd), rest)] if len(text) < MAX_NUMBER_CHARS else []
-        if d not in NUM_COMPLETE or not node.number_ok(Decimal(text)):
+        if d not in NUM_COMPLETE or not node.number_ok(text):
             return []
         out: list = []
         for st in self.finish(rest, None, pos, ctx):
@@ -262,12 +261,15 @@ class Machine:
     def _string(self, top, rest, b: int, pos: int, ctx: Ctx) -> list:
         _, node, count, utf, esc, hs, pats, text = top
         if utf:
-            need, acc, lo, hi = utf
+            need, acc, lo, hi = utf[:4]
             if not lo <= b <= hi:
                 return []
             acc = (acc << 6) | (b & 0x3F)
             if need > 1:
-                return [(("S", node, count, (need - 1, acc, 0x80, 0xBF), 0, hs, pats, text), rest)]
+                raw = utf[4] + bytes((b,))
+                if node.enum is not None and not _enum_next_ok(node, text, lambda c: c.encode().startswith(raw)):
+                    return []
+                return [(("S", node, count, (need - 1, acc, 0x80, 0xBF, raw), 0, hs, pats, text), rest)]
             return self._feed_counted(node, count, hs, pats, text, acc, rest)
         if esc:
             if esc == 1:
@@ -279,12 +281,22 @@ class Machine:
             if v is None:
                 return []
             n, acc = esc[0] + 1, (esc[1] << 4) | v
+            if n < 4 and node.max_len is not None and count >= node.max_len:
+                lo = acc << 4 * (4 - n)
+                if not hs or lo > 0xDFFF or lo + (1 << 4 * (4 - n)) - 1 < 0xDC00:
+                    return []
             if n < 4:
+                if node.enum is not None and not _enum_next_ok(node, text, lambda c: _unit_of(c) >> 4 * (4 - n) == acc):
+                    return []
                 return [(("S", node, count, 0, (n, acc), hs, pats, text), rest)]
             return self._unit(node, count, hs, pats, text, acc, rest)
         if b == 0x22:
             return self._close(node, count, hs, pats, text, rest, pos, ctx)
         if b == 0x5C:
+            if node.max_len is not None and count >= node.max_len and not hs:
+                return []  # only a low surrogate (counted with its pair) may follow a full string
+            if node.enum is not None and not _enum_next_ok(node, text, lambda c: True):
+                return []
             return [(("S", node, count, 0, 1, hs, pats, text), rest)]
         if b < 0x20:
             return []
@@ -293,7 +305,9 @@ class Machine:
         u = utf8_start(b)
         if u is None or (node.max_len is not None and count + 1 > node.max_len):
             return []  # a character counts from its first byte, as the mask's counters do
-        return [(("S", node, count, u, 0, hs, pats, text), rest)]
+        if node.enum is not None and not _enum_next_ok(node, text, lambda c: c.encode()[0] == b):
+            return []
+        return [(("S", node, count, u + (bytes((b,)),), 0, hs, pats, text), rest)]
 
     def _unit(self, node, count, hs, pats, text, cu: int, rest) -> list:
         """A \\uXXXX code unit: surrogate pairs make one character, as JSON decoders do."""
@@ -383,3 +397,45 @@ class Machine:
 
 def _item(node: Node, i: int) -> Optional[Node]:
     return node.prefix[i] if i < len(node.prefix) else node.items
+
+
+def _key_rule(node: Node, seen: frozenset) -> Node:
+    """The key rule of an object with `seen` keys: a closed object's enum less those keys,
+    so a key prefix typed can always be finished (memoized on the object node)."""
+    kn = node.key_node
+    if kn.enum is None or not seen:
+        return kn
+    memo_key = ("__keys__", seen)
+    got = node._child.get(memo_key)
+    if got is None:
+        got = Node(kn.schema)
+        for slot in Node.__slots__:
+            if slot not in ("_child",):
+                setattr(got, slot, getattr(kn, slot))
+        got._child = {}
+        got.enum = tuple(k for k in kn.enum if k not in seen)
+        node._child[memo_key] = got
+    return got
+
+
+def _unit_of(ch: str) -> int:
+    """The first UTF-16 code unit of a character (what a \\u escape spells first)."""
+    cp = ord(ch)
+    return cp if cp <= 0xFFFF else 0xD800 + ((cp - 0x10000) >> 10)
+
+
+def _enum_next_ok(node: Node, text: str, pred) -> bool:
+    """Some allowed string continues `text` with a character satisfying `pred`: a partial
+    character (UTF-8 bytes, a \\u escape) is kept only if it can still become one."""
+    memo_key = ("__next__", text)
+    nxt = node._child.get(memo_key)
+    if nxt is None:
+        enum, n = node.enum, len(text)
+        i = bisect.bisect_left(enum, text)
+        chars = set()
+        while i < len(enum) and enum[i].startswith(text):
+            if len(enum[i]) > n:
+                chars.add(enum[i][n])
+            i += 1
+        nxt = node._child[memo_key] = frozenset(chars)
+    return any(pred(c) for c in nxt)

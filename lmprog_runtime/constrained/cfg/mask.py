@@ -99,6 +99,20 @@ def _plain_chars(data: bytes) -> Optional[int]:
     return n
 
 
+def _capture_start(state: tuple):
+    """The first output byte a pending check (C / U frame) of `state` will read, or None."""
+    start = None
+    for st in state:
+        while st is not None:
+            frame = st[0]
+            if frame[0] == "C":
+                start = frame[2] if start is None else min(start, frame[2])
+            elif frame[0] == "U":
+                start = frame[1] if start is None else min(start, frame[1])
+            st = st[1]
+    return start
+
+
 class MaskEngine:
     def __init__(self, machine: Machine, vocab: VocabInfo):
         self.machine, self.vocab = machine, vocab
@@ -110,6 +124,9 @@ class MaskEngine:
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
         key = self._fast_key(state)
         memo_key = key if key is not None else state
+        start = _capture_start(state)
+        if start is not None:  # a residual check will read the captured text: it is part of the key
+            memo_key = (memo_key, hist[start:])
         with self._lock:
             got = self._memo.get(memo_key)
             if got is not None:

@@ -13,9 +13,10 @@ so the combination accepts exactly the valid instances.
 """
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
 from typing import Optional
 
+_EXACT = Context(prec=2000, Emax=MAX_EMAX, Emin=MIN_EMIN)  # number checks are exact on JSON-sized numbers
 ALL_TYPES = frozenset(("null", "boolean", "object", "array", "string", "number", "integer"))
 
 
@@ -64,7 +65,15 @@ class Node:
     def integer_only(self) -> bool:
         return self.integer or ("integer" in self.types and "number" not in self.types)
 
-    def number_ok(self, value: Decimal) -> bool:
+    def number_ok(self, text: str) -> bool:
+        """The complete JSON number `text` satisfies the node's number rules (exactly, in decimal)."""
+        try:
+            with localcontext(_EXACT):
+                return self._number_ok(Decimal(text))
+        except ArithmeticError:  # an exponent past any double: no bound can be decided on it
+            return False
+
+    def _number_ok(self, value: Decimal) -> bool:
         if self.integer_only() and value != value.to_integral_value():
             return False
         if self.lo is not None and (value < self.lo or (self.lo_excl and value == self.lo)):
