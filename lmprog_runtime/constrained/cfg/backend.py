@@ -125,7 +125,8 @@ class CfgGrammar(Grammar):
 
     def jump_forward_str(self) -> Optional[str]:
         """The bytes every continuation starts with (one live byte at a time, stopping where
-        the output could end), cut to whole UTF-8 characters."""
+        the output could end; `\\` escapes, which only respell a character, do not count as
+        a choice), cut to whole UTF-8 characters."""
         if self.is_terminated():
             return None
         m, state, out = self._shared.machine, self.state, bytearray()
@@ -135,6 +136,8 @@ class CfgGrammar(Grammar):
             if m.accepting(state, base + len(out), ctx):
                 break
             live = [(b, s) for b in range(256) for s in (m.advance(state, b, base + len(out), ctx),) if s]
+            if len(live) > 1:  # an escape is another spelling of a character, not a choice
+                live = [(b, s) for b, s in live if b != 0x5C]
             if len(live) != 1:
                 break
             out.append(live[0][0])
