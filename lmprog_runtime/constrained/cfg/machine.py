@@ -64,6 +64,20 @@ def utf8_start(b: int):
     return None
 
 
+_VALUE_START = frozenset(b'"{[-0123456789tfn')
+_FOLLOW = {"O": WS | frozenset(b",}"), "A": WS | frozenset(b",]"), "D": frozenset()}
+_OBJ = {0: WS | frozenset(b'"}'), 1: WS | frozenset(b":"), 2: WS | frozenset(b",}"), 3: WS | frozenset(b'"')}
+_ARR = {0: WS | _VALUE_START | frozenset(b"]"), 2: WS | frozenset(b",]"), 3: WS | _VALUE_START}
+_NUM_NEXT = [frozenset(d) for d in _NUM]
+
+
+def _follow(rest) -> frozenset:
+    """Bytes that may come right after a complete value on top of `rest` (a superset)."""
+    while rest[0][0] in ("C", "U"):
+        rest = rest[1]
+    return _FOLLOW[rest[0][0]]
+
+
 class Machine:
     def __init__(self, root: Optional[Node], pool, residual: Optional[Residual], child_of, max_ws: int,
                  regex_term: Optional[int] = None):
@@ -94,6 +108,32 @@ class Machine:
                 if any(s[0] == ("D", 1) for s in self.finish(st[1], None, pos, ctx)):
                     return True
         return False
+
+    def candidates(self, state: tuple):
+        """A superset of the bytes `advance` may accept from `state` (frozenset), or None for
+        "any": lets the trie walk skip subtrees without stepping into them."""
+        out: set = set()
+        for st in state:
+            top = st[0]
+            kind = top[0]
+            if kind == "O":
+                got = _OBJ.get(top[2], WS)
+            elif kind == "A":
+                got = _ARR.get(top[2], WS)
+            elif kind == "V":
+                got = _VALUE_START | WS
+            elif kind == "L":
+                got = (ord(top[1][top[2]]),)
+            elif kind == "N":
+                got = _NUM_NEXT[top[3]] | (_follow(st[1]) if top[3] in NUM_COMPLETE else frozenset())
+            elif kind == "D":
+                continue
+            elif kind == "S" and top[1].enum is not None and not top[3] and not top[4]:
+                got = _enum_first_bytes(top[1], top[7])
+            else:
+                return None
+            out.update(got)
+        return out
 
     def complete(self, state: tuple) -> bool:
         """No byte can follow: every alternative is done."""
@@ -439,3 +479,15 @@ def _enum_next_ok(node: Node, text: str, pred) -> bool:
             i += 1
         nxt = node._child[memo_key] = frozenset(chars)
     return any(pred(c) for c in nxt)
+
+
+def _enum_first_bytes(node: Node, text: str) -> frozenset:
+    """Bytes that may come next in an enum string after `text`: the first UTF-8 byte of each
+    possible next character, the closing quote, a backslash (escapes)."""
+    memo_key = ("__first__", text)
+    got = node._child.get(memo_key)
+    if got is None:
+        _enum_next_ok(node, text, lambda c: False)  # fills the next-character set
+        got = frozenset(c.encode()[0] for c in node._child[("__next__", text)]) | frozenset(b'"\\')
+        node._child[memo_key] = got
+    return got

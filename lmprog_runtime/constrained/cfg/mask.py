@@ -22,6 +22,7 @@ from lmprog_runtime.constrained.cfg.machine import Machine, utf8_start
 from lmprog_runtime.constrained.trie_walk import TokenTrie
 
 MEMO_STATES = 4096  # cached masks per compiled grammar (LRU)
+MAX_TABLE_CHARS = 32  # plain tokens up to this many characters go through the regex tables
 
 
 class VocabInfo:
@@ -53,20 +54,22 @@ class VocabInfo:
             try:
                 text = table[i].decode("utf-8")
             except UnicodeDecodeError:
-                special[i] = table[i]
+                text = None
+            if text is None or len(text) > MAX_TABLE_CHARS:
+                special[i] = table[i]  # walked in pattern states
                 continue
             self.whole[i] = True
             ids.append(i)
             cps.append([ord(c) for c in text])
         self.whole_ids = np.asarray(ids, dtype=np.int64)
-        width = max((len(c) for c in cps), default=0)
-        self.levels = []  # per position k: (row indices into whole_ids with > k chars, their k-th code point)
-        for k in range(width):
-            rows = [r for r, c in enumerate(cps) if len(c) > k]
-            self.levels.append((np.asarray(rows, dtype=np.int64),
-                                np.asarray([cps[r][k] for r in rows], dtype=np.int64)))
+        self.whole_len = np.asarray([len(c) for c in cps], dtype=np.int64)
+        self.cps = np.zeros((len(cps), MAX_TABLE_CHARS), dtype=np.int64)  # code points, 0-padded
+        for r, c in enumerate(cps):
+            self.cps[r, :len(c)] = c
         self.special_or_cut = TokenTrie(special, use_c=False)
         self.max_chars = max((len(b) for b in table if b), default=1) + 1
+        # counters clamp at the most characters a walked token can add before it leaves the string
+        self.max_special = max((len(b) for b in special if b), default=1) + 1
         self.lists = _lists(self.trie)
         self.special_lists = _lists(self.special)
         self.cut_lists = _lists(self.special_or_cut)
@@ -167,7 +170,8 @@ class MaskEngine:
         top, rest = state[0]
         if top[0] != "S" or top[3] or top[4] or top[5] or top[1].enum is not None:
             return None
-        node, count, cap = top[1], top[2], self.vocab.max_chars
+        node, count = top[1], top[2]
+        cap = self.vocab.max_special if not top[6] else self.vocab.max_chars
         left = cap if node.max_len is None else min(node.max_len - count, cap)
         deficit = min(max(node.min_len - count, 0), cap)
         return ("fast", node, left, deficit, top[6], top[7], rest)
@@ -184,13 +188,18 @@ class MaskEngine:
             tail = bytes(path[:end - base])
             return (hist[start:] + tail) if start < base else tail[start - base:]
 
-        advance = self.machine.advance
+        advance, candidates = self.machine.advance, self.machine.candidates
         states = [state] + [None] * 256
+        cands = [candidates(state)] + [None] * 256  # per depth: bytes worth stepping (None: all)
         i, n, sink = 0, trie.n_nodes, trie.sink
         hits = []
         while i < n:
             d = depth[i]
             b = byte[i]
+            c = cands[d - 1]
+            if c is not None and b not in c:
+                i = skip[i]
+                continue
             path[d - 1] = b
             nxt = advance(states[d - 1], b, base + d - 1, ctx)
             if not nxt:
@@ -200,6 +209,8 @@ class MaskEngine:
             if tok[i] != sink:
                 hits.append(tok[i])
             i += 1
+            if i < n and depth[i] > d:  # it has children
+                cands[d] = candidates(nxt)
         if hits:
             out[hits] = True
         for t, src in dups:
@@ -217,12 +228,21 @@ class MaskEngine:
             return got
         tab = self._tables()
         v = self.vocab
-        st = np.full(len(v.whole_ids), tab.local(p), dtype=np.int64)
-        for k, (rows, cls) in enumerate(tab.level_classes):
-            cur = st[rows]
-            st[rows] = tab.next(cur, cls)
+        active = np.arange(len(v.whole_ids))
+        st = np.full(len(active), tab.local(p), dtype=np.int64)
+        alive_rows = []
+        for k in range(MAX_TABLE_CHARS):
+            longer = v.whole_len[active] > k
+            alive_rows.append(active[~longer])  # ended alive
+            active, st = active[longer], st[longer]
+            if not len(active):
+                break
+            st = tab.next(st, np.searchsorted(tab.bounds, v.cps[active, k], side="right"))
+            live = st != tab.dead
+            active, st = active[live], st[live]
+        alive_rows.append(active)
         out = np.zeros(v.n_slots, dtype=np.bool_)
-        out[v.whole_ids[st != tab.dead]] = True
+        out[v.whole_ids[np.concatenate(alive_rows)]] = True
         with self._lock:
             self._alive[p] = out
         return out
@@ -246,8 +266,6 @@ class _ClassTable:
         bounds = pool.charset_bounds()
         self.bounds = np.asarray(bounds, dtype=np.int64)
         self.reps = [0] + bounds  # class k >= 1 starts at bounds[k-1]
-        self.level_classes = [(rows, np.searchsorted(self.bounds, cps, side="right"))
-                              for rows, cps in vocab.levels]
         self.n_classes = len(bounds) + 1
         self.terms: list[int] = []
         self.ids: dict[int, int] = {}

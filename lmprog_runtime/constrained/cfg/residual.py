@@ -11,17 +11,30 @@ import threading
 from decimal import Decimal
 
 from jsonschema.validators import Draft202012Validator, validator_for
+from referencing.jsonschema import DRAFT202012, specification_with
 
 
 class Residual:
     def __init__(self, root):
         cls = validator_for(root, default=Draft202012Validator) if isinstance(root, dict) else Draft202012Validator
         self._validator = cls(root)
+        self._spec = specification_with(cls.META_SCHEMA.get("$schema", ""), default=DRAFT202012)
+        self._scopes = _lexical_scopes(root)
         self._lock = threading.Lock()  # the referencing resolver is not documented as thread-safe
 
     def valid(self, value, schema) -> bool:
-        with self._lock:
-            return next(iter(self._validator.descend(value, schema)), None) is None
+        """`value` satisfies `schema` (a subschema of the root, whose `$ref`s resolve from
+        the `$id`s around it). A check that cannot be carried out counts as a failure."""
+        try:
+            with self._lock:
+                resolver = self._validator._resolver
+                for scope in self._scopes.get(id(schema), ()) + (schema,):
+                    if isinstance(scope, dict):
+                        resolver = resolver.in_subresource(self._spec.create_resource(scope))
+                errors = self._validator.descend(value, schema, resolver=resolver)
+                return next(iter(errors), None) is None
+        except Exception:  # noqa: BLE001 - an unresolvable reference: never accept what is unchecked
+            return False
 
     def valid_text(self, text: bytes, schema) -> bool:
         try:
@@ -29,6 +42,21 @@ class Residual:
         except (ValueError, UnicodeDecodeError):
             return False
         return self.valid(value, schema)
+
+
+def _lexical_scopes(root) -> dict:
+    """id(subschema) -> the enclosing subschemas that carry an `$id`, outermost first."""
+    out: dict = {}
+    stack = [(root, ())]
+    while stack and len(out) < 200_000:
+        node, chain = stack.pop()
+        if isinstance(node, dict):
+            out[id(node)] = chain
+            inner = chain + (node,) if node is not root and isinstance(node.get("$id"), str) else chain
+            stack.extend((v, inner) for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((v, chain) for v in node if isinstance(v, (dict, list)))
+    return out
 
 
 def _canon(v):
