@@ -194,3 +194,16 @@ def test_rollback_and_jump_forward(cfg, tokenizer):
     for t in tokenizer.encode('{"', add_special_tokens=False):
         g2.accept_token(t)
     assert g2.jump_forward_str() == 'name"'
+
+
+def test_whitespace_pattern(tokenizer):
+    from lmprog_runtime.constrained.base import GrammarBackendConfig
+
+    for ws, ok, bad in (("", ['{"a":1}'], ['{"a": 1}']), (r"[ \n]?", ['{"a": 1}', '{\n"a":1}'], ['{"a":  1}'])):
+        be = create_grammar_backend("cfg", tokenizer, 49152 + 64, [tokenizer.eos_token_id],
+                                    config=GrammarBackendConfig(whitespace_pattern=ws))
+        for text in ok:
+            assert accepts(be, tokenizer, {"type": "object"}, text), (ws, text)
+        for text in bad:
+            assert not accepts(be, tokenizer, {"type": "object"}, text), (ws, text)
+        be.shutdown()

@@ -24,7 +24,7 @@ from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
 from lmprog_runtime.constrained.cfg.residual import Residual
 from lmprog_runtime.constrained.cfg.schema import SchemaCompiler
 from lmprog_runtime.constrained.index import token_bytes
-from lmprog_runtime.constrained.json_schema import DEFAULT_MAX_WHITESPACE
+from lmprog_runtime.constrained.json_schema import DEFAULT_MAX_WHITESPACE, whitespace_regex
 from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
 
 ANY_JSON = "$$ANY$$"  # SGLang's spelling of "any JSON value"
@@ -167,13 +167,14 @@ class CfgBackend(GrammarBackend):
             if e < len(self.table):
                 self.table[e] = None
         self.vocab = VocabInfo(self.table)
-        self.max_ws = DEFAULT_MAX_WHITESPACE
+        ws = config.whitespace_pattern
+        self.whitespace = whitespace_regex(DEFAULT_MAX_WHITESPACE) if ws is None else ws
 
     def compile(self, kind: str, spec: str) -> CfgGrammar:
         pool = RegexPool(MAX_REGEX_TERMS)
         try:
             if kind == "regex":
-                machine = Machine(None, pool, None, None, self.max_ws, regex_term=compile_pattern(pool, spec, False))
+                machine = Machine(None, pool, None, None, pool.EPS, regex_term=compile_pattern(pool, spec, False))
             elif kind == "json":
                 machine = self._json_machine(spec, pool)
             else:
@@ -203,7 +204,7 @@ class CfgBackend(GrammarBackend):
                 node._child[key] = got
             return got
 
-        return Machine(root, pool, Residual(schema), child_of, self.max_ws)
+        return Machine(root, pool, Residual(schema), child_of, compile_pattern(pool, self.whitespace, False))
 
 
 def _child(compiler: SchemaCompiler, node, key: str):

@@ -5,7 +5,7 @@ GLR-style set, deduplicated). A stack is a cons list `(frame, rest)`, frames are
 states are immutable, hashable and shared: rollback is keeping the old state, and the
 token-trie walk branches without copying. Frames (first field = kind):
 
-    ("V", node, ws)                            a value of `node` may start (after ws bytes)
+    ("V", node, ws)                            a value of `node` may start; ws: whitespace regex state
     ("O", node, phase, seen, key, ws)          object; phase 0 `{` 1 key 2 value 3 `,` 4 in value
     ("A", node, phase, count, seen, ws)        array; phase 0 `[` 2 item 3 `,` 4 in item
     ("S", node, count, utf, esc, hs, pats, text)  string body: char count, UTF-8 (need, cp, lo, hi, raw) / escape
@@ -79,16 +79,17 @@ def _follow(rest) -> frozenset:
 
 
 class Machine:
-    def __init__(self, root: Optional[Node], pool, residual: Optional[Residual], child_of, max_ws: int,
+    def __init__(self, root: Optional[Node], pool, residual: Optional[Residual], child_of, ws0: int,
                  regex_term: Optional[int] = None):
-        self.root, self.pool, self.residual, self.max_ws = root, pool, residual, max_ws
+        """ws0: the whitespace pattern's start state (a RegexPool term) between JSON tokens."""
+        self.root, self.pool, self.residual, self.ws0 = root, pool, residual, ws0
         self._child_of = child_of  # (node, key) -> Node | None
         self.regex_term = regex_term
 
     def initial(self) -> tuple:
         if self.regex_term is not None:
             return (((("R", self.regex_term, 0)), None),)
-        return ((("V", self.root, self.max_ws), (("D", 0), None)),)  # no whitespace before the root
+        return ((("V", self.root, self.pool.EPS), (("D", 0), None)),)  # no whitespace before the root
 
     # ------------------------------------------------------------ driving
     def advance(self, state: tuple, b: int, pos: int, ctx: Ctx) -> tuple:
@@ -147,7 +148,10 @@ class Machine:
             return self._string(top, rest, b, pos, ctx)
         if kind == "V":
             if b in WS:
-                return [(("V", top[1], top[2] + 1), rest)] if top[2] < self.max_ws else []
+                ws = self.pool.step(top[2], b)
+                return [(("V", top[1], ws), rest)] if ws != self.pool.NONE else []
+            if not self.pool.nullable(top[2]):
+                return []
             return self.start_value(rest, top[1], b, pos, ctx)
         if kind == "O":
             return self._object(top, rest, b, pos, ctx)
@@ -181,11 +185,11 @@ class Machine:
             text = "" if node.enum is not None else None
             return [(("S", node, 0, 0, 0, 0, node.patterns, text), rest)]
         if b == 0x7B:
-            return [(("O", node, 0, frozenset(), None, 0), rest)] if "object" in types else []
+            return [(("O", node, 0, frozenset(), None, self.ws0), rest)] if "object" in types else []
         if b == 0x5B:
             if "array" not in types:
                 return []
-            return [(("A", node, 0, 0, frozenset() if node.unique else None, 0), rest)]
+            return [(("A", node, 0, 0, frozenset() if node.unique else None, self.ws0), rest)]
         if b in DIGITS or b == 0x2D:
             if not node.allows_number():
                 return []
@@ -215,11 +219,11 @@ class Machine:
                 if result in seen:
                     return []
                 seen = seen | {result}
-            return [(("A", top[1], 2, top[3] + 1, seen, 0), rest[1])]
+            return [(("A", top[1], 2, top[3] + 1, seen, self.ws0), rest[1])]
         if kind == "O":
             node, phase, seen = top[1], top[2], top[3]
             if phase == 4:
-                return [(("O", node, 2, seen | {top[4]}, None, 0), rest[1])]
+                return [(("O", node, 2, seen | {top[4]}, None, self.ws0), rest[1])]
             return self._key_done(top, rest[1], result)
         return []
 
@@ -230,18 +234,21 @@ class Machine:
         kn = node.key_node
         if kn is not None and kn.residual is not None and not self.residual.valid(key, kn.residual):
             return []
-        return [(("O", node, 1, seen, key, 0), rest)]
+        return [(("O", node, 1, seen, key, self.ws0), rest)]
 
     # ------------------------------------------------------------ containers
     def _object(self, top, rest, b: int, pos: int, ctx: Ctx) -> list:
         _, node, phase, seen, key, ws = top
         if b in WS:
-            return [(("O", node, phase, seen, key, ws + 1), rest)] if ws < self.max_ws else []
+            ws = self.pool.step(ws, b)
+            return [(("O", node, phase, seen, key, ws), rest)] if ws != self.pool.NONE else []
+        if not self.pool.nullable(ws):
+            return []
         if phase == 1:
             if b != 0x3A:
                 return []
             child = self._child_of(node, key)
-            return [(("V", child, 0), (("O", node, 4, seen, key, 0), rest))]
+            return [(("V", child, self.ws0), (("O", node, 4, seen, key, 0), rest))]
         if b == 0x22 and phase in (0, 3):
             if node.max_props is not None and len(seen) >= node.max_props:
                 return []
@@ -262,19 +269,22 @@ class Machine:
                 return []
             if node.additional is None and not node.pattern_props and len(seen) >= len(node.props):
                 return []
-            return [(("O", node, 3, seen, None, 0), rest)]
+            return [(("O", node, 3, seen, None, self.ws0), rest)]
         return []
 
     def _array(self, top, rest, b: int, pos: int, ctx: Ctx) -> list:
         _, node, phase, count, seen, ws = top
         if b in WS:
-            return [(("A", node, phase, count, seen, ws + 1), rest)] if ws < self.max_ws else []
+            ws = self.pool.step(ws, b)
+            return [(("A", node, phase, count, seen, ws), rest)] if ws != self.pool.NONE else []
+        if not self.pool.nullable(ws):
+            return []
         if b == 0x5D and phase in (0, 2):
             return self.finish(rest, None, pos + 1, ctx) if count >= node.min_items else []
         if b == 0x2C:
             if phase != 2 or (node.max_items is not None and count >= node.max_items):
                 return []
-            return [(("A", node, 3, count, seen, 0), rest)] if _item(node, count) is not None else []
+            return [(("A", node, 3, count, seen, self.ws0), rest)] if _item(node, count) is not None else []
         if phase == 2:
             return []
         item = _item(node, count)
