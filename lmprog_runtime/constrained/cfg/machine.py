@@ -64,6 +64,7 @@ def utf8_start(b: int):
     return None
 
 
+_UTF8_FLOOR = (0, 0x80, 0x800, 0x10000)
 _VALUE_START = frozenset(b'"{[-0123456789tfn')
 _FOLLOW = {"O": WS | frozenset(b",}"), "A": WS | frozenset(b",]"), "D": frozenset()}
 _OBJ = {0: WS | frozenset(b'"}'), 1: WS | frozenset(b":"), 2: WS | frozenset(b",}"), 3: WS | frozenset(b'"')}
@@ -191,7 +192,7 @@ class Machine:
                 return []
             return [(("A", node, 0, 0, frozenset() if node.unique else None, self.ws0), rest)]
         if b in DIGITS or b == 0x2D:
-            if not node.allows_number():
+            if not node.allows_number() or not node.number_prefix_ok(chr(b)):
                 return []
             return [(("N", node, chr(b), _NUM[0][b]), rest)]
         for lit in node.literals:
@@ -299,7 +300,13 @@ class Machine:
         _, node, text, d = top
         nd = _NUM[d].get(b)
         if nd is not None:
-            return [(("N", node, text + chr(b), nd), rest)] if len(text) < MAX_NUMBER_CHARS else []
+            if len(text) >= MAX_NUMBER_CHARS:
+                return []
+            if node.integer_only() and (nd >= 6 or (nd == 5 and b != 0x30)):
+                return []  # integers: no exponent, a fraction of zeros only (1.0)
+            if nd <= 5 and not node.number_prefix_ok(text + chr(b)):
+                return []
+            return [(("N", node, text + chr(b), nd), rest)]
         if d not in NUM_COMPLETE or not node.number_ok(text):
             return []
         out: list = []
@@ -319,6 +326,8 @@ class Machine:
                 raw = utf[4] + bytes((b,))
                 if node.enum is not None and not _enum_next_ok(node, text, lambda c: c.encode().startswith(raw)):
                     return []
+                if pats and not self._pats_can(pats, acc, need - 1):
+                    return []
                 return [(("S", node, count, (need - 1, acc, 0x80, 0xBF, raw), 0, hs, pats, text), rest)]
             return self._feed_counted(node, count, hs, pats, text, acc, rest)
         if esc:
@@ -335,6 +344,8 @@ class Machine:
                 lo = acc << 4 * (4 - n)
                 if not hs or lo > 0xDFFF or lo + (1 << 4 * (4 - n)) - 1 < 0xDC00:
                     return []
+            if n < 4 and pats and not hs and not self._pats_can(pats, acc, 0, 4 * (4 - n)):
+                return []
             if n < 4:
                 if node.enum is not None and not _enum_next_ok(node, text, lambda c: _unit_of(c) >> 4 * (4 - n) == acc):
                     return []
@@ -356,6 +367,8 @@ class Machine:
         if u is None or (node.max_len is not None and count + 1 > node.max_len):
             return []  # a character counts from its first byte, as the mask's counters do
         if node.enum is not None and not _enum_next_ok(node, text, lambda c: c.encode()[0] == b):
+            return []
+        if pats and not self._pats_can(pats, u[1], u[0]):
             return []
         return [(("S", node, count, u + (bytes((b,)),), 0, hs, pats, text), rest)]
 
@@ -426,6 +439,17 @@ class Machine:
                 return []
         return self.finish(rest, text, pos + 1, ctx)
 
+    def _pats_can(self, pats, acc: int, need: int, bits: int = -1) -> bool:
+        """Every pattern can still take some character whose first bits are `acc`, with
+        `need` UTF-8 continuation bytes (6 bits each) or `bits` hex bits still to come: a
+        partial character no pattern can finish is refused at its first byte."""
+        shift = 6 * need if bits < 0 else bits
+        lo, hi = acc << shift, (acc << shift) | ((1 << shift) - 1)
+        if bits < 0:  # a UTF-8 sequence of need + 1 bytes encodes at least this code point
+            lo = max(lo, _UTF8_FLOOR[need])
+        can = self.pool.can_start_in
+        return all(can(p, lo, hi) for p in pats)
+
     def _regex(self, top, rest, b: int) -> list:
         _, term, utf = top
         if utf:
@@ -434,13 +458,17 @@ class Machine:
                 return []
             acc = (acc << 6) | (b & 0x3F)
             if need > 1:
+                if not self._pats_can((term,), acc, need - 1):
+                    return []
                 return [(("R", term, (need - 1, acc, 0x80, 0xBF)), rest)]
             cp = acc
         elif b < 0x80:
             cp = b
         else:
             u = utf8_start(b)
-            return [] if u is None else [(("R", term, u), rest)]
+            if u is None or not self._pats_can((term,), u[1], u[0]):
+                return []
+            return [(("R", term, u), rest)]
         nxt = self.pool.step(term, cp)
         return [] if nxt == self.pool.NONE else [(("R", nxt, 0), rest)]
 

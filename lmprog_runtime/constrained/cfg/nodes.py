@@ -73,6 +73,25 @@ class Node:
         except ArithmeticError:  # an exponent past any double: no bound can be decided on it
             return False
 
+    def number_prefix_ok(self, text: str) -> bool:
+        """Some completion of the number prefix `text` (sign, integer digits, fraction; no
+        exponent) can lie within [lo, hi]: a number drifting out of bounds is stopped at the
+        digit that leaves them, not left to grow forever."""
+        if self.lo is None and self.hi is None:
+            return True
+        try:
+            with localcontext(_EXACT):
+                return any(self._meets(a, b) for a, b in _reachable(text, self._bound_digits()))
+        except ArithmeticError:
+            return True
+
+    def _bound_digits(self) -> int:
+        return max(len(str(abs(int(x)))) for x in (self.lo, self.hi) if x is not None) + 1
+
+    def _meets(self, a: Decimal, b: Decimal) -> bool:
+        """[a, b] meets [lo, hi]."""
+        return (self.hi is None or a <= self.hi) and (self.lo is None or b >= self.lo)
+
     def _number_ok(self, value: Decimal) -> bool:
         if self.integer_only() and value != value.to_integral_value():
             return False
@@ -88,3 +107,26 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node({self.name or sorted(self.types)})"
+
+
+def _reachable(text: str, max_more: int):
+    """Closed intervals covering every value a number prefix (no exponent) can complete to."""
+    neg = text.startswith("-")
+    body = text[1:] if neg else text
+    if not body:
+        yield (Decimal("-Infinity"), Decimal(0)) if neg else (Decimal(0), Decimal("Infinity"))
+        return
+    ip, dot, frac = body.partition(".")
+    spans = []
+    if dot:
+        lo = Decimal(f"{ip}.{frac}" if frac else ip)
+        spans.append((lo, lo + Decimal(1).scaleb(-len(frac))))
+    elif ip == "0":
+        spans.append((Decimal(0), Decimal(1)))
+    else:
+        d = Decimal(ip)
+        for k in range(max_more + 1):
+            spans.append((d.scaleb(k), (d + 1).scaleb(k)))
+        spans.append((d.scaleb(max_more + 1), Decimal("Infinity")))
+    for a, b in spans:
+        yield (-b, -a) if neg else (a, b)

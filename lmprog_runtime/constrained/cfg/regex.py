@@ -95,6 +95,7 @@ class RegexPool:
         self._ids: dict[tuple, int] = {("0",): 0, ("e",): 1}
         self._null: dict[int, bool] = {0: False, 1: True}
         self._deriv: dict[tuple[int, int], int] = {}
+        self._first: dict[int, tuple] = {}
         self._lock = threading.Lock()
         self.max_terms = max_terms
         self._n_charsets = 0
@@ -216,6 +217,31 @@ class RegexPool:
         a, lo, hi = term[1], term[2], term[3]
         rest = self.repeat(a, max(lo - 1, 0), None if hi is None else hi - 1)
         return self.cat(self.step(a, cp), rest)
+
+    def first(self, t: int) -> tuple:
+        """Code-point ranges that can start a match from state `t` (d(t, cp) != NONE)."""
+        got = self._first.get(t)
+        if got is None:
+            term = self._terms[t]
+            k = term[0]
+            if k in ("0", "e"):
+                got = ()
+            elif k == "c":
+                got = term[1]
+            elif k == ".":
+                got = self.first(term[1])
+                if self.nullable(term[1]):
+                    got = normalize(got + self.first(term[2]))
+            elif k == "|":
+                got = normalize(r for x in term[1] for r in self.first(x))
+            else:
+                got = self.first(term[1])
+            self._first[t] = got
+        return got
+
+    def can_start_in(self, t: int, lo: int, hi: int) -> bool:
+        """Some code point in [lo, hi] keeps state `t` alive."""
+        return any(a <= hi and lo <= b for a, b in self.first(t))
 
     def accepts(self, t: int, text: str) -> bool:
         for ch in text:

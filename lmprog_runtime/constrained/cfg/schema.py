@@ -83,6 +83,9 @@ class SchemaCompiler:
 
     # ------------------------------------------------------------ nodes
     def node(self, s) -> Node:
+        if isinstance(s, dict) and ("$dynamicRef" in s or "$recursiveRef" in s):
+            raise UnsupportedSchemaError("$dynamicRef / $recursiveRef: dynamic scopes cannot be checked on a "
+                                         "subvalue; not supported")
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise UnsupportedSchemaError("compile budget exhausted")
         s = self.deref(s)
@@ -109,12 +112,16 @@ class SchemaCompiler:
     def _fill(self, n: Node, s: dict) -> None:
         if "allOf" in s:
             parts = [self.deref(x) for x in s["allOf"]] + [{k: v for k, v in s.items() if k != "allOf"}]
-            try:
-                merged = self._made(merge_all(parts))
-            except UnsupportedSchemaError:
-                merged = None
+            merged = None
+            if _mergeable(parts):
+                try:
+                    merged = self._made(merge_all(parts))
+                except UnsupportedSchemaError:
+                    merged = None
             if merged is not None and not _has_ref_cycle(merged, s):
                 self._copy(n, self.node(merged))
+                if n.residual is not None:
+                    n.residual = s  # the conjunction as written: merging may move keywords' scope
                 return
             n.residual = s  # structure from the first part, the whole conjunction checked at the end
             self._copy(n, self.node(parts[0]))
@@ -141,10 +148,15 @@ class SchemaCompiler:
         alts = []
         for alt in s[combo]:
             try:
+                if not _mergeable([base, self.deref(alt)]):
+                    raise UnsupportedSchemaError("not mergeable")
                 part = self._made(merge_all([base, self.deref(alt)]))
             except UnsupportedSchemaError:
                 part, n.residual = alt, s
-            alts.append(self.node(part))
+            node = self.node(part)
+            if node.residual is not None and part is not alt:
+                n.residual = s  # a merged branch's check is decided on the schema as written
+            alts.append(node)
         n.alts = tuple(a for a in alts if not a.never)
         if not n.alts:
             n.never = True
@@ -290,6 +302,25 @@ class SchemaCompiler:
 def _same(a, b) -> bool:
     return type(a) is type(b) and a == b or (isinstance(a, (int, float)) and isinstance(b, (int, float))
                                                and not isinstance(a, bool) and not isinstance(b, bool) and a == b)
+
+
+_ARRAY_SCOPED = ("prefixItems", "items", "additionalItems")
+_OBJECT_SCOPED = ("properties", "patternProperties", "additionalProperties")
+
+
+def _mergeable(parts) -> bool:
+    """Merging keeps the meaning: no `unevaluated*` (they see sibling keywords), and no
+    item / member keywords split over two parts (`items` applies past *its own* schema's
+    `prefixItems`, `additionalProperties` past its own `properties`)."""
+    dicts = [p for p in parts if isinstance(p, dict)]
+    if any("unevaluatedProperties" in p or "unevaluatedItems" in p for p in dicts):
+        return False
+    for scoped in (_ARRAY_SCOPED, _OBJECT_SCOPED):
+        owners = [p for p in dicts if any(k in p for k in scoped)]
+        if len(owners) > 1 and any(scoped[-1] in p or (scoped[1] in p and scoped is _ARRAY_SCOPED)
+                                   for p in owners):
+            return False
+    return True
 
 
 def _has_ref_cycle(merged, original) -> bool:
