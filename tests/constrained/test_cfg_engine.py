@@ -29,6 +29,8 @@ def accepts(be, tokenizer, schema, text, kind="json") -> bool:
     for t in tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]:
         row.numpy().fill(False)
         g.fill_mask(row)
+        if not row[t]:
+            return False  # the mask may look one byte further than accept_token
         try:
             g.accept_token(t)
         except GrammarError:

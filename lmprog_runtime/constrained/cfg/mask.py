@@ -206,7 +206,7 @@ class MaskEngine:
                 i = skip[i]
                 continue
             states[d] = nxt
-            if tok[i] != sink:
+            if tok[i] != sink and self._lives(nxt, base + d, ctx, path, d):
                 hits.append(tok[i])
             i += 1
             if i < n and depth[i] > d:  # it has children
@@ -216,6 +216,20 @@ class MaskEngine:
         for t, src in dups:
             out[t] = out[src]
         return out
+
+    def _lives(self, state: tuple, pos: int, ctx, path: bytearray, d: int) -> bool:
+        """One byte of lookahead after a token: some byte (or the end) can follow, so a
+        token after which every continuation fails a check (a duplicate item, a number out
+        of bounds) is not offered. States whose next bytes are not a small set pass."""
+        m = self.machine
+        cands = m.candidates(state)
+        if cands is None or m.complete(state) or m.accepting(state, pos, ctx):
+            return True
+        for c in cands:
+            path[d] = c  # ctx reads the lookahead byte from the path
+            if m.advance(state, c, pos, ctx):
+                return True
+        return False
 
     # ------------------------------------------------------------ regex tables
     def _regex_alive(self, p: int) -> np.ndarray:
