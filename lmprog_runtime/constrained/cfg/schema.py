@@ -38,6 +38,7 @@ class SchemaCompiler:
         self._memo: dict[int, Node] = {}
         self._keep: list = []  # schemas built here (merges) stay alive: the memo keys are ids
         self._ids = _index_ids(root)
+        self._origin: dict[int, object] = {}  # id(made schema) -> the schema it stands for
         self.any = self._any_node()
         self.n_nodes = 0
 
@@ -73,7 +74,12 @@ class SchemaCompiler:
         while isinstance(s, dict) and isinstance(s.get("$ref"), str) and depth < 64:
             target = self.resolve(s["$ref"])
             rest = {k: v for k, v in s.items() if k != "$ref" and k not in ANNOTATIONS}
-            s = target if not rest else self._made({"allOf": [target, rest]})
+            if rest:
+                made = self._made({"allOf": [target, rest]})
+                self._origin[id(made)] = self._origin.get(id(s), s)  # checks run on the schema as written
+                s = made
+            else:
+                s = target
             depth += 1
         return s
 
@@ -107,6 +113,8 @@ class SchemaCompiler:
         if not isinstance(s, dict):
             raise UnsupportedSchemaError(f"a schema must be an object or a boolean, got {type(s).__name__}")
         self._fill(n, s)
+        if n.residual is not None:
+            n.residual = self._origin.get(id(n.residual), n.residual)
         return n
 
     def _fill(self, n: Node, s: dict) -> None:
@@ -328,21 +336,26 @@ def _has_ref_cycle(merged, original) -> bool:
 
 
 def _index_ids(root) -> dict:
-    """`$id` / `id` values and `#anchor`s of every subschema -> that subschema."""
+    """`$id` / `id` values of every subschema -> that subschema; `#anchor` -> the anchor in
+    the root's own resource (others as `<id>#anchor`). Refuses dynamic references."""
     out: dict = {}
-    stack = [root]
+    stack = [(root, None)]
     seen = 0
     while stack and seen < 100_000:
-        s = stack.pop()
+        s, base = stack.pop()
         seen += 1
         if isinstance(s, dict):
+            if "$dynamicRef" in s or "$recursiveRef" in s:
+                raise UnsupportedSchemaError("$dynamicRef / $recursiveRef: dynamic scopes are not supported")
+            here = base
             for key in ("$id", "id"):
                 if isinstance(s.get(key), str):
                     out.setdefault(s[key].rstrip("#"), s)
+                    here = s[key].rstrip("#") if s is not root else None
             for key in ("$anchor", "$dynamicAnchor"):
                 if isinstance(s.get(key), str):
-                    out.setdefault("#" + s[key], s)
-            stack.extend(v for v in s.values() if isinstance(v, (dict, list)))
+                    out.setdefault(("" if here is None else here) + "#" + s[key], s)
+            stack.extend((v, here) for v in s.values() if isinstance(v, (dict, list)))
         elif isinstance(s, list):
-            stack.extend(v for v in s if isinstance(v, (dict, list)))
+            stack.extend((v, base) for v in s if isinstance(v, (dict, list)))
     return out
