@@ -69,7 +69,7 @@ class VocabInfo:
         self.special_or_cut = TokenTrie(special, use_c=False)
         self.max_chars = max((len(b) for b in table if b), default=1) + 1
         # counters clamp at the most characters a walked token can add before it leaves the string
-        self.max_special = max((len(b) for b in special if b), default=1) + 1
+        self.max_special = max((b.find(b'"') if b'"' in b else len(b) for b in special if b), default=1) + 1
         self.lists = _lists(self.trie)
         self.special_lists = _lists(self.special)
         self.cut_lists = _lists(self.special_or_cut)
@@ -122,9 +122,15 @@ class MaskEngine:
         self._memo: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
         self._alive: dict[int, np.ndarray] = {}
+        self._parts: dict = {}
         self._table: Optional[_ClassTable] = None
 
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
+        if len(state) > 1:  # alternatives are independent: the union of their masks (each cached)
+            out = self.mask(state[:1], hist)
+            for st in state[1:]:
+                out = out | self.mask((st,), hist)
+            return out
         key = self._fast_key(state)
         memo_key = key if key is not None else state
         start = _capture_start(state)
@@ -142,39 +148,57 @@ class MaskEngine:
                     self._memo.popitem(last=False)
         if key is None:
             return got
-        v, (node, count) = self.vocab, state[0][0][1:3]
-        counted = v.whole if key[4] else v.plain  # the tokens not walked: their length is checked here
-        if key[4]:
-            out = got.copy()
-        else:
-            out = v.plain | got
-        if node.max_len is not None:
-            out &= ~(counted & (v.chars > node.max_len - count))
+        out = got
+        for st in state:  # each alternative's string body: plain tokens within its counters
+            out = out | self._plain_part(st[0])
         return out
 
+    def _plain_part(self, top) -> np.ndarray:
+        """The plain tokens an S frame allows: all (or those its patterns survive), less
+        those longer than the characters left (cached per patterns and characters left)."""
+        node, count, pats = top[1], top[2], top[6]
+        left = None if node.max_len is None else min(node.max_len - count, self.vocab.max_chars)
+        key = (pats, left)
+        got = self._parts.get(key)
+        if got is None:
+            v = self.vocab
+            got = v.plain if not pats else self._alive_all(pats)
+            if left is not None:
+                got = got & (v.chars <= left)
+            with self._lock:
+                self._parts[key] = got
+                if len(self._parts) > MEMO_STATES:
+                    self._parts.clear()
+        return got
+
+    def _alive_all(self, pats) -> np.ndarray:
+        alive = self.vocab.whole
+        for p in pats:
+            alive = alive & self._regex_alive(p)
+        return alive
+
     def _compute(self, key, state: tuple, hist: bytes) -> np.ndarray:
+        """The walked part of a mask (all of it off the fast path)."""
         v = self.vocab
         if key is None:
             return self._walk(state, hist, v.trie, v.lists)
-        if not key[4]:
-            return self._walk(state, hist, v.special, v.special_lists)
-        alive = v.whole.copy()
-        for p in key[4]:
-            alive &= self._regex_alive(p)
-        return alive | self._walk(state, hist, v.special_or_cut, v.cut_lists)
+        if any(st[0][6] for st in state):  # patterns: tokens cut mid-character are walked too
+            return self._walk(state, hist, v.special_or_cut, v.cut_lists)
+        return self._walk(state, hist, v.special, v.special_lists)
 
     def _fast_key(self, state: tuple):
-        """A key for the string-body fast path, or None when it does not apply."""
-        if len(state) != 1:
-            return None
-        top, rest = state[0]
-        if top[0] != "S" or top[3] or top[4] or top[5] or top[1].enum is not None:
-            return None
-        node, count = top[1], top[2]
-        cap = self.vocab.max_special if not top[6] else self.vocab.max_chars
-        left = cap if node.max_len is None else min(node.max_len - count, cap)
-        deficit = min(max(node.min_len - count, 0), cap)
-        return ("fast", node, left, deficit, top[6], top[7], rest)
+        """A key for the string-body fast path (every alternative inside a string body at a
+        character boundary, no enum), or None when it does not apply."""
+        parts = []
+        for top, rest in state:
+            if top[0] != "S" or top[3] or top[4] or top[5] or top[1].enum is not None:
+                return None
+            node, count = top[1], top[2]
+            cap = self.vocab.max_special if not top[6] else self.vocab.max_chars
+            left = cap if node.max_len is None else min(node.max_len - count, cap)
+            deficit = min(max(node.min_len - count, 0), cap)
+            parts.append((node, left, deficit, top[6], top[7], rest))
+        return ("fast", tuple(parts)) if parts else None
 
     def _walk(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
         byte, depth, skip, tok, dups = lists
@@ -267,7 +291,6 @@ class MaskEngine:
         with self._lock:
             if self._table is None or self._table.version != n:
                 self._table = _ClassTable(pool, self.vocab, n)
-                self._alive = {}
             return self._table
 
 

@@ -50,11 +50,15 @@ class SchemaCompiler:
         base, _, frag = ref.partition("#")
         doc = self.root
         if base:
-            doc = self._ids.get(base) or self._ids.get(base.rsplit("/", 1)[-1])
+            if base not in self._ids:
+                base = base.rsplit("/", 1)[-1]
+            doc = self._ids.get(base)
+            if doc is None or doc is self.root:
+                base = ""
             if doc is None:
                 raise UnsupportedSchemaError(f"$ref {ref!r}: remote references are not supported")
         if frag and not frag.startswith("/"):
-            target = self._ids.get("#" + frag)
+            target = self._ids.get(base + "#" + frag)
             if target is None:
                 raise UnsupportedSchemaError(f"$ref {ref!r}: unknown anchor")
             return target
