@@ -173,10 +173,11 @@ def main():
     ap.add_argument("--backends", default="cfg,outlines,llguidance,xgrammar")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per schema compile")
     ap.add_argument("--out", default=str(OUT / "grammar.json"))
+    ap.add_argument("--note", default="", help="a sentence stored with the results (e.g. the machine's load)")
     args = ap.parse_args()
     limit = args.limit or (40 if args.quick else 0)
     tok = load_tokenizer()
-    results = {"tokenizer": "SmolLM2-135M", "limit": limit, "corpora": {}}
+    results = {"tokenizer": "SmolLM2-135M", "limit": limit, "note": args.note, "corpora": {}}
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for corpus in args.corpus.split(","):

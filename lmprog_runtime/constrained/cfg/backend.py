@@ -171,40 +171,58 @@ class CfgBackend(GrammarBackend):
         self.whitespace = whitespace_regex(DEFAULT_MAX_WHITESPACE) if ws is None else ws
 
     def compile(self, kind: str, spec: str) -> CfgGrammar:
-        pool = RegexPool(MAX_REGEX_TERMS)
-        try:
-            if kind == "regex":
-                machine = Machine(None, pool, None, None, pool.EPS, regex_term=compile_pattern(pool, spec, False))
-            elif kind == "json":
-                machine = self._json_machine(spec, pool)
-            else:
-                raise GrammarError(f"Failed to compile {kind} grammar: {kind} grammars are not supported by the "
-                                   "cfg backend (they are served by xgrammar)")
-        except (UnsupportedSchemaError, RegexError, ValueError, RecursionError) as exc:
-            if isinstance(exc, GrammarError):
-                raise
-            raise GrammarError(f"Failed to compile {kind} grammar: {exc}") from exc
+        machine = compile_machine(kind, spec, self.whitespace, self.config.compile_timeout_s)
         shared = _Compiled(machine, MaskEngine(machine, self.vocab), self.table, self.eos_token_ids,
                            self.vocab_size)
         return CfgGrammar(shared)
 
-    def _json_machine(self, spec: str, pool: RegexPool) -> Machine:
-        schema = True if spec.strip() == ANY_JSON else json.loads(spec)
-        deadline = time.monotonic() + self.config.compile_timeout_s
-        compiler = SchemaCompiler(schema, pool, deadline)
-        root = compiler.compile()
-        lock = threading.Lock()
 
-        def child_of(node, key: str):
-            got = node._child.get(key, 0)
-            if got != 0:
-                return got
-            with lock:
-                got = _child(compiler, node, key)
-                node._child[key] = got
+def compile_machine(kind: str, spec: str, whitespace: str = whitespace_regex(DEFAULT_MAX_WHITESPACE),
+                    timeout_s: float = 60.0) -> Machine:
+    """The pushdown matcher of a `json` (schema text) or `regex` constraint; GrammarError
+    naming what cannot be compiled."""
+    pool = RegexPool(MAX_REGEX_TERMS)
+    try:
+        if kind == "regex":
+            return Machine(None, pool, None, None, pool.EPS, regex_term=compile_pattern(pool, spec, False))
+        if kind == "json":
+            return _json_machine(spec, pool, whitespace, timeout_s)
+    except GrammarError:
+        raise
+    except (UnsupportedSchemaError, RegexError, ValueError, RecursionError) as exc:
+        raise GrammarError(f"Failed to compile {kind} grammar: {exc}") from exc
+    raise GrammarError(f"Failed to compile {kind} grammar: {kind} grammars are not supported by the "
+                       "cfg backend (they are served by xgrammar)")
+
+
+def _json_machine(spec: str, pool: RegexPool, whitespace: str, timeout_s: float) -> Machine:
+    schema = True if spec.strip() == ANY_JSON else json.loads(spec)
+    compiler = SchemaCompiler(schema, pool, time.monotonic() + timeout_s)
+    root = compiler.compile()
+    lock = threading.Lock()
+
+    def child_of(node, key: str):
+        got = node._child.get(key, 0)
+        if got != 0:
             return got
+        with lock:
+            got = _child(compiler, node, key)
+            node._child[key] = got
+        return got
 
-        return Machine(root, pool, Residual(schema), child_of, compile_pattern(pool, self.whitespace, False))
+    return Machine(root, pool, Residual(schema), child_of, compile_pattern(pool, whitespace, False))
+
+
+def accepts_text(machine: Machine, text: str) -> bool:
+    """Byte-level acceptance of a whole output (tests, corpora)."""
+    data = text.encode("utf-8")
+    state = machine.initial()
+    ctx = lambda start, end: data[start:end]  # noqa: E731
+    for pos, b in enumerate(data):
+        state = machine.advance(state, b, pos, ctx)
+        if not state:
+            return False
+    return machine.accepting(state, len(data), ctx)
 
 
 def _child(compiler: SchemaCompiler, node, key: str):
