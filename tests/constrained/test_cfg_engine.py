@@ -3,6 +3,7 @@ walked token by token through fill_mask / accept_token and must end with EOS all
 exactly when the instance is valid."""
 import json
 import random
+import re
 import time
 
 import jsonschema
@@ -209,3 +210,17 @@ def test_whitespace_pattern(tokenizer):
         for text in bad:
             assert not accepts(be, tokenizer, {"type": "object"}, text), (ws, text)
         be.shutdown()
+
+
+def test_free_text_regex_mask_is_fast_and_exact(cfg, tokenizer):
+    rx = r"[a-z ]{20,40}\."
+    g = compile_(cfg, rx, "regex")
+    row = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t0 = time.perf_counter()
+    g.fill_mask(row)
+    assert time.perf_counter() - t0 < 2.0
+    allowed = row.nonzero().flatten().tolist()
+    assert all(re.fullmatch(r"[a-z ]+", cfg.table[t].decode()) for t in allowed)
+    assert tokenizer.convert_tokens_to_ids("the") in allowed
+    assert accepts(cfg, tokenizer, rx, "the quick brown fox jumps.", kind="regex")
+    assert not accepts(cfg, tokenizer, rx, "the quick brown fox.", kind="regex")  # 19 characters

@@ -150,7 +150,7 @@ class MaskEngine:
             return got
         out = got
         for st in state:  # each alternative's string body: plain tokens within its counters
-            out = out | self._plain_part(st[0])
+            out = out | (self._alive_all((st[0][1],)) if st[0][0] == "R" else self._plain_part(st[0]))
         return out
 
     def _plain_part(self, top) -> np.ndarray:
@@ -182,7 +182,7 @@ class MaskEngine:
         v = self.vocab
         if key is None:
             return self._walk(state, hist, v.trie, v.lists)
-        if any(st[0][6] for st in state):  # patterns: tokens cut mid-character are walked too
+        if any(st[0][0] == "R" or st[0][6] for st in state):  # patterns: tokens cut mid-character are walked too
             return self._walk(state, hist, v.special_or_cut, v.cut_lists)
         return self._walk(state, hist, v.special, v.special_lists)
 
@@ -191,6 +191,9 @@ class MaskEngine:
         character boundary, no enum), or None when it does not apply."""
         parts = []
         for top, rest in state:
+            if top[0] == "R" and not top[2]:  # a whole-output regex at a character boundary
+                parts.append(top)
+                continue
             if top[0] != "S" or top[3] or top[4] or top[5] or top[1].enum is not None:
                 return None
             node, count = top[1], top[2]
