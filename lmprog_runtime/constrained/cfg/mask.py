@@ -21,7 +21,8 @@ import numpy as np
 from lmprog_runtime.constrained.cfg.machine import Machine, utf8_start
 from lmprog_runtime.constrained.trie_walk import TokenTrie
 
-MEMO_STATES = 4096  # cached masks per compiled grammar (LRU)
+MEMO_STATES = 1024  # cached masks per compiled grammar (LRU), bit-packed: 6 KB each at 49k tokens
+MEMO_PARTS = 64     # cached string-body parts per grammar (bool rows)
 MAX_TABLE_CHARS = 32  # plain tokens up to this many characters go through the regex tables
 
 
@@ -137,13 +138,15 @@ class MaskEngine:
         if start is not None:  # a residual check will read the captured text: it is part of the key
             memo_key = (memo_key, hist[start:])
         with self._lock:
-            got = self._memo.get(memo_key)
-            if got is not None:
+            packed = self._memo.get(memo_key)
+            if packed is not None:
                 self._memo.move_to_end(memo_key)
-        if got is None:
+        if packed is not None:
+            got = np.unpackbits(packed, count=self.vocab.n_slots).view(np.bool_)
+        else:
             got = self._compute(key, state, hist)
             with self._lock:
-                self._memo[memo_key] = got
+                self._memo[memo_key] = np.packbits(got)
                 while len(self._memo) > MEMO_STATES:
                     self._memo.popitem(last=False)
         if key is None:
@@ -166,9 +169,9 @@ class MaskEngine:
             if left is not None:
                 got = got & (v.chars <= left)
             with self._lock:
-                self._parts[key] = got
-                if len(self._parts) > MEMO_STATES:
+                if len(self._parts) >= MEMO_PARTS:
                     self._parts.clear()
+                self._parts[key] = got
         return got
 
     def _alive_all(self, pats) -> np.ndarray:
@@ -285,6 +288,8 @@ class MaskEngine:
         out = np.zeros(v.n_slots, dtype=np.bool_)
         out[v.whole_ids[np.concatenate(alive_rows)]] = True
         with self._lock:
+            if len(self._alive) >= MEMO_PARTS:
+                self._alive.clear()
             self._alive[p] = out
         return out
 
