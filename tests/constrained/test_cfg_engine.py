@@ -224,3 +224,18 @@ def test_free_text_regex_mask_is_fast_and_exact(cfg, tokenizer):
     assert tokenizer.convert_tokens_to_ids("the") in allowed
     assert accepts(cfg, tokenizer, rx, "the quick brown fox jumps.", kind="regex")
     assert not accepts(cfg, tokenizer, rx, "the quick brown fox.", kind="regex")  # 19 characters
+
+
+def test_ebnf_through_the_same_engine(cfg, tokenizer):
+    city = 'root ::= "The capital is " city "."\ncity ::= "Paris" | "Rome" | "Oslo"'
+    assert accepts(cfg, tokenizer, city, "The capital is Rome.", kind="ebnf")
+    assert not accepts(cfg, tokenizer, city, "The capital is Lyon.", kind="ebnf")
+    g = compile_(cfg, city, "ebnf")
+    assert g.jump_forward_str() == "The capital is "
+    items = 'root ::= item ("," item)* # comment\nitem ::= [a-c] [0-9]{1,2}'
+    assert accepts(cfg, tokenizer, items, "a1,b22,c3", kind="ebnf")
+    assert not accepts(cfg, tokenizer, items, "a1,b222", kind="ebnf")
+    for bad, fragment in (('root ::= "unclosed', "Failed to compile ebnf"), ('root ::= root "a" | "b"', "left-recursive"),
+                          ("item ::= [a-z]", "no `root`")):
+        with pytest.raises(GrammarError, match=fragment):
+            compile_(cfg, bad, "ebnf")

@@ -59,3 +59,12 @@ def test_jump_forward_saves_steps(tiny_model_path):
             steps[jf] = eng.get_internal_state()["num_steps"] - before
             eng.check_integrity()
     assert steps[True] < steps[False], steps
+
+
+def test_ebnf_through_cfg(engine):
+    city = 'root ::= "The capital is " city "."\ncity ::= "Paris" | "Rome" | "Oslo"'
+    for temperature in (0.0, 1.0):
+        out = engine.generate("Answer:", {"ebnf": city, "max_new_tokens": 24, "temperature": temperature,
+                                          "sampling_seed": 1})
+        assert out["text"] in ("The capital is Paris.", "The capital is Rome.", "The capital is Oslo."), out
+        assert out["meta_info"]["finish_reason"]["type"] == "stop"

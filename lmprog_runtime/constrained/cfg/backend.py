@@ -1,10 +1,11 @@
-"""Grammar backend "cfg": JSON Schema and regex through one grammar engine (this package).
+"""Grammar backend "cfg": JSON Schema, regex and EBNF through one grammar engine (this package).
 
 compile: schema -> value grammar (schema.py) or pattern -> lazy regex (regex.py), both
 matched by one pushdown machine (machine.py) whose token masks come from walking the
-vocabulary trie (mask.py). A compiled grammar is shared by every matcher made from it
-(`copy()`), together with its mask cache. EBNF and structural tags are refused here (the
-serving path routes them to xgrammar, routed.py).
+vocabulary trie (mask.py); EBNF (GBNF) has its own recognizer with the same interface
+(ebnf.py). A compiled grammar is shared by every matcher made from it (`copy()`), together
+with its mask cache. Structural tags are refused here (the serving path routes them to
+xgrammar, routed.py).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
+from lmprog_runtime.constrained.cfg.ebnf import EbnfMachine
 from lmprog_runtime.constrained.cfg.machine import Machine
 from lmprog_runtime.constrained.cfg.mask import MaskEngine, VocabInfo
 from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
@@ -187,6 +189,8 @@ def compile_machine(kind: str, spec: str, whitespace: str = whitespace_regex(DEF
             return Machine(None, pool, None, None, pool.EPS, regex_term=compile_pattern(pool, spec, False))
         if kind == "json":
             return _json_machine(spec, pool, whitespace, timeout_s)
+        if kind == "ebnf":
+            return EbnfMachine(spec)
     except GrammarError:
         raise
     except (UnsupportedSchemaError, RegexError, ValueError, RecursionError) as exc:

@@ -193,6 +193,8 @@ class MaskEngine:
         """A key for the string-body fast path (every alternative inside a string body at a
         character boundary, no enum), or None when it does not apply."""
         parts = []
+        if any(st is None for st in state):
+            return None
         for top, rest in state:
             if top[0] == "R" and not top[2]:  # a whole-output regex at a character boundary
                 parts.append(top)
