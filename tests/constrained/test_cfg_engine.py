@@ -239,3 +239,22 @@ def test_ebnf_through_the_same_engine(cfg, tokenizer):
                           ("item ::= [a-z]", "no `root`")):
         with pytest.raises(GrammarError, match=fragment):
             compile_(cfg, bad, "ebnf")
+
+
+def test_compile_budget_and_cache(tokenizer):
+    from lmprog_runtime.constrained.base import GrammarBackendConfig
+
+    be = create_grammar_backend("cfg", tokenizer, 49152 + 64, [tokenizer.eos_token_id],
+                                config=GrammarBackendConfig(compile_timeout_s=0.0))
+    wide = {"type": "object", "properties": {f"k{i}": {"type": "string", "pattern": f"^v{i}[a-z]+$"}
+                                             for i in range(800)}}
+    with pytest.raises(GrammarError, match="timed out|budget"):
+        be.get_future("json", json.dumps(wide)).result(timeout=60)
+    be.shutdown()
+    be = create_grammar_backend("cfg", tokenizer, 49152 + 64, [tokenizer.eos_token_id])
+    spec = json.dumps(wide)
+    t0 = time.perf_counter()
+    be.get_future("json", spec).result(timeout=60)
+    assert time.perf_counter() - t0 < 5.0  # 800 patterned properties: a lazy rule each
+    assert be.get_future("json", spec).done()  # cached by spec
+    be.shutdown()
