@@ -41,11 +41,14 @@ class VocabInfo:
                 continue
             n = _plain_chars(data)
             if n is None:
-                special[i] = data
+                if data[0] >= 0x20 and utf8_start(data[0]) is not None or data[0] < 0x80 and data[0] >= 0x20:
+                    special[i] = data  # (a token whose first byte cannot be in a string body is never walked)
             else:
                 plain[i], chars[i] = True, n
         self.plain, self.chars = plain, chars
         self.special = TokenTrie(special, use_c=False)
+        # counters clamp at the most characters a walked token can add before it leaves the string
+        self.max_special = max((b.find(b'"') if b'"' in b else len(b) for b in special if b), default=1) + 1
         # plain tokens that end on a character boundary, as code points (CSR by level), for
         # the vectorized regex walk; the others (a character cut by the token's end) are walked
         self.whole = np.zeros(self.n_slots, dtype=np.bool_)
@@ -69,8 +72,6 @@ class VocabInfo:
             self.cps[r, :len(c)] = c
         self.special_or_cut = TokenTrie(special, use_c=False)
         self.max_chars = max((len(b) for b in table if b), default=1) + 1
-        # counters clamp at the most characters a walked token can add before it leaves the string
-        self.max_special = max((b.find(b'"') if b'"' in b else len(b) for b in special if b), default=1) + 1
         self.lists = _lists(self.trie)
         self.special_lists = _lists(self.special)
         self.cut_lists = _lists(self.special_or_cut)
