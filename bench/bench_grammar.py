@@ -1,13 +1,18 @@
-"""Grammar backends on the JSONSchemaBench dev sample.
+"""Grammar backends side by side on two public corpora, token level.
 
-Per backend: compile coverage, valid-instance acceptance, invalid-instance rejection,
-compile time (median/p95), mask time per token. Acceptance is token-level (walk the
-instance's tokens through fill_mask/accept_token) when the backend compiled the
-schema; for ours it is also reported regex-level (`re.fullmatch` on the translated
-regex, covering schemas whose token index was not built within --index-timeout).
+Corpora: `dev` = tests/data/jsonschemabench-dev (252 real-world schemas, JSONSchemaBench),
+`suite` = tests/data/json-schema-test-suite/draft2020-12 (keyword semantics; one case per
+schema group). Per backend and corpus: compiles %, valid accepted %, invalid rejected %
+(over compiled schemas), fully correct % (compiled and every instance right, over all
+schemas), compile p50 / p95 (ms), mask µs per token mean and p99 (the scheduler's
+`write_mask` into a numpy row, over the valid instances' tokens). An instance is walked
+token by token (its compact JSON, SmolLM2 tokenizer): each token must be in the mask and
+accepted, then EOS.
 
-    HF_HUB_OFFLINE=1 python bench/bench_grammar.py [--limit N] [--backends outlines,llguidance]
-Writes bench/results/grammar.json and prints a markdown table.
+    HF_HUB_OFFLINE=1 python bench/bench_grammar.py [--quick] [--corpus dev,suite]
+        [--backends cfg,outlines,llguidance,xgrammar] [--limit N]
+Writes bench/results/grammar.json and bench/results/grammar.png; prints a markdown table.
+Timings are only meaningful on a quiet machine.
 """
 from __future__ import annotations
 
@@ -16,20 +21,20 @@ import importlib.util
 import json
 import os
 import pathlib
-import re
 import statistics
 import sys
 import tempfile
 import time
 
-import torch
+import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from lmprog_runtime.constrained import GrammarError, create_grammar_backend  # noqa: E402
-from lmprog_runtime.constrained.json_schema import UnsupportedSchemaError, build_regex_from_schema  # noqa: E402
 
-CORPUS = ROOT / "tests" / "data" / "jsonschemabench-dev"
+CORPORA = {"dev": ROOT / "tests" / "data" / "jsonschemabench-dev",
+           "suite": ROOT / "tests" / "data" / "json-schema-test-suite" / "draft2020-12"}
+OUT = ROOT / "bench" / "results"
 
 
 def load_tokenizer():
@@ -43,35 +48,46 @@ def load_tokenizer():
     return AutoTokenizer.from_pretrained(str(cache))
 
 
+def load_cases(corpus: str) -> list[dict]:
+    """[{"name", "schema", "tests": [{"data", "valid"}]}]."""
+    folder = CORPORA[corpus]
+    if corpus == "dev":
+        return [dict(json.loads(p.read_text()), name=p.stem) for p in sorted(folder.glob("*.json"))]
+    cases = []
+    for p in sorted(folder.glob("*.json")):
+        for i, group in enumerate(json.loads(p.read_text())):
+            cases.append({"name": f"{p.stem}#{i}", "schema": group["schema"], "tests": group["tests"]})
+    return cases
+
+
 def compact(v):
     return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
 
 
-def walk(g, ids, eos, vocab):
-    """(accepted, seconds spent in fill_mask, masks filled)."""
-    row = torch.zeros(vocab, dtype=torch.bool)
-    spent, n = 0.0, 0
+def walk(g, ids, eos, vocab, times=None):
+    """True when every token (then EOS) is in the mask and accepted; mask seconds appended to `times`."""
+    row = np.zeros(vocab, dtype=np.bool_)
     for t in ids + [eos]:
-        row.zero_()
         t0 = time.perf_counter()
-        g.fill_mask(row)
-        spent += time.perf_counter() - t0
-        n += 1
+        g.write_mask(row)
+        if times is not None:
+            times.append(time.perf_counter() - t0)
         if not row[t]:
-            return False, spent, n
+            return False
         try:
             g.accept_token(t)
         except GrammarError:
-            return False, spent, n
-    return True, spent, n
+            return False
+    return True
 
 
 def bench_backend(name, tok, cases, timeout):
     be = create_grammar_backend(name, tok, len(tok), [tok.eos_token_id])
-    r = {"schemas": len(cases), "compiled": 0, "valid": 0, "valid_ok": 0, "invalid": 0, "invalid_ok": 0,
-         "compile_s": [], "mask_s": 0.0, "masks": 0, "timeouts": 0}
+    r = {"schemas": len(cases), "compiled": 0, "fully_correct": 0, "valid": 0, "valid_ok": 0, "invalid": 0,
+         "invalid_ok": 0, "timeouts": 0, "wrongly_accepted": [], "wrongly_rejected": []}
+    compile_s, mask_s = [], []
     for k, case in enumerate(cases):
-        if k % 20 == 0:
+        if k % 50 == 0:
             print(f"{name}: {k}/{len(cases)} schemas", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
@@ -82,77 +98,100 @@ def bench_backend(name, tok, cases, timeout):
         except Exception:  # noqa: BLE001 - future.result timeout
             r["timeouts"] += 1
             continue
-        r["compile_s"].append(time.perf_counter() - t0)
+        compile_s.append(time.perf_counter() - t0)
         r["compiled"] += 1
+        all_ok = True
         for t in case["tests"]:
             ids = tok.encode(compact(t["data"]), add_special_tokens=False)
-            ok, spent, n = walk(g0.copy(), ids, tok.eos_token_id, len(tok))
+            ok = walk(g0.copy(), ids, tok.eos_token_id, len(tok), mask_s if t["valid"] else None)
             key = "valid" if t["valid"] else "invalid"
             r[key] += 1
-            r[key + "_ok"] += ok if t["valid"] else not ok
-            if t["valid"] and ok:
-                r["mask_s"] += spent
-                r["masks"] += n
+            right = ok if t["valid"] else not ok
+            r[key + "_ok"] += right
+            if not right:
+                all_ok = False
+                r["wrongly_accepted" if ok else "wrongly_rejected"].append(case["name"])
+        r["fully_correct"] += all_ok
     be.shutdown()
-    return summarize(r)
+    return summarize(r, compile_s, mask_s)
 
 
-def regex_level(cases):
-    r = {"schemas": len(cases), "compiled": 0, "valid": 0, "valid_ok": 0, "invalid": 0, "invalid_ok": 0,
-         "compile_s": [], "mask_s": 0.0, "masks": 0, "timeouts": 0}
-    for case in cases:
-        t0 = time.perf_counter()
-        try:
-            rx = re.compile(build_regex_from_schema(case["schema"]))
-        except UnsupportedSchemaError:
-            continue
-        r["compile_s"].append(time.perf_counter() - t0)
-        r["compiled"] += 1
-        for t in case["tests"]:
-            hit = bool(rx.fullmatch(compact(t["data"])))
-            key = "valid" if t["valid"] else "invalid"
-            r[key] += 1
-            r[key + "_ok"] += hit if t["valid"] else not hit
-    return summarize(r)
-
-
-def summarize(r):
-    cs = sorted(r.pop("compile_s")) or [float("nan")]
+def summarize(r, compile_s, mask_s):
+    cs = sorted(compile_s) or [float("nan")]
+    ms = sorted(mask_s) or [float("nan")]
     pct = lambda a, b: round(100.0 * a / b, 1) if b else None  # noqa: E731
+    q = lambda xs, f: xs[min(len(xs) - 1, int(f * len(xs)))]  # noqa: E731
     return {"compile_pct": pct(r["compiled"], r["schemas"]), "valid_accepted_pct": pct(r["valid_ok"], r["valid"]),
             "invalid_rejected_pct": pct(r["invalid_ok"], r["invalid"]),
-            "compile_ms_p50": round(1e3 * statistics.median(cs), 2),
-            "compile_ms_p95": round(1e3 * cs[min(len(cs) - 1, int(0.95 * len(cs)))], 2),
-            "mask_us_per_token": round(1e6 * r["mask_s"] / r["masks"], 1) if r["masks"] else None, **r}
+            "fully_correct_pct": pct(r["fully_correct"], r["schemas"]),
+            "compile_ms_p50": round(1e3 * statistics.median(cs), 2), "compile_ms_p95": round(1e3 * q(cs, 0.95), 2),
+            "mask_us_mean": round(1e6 * sum(ms) / len(ms), 1), "mask_us_p99": round(1e6 * q(ms, 0.99), 1),
+            "masks": len(mask_s), **r}
+
+
+COLUMNS = ("compile_pct", "valid_accepted_pct", "invalid_rejected_pct", "fully_correct_pct", "compile_ms_p50",
+           "compile_ms_p95", "mask_us_mean", "mask_us_p99")
+
+
+def table(results) -> str:
+    lines = ["| corpus | engine | compiles % | valid accepted % | invalid rejected % | fully correct % | "
+             "compile p50 ms | p95 ms | mask µs/token mean | p99 |", "|---|---|" + "---:|" * len(COLUMNS)]
+    for corpus, per in results["corpora"].items():
+        for name, r in per.items():
+            lines.append(f"| {corpus} | {name} | " + " | ".join(str(r[c]) for c in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def plot(results, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for ax, metric, label in zip(axes, ("fully_correct_pct", "compile_ms_p95", "mask_us_mean"),
+                                 ("schemas fully correct (%)", "compile p95 (ms, log)", "mask µs/token (log)")):
+        corpora = list(results["corpora"])
+        names = sorted({n for per in results["corpora"].values() for n in per})
+        width = 0.8 / max(len(names), 1)
+        for i, name in enumerate(names):
+            vals = [results["corpora"][c].get(name, {}).get(metric) or 0 for c in corpora]
+            ax.bar([j + i * width for j in range(len(corpora))], vals, width, label=name)
+        ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(corpora))], corpora)
+        ax.set_title(label)
+        if metric != "fully_correct_pct":
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--limit", type=int, default=0, help="first N schemas only (0 = all)")
-    ap.add_argument("--backends", default="outlines,llguidance,xgrammar")
-    ap.add_argument("--index-timeout", type=float, default=60.0,
-                    help="seconds per schema compile (the engine's default compile_timeout_s)")
+    ap.add_argument("--quick", action="store_true", help="the first 40 cases of each corpus")
+    ap.add_argument("--limit", type=int, default=0, help="first N cases of each corpus (0 = all)")
+    ap.add_argument("--corpus", default="dev,suite")
+    ap.add_argument("--backends", default="cfg,outlines,llguidance,xgrammar")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per schema compile")
+    ap.add_argument("--out", default=str(OUT / "grammar.json"))
+    ap.add_argument("--note", default="", help="a sentence stored with the results (e.g. the machine's load)")
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    cases = [json.loads(p.read_text()) for p in sorted(CORPUS.glob("*.json"))]
-    cases = cases[: args.limit] if args.limit else cases
+    limit = args.limit or (40 if args.quick else 0)
     tok = load_tokenizer()
-    results = {"corpus": str(CORPUS.relative_to(ROOT)), "schemas": len(cases),
-               "ours_regex_level": regex_level(cases)}
-    for name in args.backends.split(","):
-        try:
-            results[name] = bench_backend(name, tok, cases, args.index_timeout)
-        except ImportError as exc:
-            print(f"skipping {name}: {exc}", file=sys.stderr)
-        out = ROOT / "bench" / "results" / "grammar.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1))  # after each backend: partial runs keep data
-    print("| backend | compile % | valid accepted % | invalid rejected % | compile p50 ms | p95 ms | mask us/token |")
-    print("|---|---|---|---|---|---|---|")
-    for name, r in results.items():
-        if isinstance(r, dict):
-            print(f"| {name} | {r['compile_pct']} | {r['valid_accepted_pct']} | {r['invalid_rejected_pct']} | "
-                  f"{r['compile_ms_p50']} | {r['compile_ms_p95']} | {r['mask_us_per_token']} |")
+    results = {"tokenizer": "SmolLM2-135M", "limit": limit, "note": args.note, "corpora": {}}
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for corpus in args.corpus.split(","):
+        cases = load_cases(corpus)
+        cases = cases[:limit] if limit else cases
+        results["corpora"][corpus] = {}
+        for name in args.backends.split(","):
+            try:
+                results["corpora"][corpus][name] = bench_backend(name, tok, cases, args.timeout)
+            except ImportError as exc:
+                print(f"skipping {name}: {exc}", file=sys.stderr)
+            out.write_text(json.dumps(results, indent=1))  # after each backend: partial runs keep data
+    plot(results, out.with_suffix(".png"))
+    print(table(results))
 
 
 if __name__ == "__main__":

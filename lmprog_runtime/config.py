@@ -18,7 +18,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
-GRAMMAR_BACKENDS = ("outlines", "llguidance", "xgrammar", "none")
+GRAMMAR_BACKENDS = ("outlines", "cfg", "llguidance", "xgrammar", "none")
 TOOL_CALL_PARSERS = ("json", "pythonic", "llama3", "qwen25")  # server/tools.py reads each format
 EMBEDDING_POOLINGS = ("last", "mean")  # model_executor/embedding.py
 # Weight-only quantization on the CPU (model_executor/quant.py). auto: only for weights that arrive

@@ -14,6 +14,7 @@ from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
 
 _BACKENDS = {
     "outlines": ("lmprog_runtime.constrained.outlines_backend", "OutlinesBackend"),
+    "cfg": ("lmprog_runtime.constrained.cfg.backend", "CfgBackend"),
     "llguidance": ("lmprog_runtime.constrained.llguidance_backend", "LLGuidanceBackend"),
     "xgrammar": ("lmprog_runtime.constrained.xgrammar_backend", "XGrammarBackend"),
 }
@@ -22,7 +23,7 @@ _BACKENDS = {
 def create_grammar_backend(name: str, tokenizer, vocab_size: int, eos_token_ids: Sequence[int],
                            whitespace_pattern: Optional[str] = None,
                            config: Optional[GrammarBackendConfig] = None) -> GrammarBackend:
-    """Build the grammar backend `name` (outlines | llguidance | xgrammar)."""
+    """Build the grammar backend `name` (outlines | cfg | llguidance | xgrammar)."""
     import importlib
     from dataclasses import replace
 
@@ -37,15 +38,17 @@ def create_grammar_backend(name: str, tokenizer, vocab_size: int, eos_token_ids:
 
 def create_serving_backend(name: str, tokenizer, vocab_size: int, eos_token_ids: Sequence[int],
                            whitespace_pattern: Optional[str] = None):
-    """The scheduler's backend: `name` for every kind, except EBNF, which goes to xgrammar
-    (built on the first EBNF request) unless `name` is xgrammar itself (routed.py)."""
+    """The scheduler's backend: `name` for every kind, except EBNF and structural tags, which
+    go to xgrammar (built on the first such request) unless `name` is xgrammar itself, or
+    `name` is cfg, which reads EBNF (structural tags still go to xgrammar; routed.py)."""
     from lmprog_runtime.constrained.routed import RoutedBackend
 
     primary = create_grammar_backend(name, tokenizer, vocab_size, eos_token_ids, whitespace_pattern)
     if name == "xgrammar":
         return primary
+    kinds = ("structural_tag",) if name == "cfg" else ("ebnf", "structural_tag")  # cfg reads EBNF itself
     return RoutedBackend(primary, lambda: create_grammar_backend("xgrammar", tokenizer, vocab_size, eos_token_ids,
-                                                                  whitespace_pattern))
+                                                                  whitespace_pattern), kinds)
 
 
 __all__ = ["create_grammar_backend", "create_serving_backend", "Grammar", "GrammarBackend", "GrammarBackendConfig", "GrammarError",

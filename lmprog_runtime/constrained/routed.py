@@ -1,5 +1,5 @@
-"""EBNF grammars and structural tags go to the backend made for them, whatever
-`--grammar-backend` is.
+"""EBNF grammars and structural tags go to the backend made for them (EBNF stays with the
+cfg engine when it is `--grammar-backend`, which reads GBNF itself).
 
 `ebnf` is SGLang's GBNF dialect and `structural_tag` SGLang's / xgrammar's tag format, both
 of which xgrammar reads; the outlines backend (regex and JSON schema through our own

@@ -1,0 +1,242 @@
+"""Grammar backend "cfg": JSON Schema, regex and EBNF through one grammar engine (this package).
+
+compile: schema -> value grammar (schema.py) or pattern -> lazy regex (regex.py), both
+matched by one pushdown machine (machine.py) whose token masks come from walking the
+vocabulary trie (mask.py); EBNF (GBNF) has its own recognizer with the same interface
+(ebnf.py). A compiled grammar is shared by every matcher made from it (`copy()`), together
+with its mask cache. Structural tags are refused here (the serving path routes them to
+xgrammar, routed.py).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
+from lmprog_runtime.constrained.cfg.ebnf import EbnfMachine
+from lmprog_runtime.constrained.cfg.machine import Machine
+from lmprog_runtime.constrained.cfg.mask import MaskEngine, VocabInfo
+from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
+from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
+from lmprog_runtime.constrained.cfg.residual import Residual
+from lmprog_runtime.constrained.cfg.schema import SchemaCompiler
+from lmprog_runtime.constrained.index import token_bytes
+from lmprog_runtime.constrained.json_schema import DEFAULT_MAX_WHITESPACE, whitespace_regex
+from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
+
+ANY_JSON = "$$ANY$$"  # SGLang's spelling of "any JSON value"
+MAX_FORCED_BYTES = 256
+MAX_REGEX_TERMS = 1_000_000  # lazily derived regex states per grammar (memory bound)
+
+
+class _Compiled:
+    """What every matcher of one grammar shares."""
+
+    def __init__(self, machine: Machine, engine: MaskEngine, table, eos: Sequence[int], vocab_size: int):
+        self.machine, self.engine, self.table = machine, engine, table
+        self.eos, self.vocab_size = list(eos), vocab_size
+
+
+class CfgGrammar(Grammar):
+    """Matcher: a stack of parse states, one per accepted token (rollback = pop)."""
+
+    def __init__(self, shared: _Compiled):
+        self._shared = shared
+        self._states: list[tuple] = [shared.machine.initial()]
+        self._ends: list[int] = [0]  # output byte length after each accepted token
+        self._hist = bytearray()
+        self.finished = False
+
+    @property
+    def state(self) -> tuple:
+        return self._states[-1]
+
+    def copy(self) -> "CfgGrammar":
+        return CfgGrammar(self._shared)
+
+    def _ctx(self, pending: bytes):
+        hist = bytes(self._hist) + pending
+        return lambda start, end: hist[start:end]
+
+    def _accepting(self) -> bool:
+        return self._shared.machine.accepting(self.state, len(self._hist), self._ctx(b""))
+
+    def fill_mask(self, mask_row: torch.Tensor) -> None:
+        if mask_row.device.type == "cpu" and mask_row.is_contiguous():
+            self._or_into(mask_row.numpy())
+            return
+        row = np.zeros(mask_row.shape[0], dtype=np.bool_)
+        self._or_into(row)
+        mask_row |= torch.from_numpy(row).to(mask_row.device)
+
+    def write_mask(self, row) -> None:
+        row.fill(False)
+        self._or_into(row)
+
+    def _or_into(self, row: np.ndarray) -> None:
+        """Set the allowed tokens True in the numpy bool row (others untouched)."""
+        sh = self._shared
+        if not self.finished:
+            allowed = sh.engine.mask(self.state, bytes(self._hist))
+            n = min(len(allowed), row.shape[0])
+            np.logical_or(row[:n], allowed[:n], out=row[:n])
+        if self.finished or self._accepting():
+            for e in sh.eos:
+                if e < row.shape[0]:
+                    row[e] = True
+
+    def accept_token(self, token_id: int) -> None:
+        sh = self._shared
+        if self.finished:
+            raise GrammarError(f"token {token_id} after the grammar accepted EOS")
+        if token_id in sh.eos:
+            if not self._accepting():
+                raise GrammarError(f"EOS token {token_id} before the output is complete")
+            self.finished = True
+            self._states.append(self.state)
+            self._ends.append(len(self._hist))
+            return
+        data = sh.table[token_id] if 0 <= token_id < len(sh.table) else None
+        if not data:
+            raise GrammarError(f"token {token_id} is not allowed here (no text)")
+        state, base, ctx = self.state, len(self._hist), self._ctx(data)
+        for k, b in enumerate(data):
+            state = sh.machine.advance(state, b, base + k, ctx)
+            if not state:
+                raise GrammarError(f"token {token_id} ({data!r}) is not allowed here")
+        self._hist += data
+        self._states.append(state)
+        self._ends.append(len(self._hist))
+
+    def is_terminated(self) -> bool:
+        return self.finished or self._shared.machine.complete(self.state)
+
+    def rollback(self, k: int) -> None:
+        assert 0 <= k < len(self._states), f"rollback({k}) with {len(self._states) - 1} accepted tokens"
+        if k == 0:
+            return
+        del self._states[-k:]
+        del self._ends[-k:]
+        del self._hist[self._ends[-1]:]
+        self.finished = False
+
+    def jump_forward_str(self) -> Optional[str]:
+        """The bytes every continuation starts with (one live byte at a time, stopping where
+        the output could end; `\\` escapes, which only respell a character, do not count as
+        a choice), cut to whole UTF-8 characters."""
+        if self.is_terminated():
+            return None
+        m, state, out = self._shared.machine, self.state, bytearray()
+        base = len(self._hist)
+        while len(out) < MAX_FORCED_BYTES:
+            ctx = self._ctx(bytes(out) + b"\x00")
+            if m.accepting(state, base + len(out), ctx):
+                break
+            live = [(b, s) for b in range(256) for s in (m.advance(state, b, base + len(out), ctx),) if s]
+            if len(live) > 1:  # an escape is another spelling of a character, not a choice
+                live = [(b, s) for b, s in live if b != 0x5C]
+            if len(live) != 1:
+                break
+            out.append(live[0][0])
+            state = live[0][1]
+        if not out or 0x80 <= out[0] < 0xC0:
+            return None
+        for cut in range(len(out), max(len(out) - 4, 0), -1):
+            try:
+                return out[:cut].decode("utf-8") or None
+            except UnicodeDecodeError:
+                continue
+        return None
+
+
+class CfgBackend(GrammarBackend):
+    """JSON Schema and regex grammars on the lmprog grammar engine."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: Sequence[int],
+                 config: GrammarBackendConfig = GrammarBackendConfig()):
+        super().__init__(config)
+        if not eos_token_ids:
+            raise ValueError("eos_token_ids must name at least one token")
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self.table = token_bytes(tokenizer)
+        for e in self.eos_token_ids:  # EOS is never an ordinary token, only an accepting state's exit
+            if e < len(self.table):
+                self.table[e] = None
+        self.vocab = VocabInfo(self.table)
+        ws = config.whitespace_pattern
+        self.whitespace = whitespace_regex(DEFAULT_MAX_WHITESPACE) if ws is None else ws
+
+    def compile(self, kind: str, spec: str) -> CfgGrammar:
+        machine = compile_machine(kind, spec, self.whitespace, self.config.compile_timeout_s)
+        shared = _Compiled(machine, MaskEngine(machine, self.vocab), self.table, self.eos_token_ids,
+                           self.vocab_size)
+        return CfgGrammar(shared)
+
+
+def compile_machine(kind: str, spec: str, whitespace: str = whitespace_regex(DEFAULT_MAX_WHITESPACE),
+                    timeout_s: float = 60.0) -> Machine:
+    """The pushdown matcher of a `json` (schema text) or `regex` constraint; GrammarError
+    naming what cannot be compiled."""
+    pool = RegexPool(MAX_REGEX_TERMS)
+    try:
+        if kind == "regex":
+            return Machine(None, pool, None, None, pool.EPS, regex_term=compile_pattern(pool, spec, False))
+        if kind == "json":
+            return _json_machine(spec, pool, whitespace, timeout_s)
+        if kind == "ebnf":
+            return EbnfMachine(spec)
+    except GrammarError:
+        raise
+    except (UnsupportedSchemaError, RegexError, ValueError, RecursionError) as exc:
+        raise GrammarError(f"Failed to compile {kind} grammar: {exc}") from exc
+    raise GrammarError(f"Failed to compile {kind} grammar: {kind} grammars are not supported by the "
+                       "cfg backend (they are served by xgrammar)")
+
+
+def _json_machine(spec: str, pool: RegexPool, whitespace: str, timeout_s: float) -> Machine:
+    schema = True if spec.strip() == ANY_JSON else json.loads(spec)
+    compiler = SchemaCompiler(schema, pool, time.monotonic() + timeout_s)
+    root = compiler.compile()
+    lock = threading.Lock()
+
+    def child_of(node, key: str):
+        got = node._child.get(key, 0)
+        if got != 0:
+            return got
+        with lock:
+            got = _child(compiler, node, key)
+            node._child[key] = got
+        return got
+
+    return Machine(root, pool, Residual(schema), child_of, compile_pattern(pool, whitespace, False))
+
+
+def accepts_text(machine: Machine, text: str) -> bool:
+    """Byte-level acceptance of a whole output (tests, corpora)."""
+    data = text.encode("utf-8")
+    state = machine.initial()
+    ctx = lambda start, end: data[start:end]  # noqa: E731
+    for pos, b in enumerate(data):
+        state = machine.advance(state, b, pos, ctx)
+        if not state:
+            return False
+    return machine.accepting(state, len(data), ctx)
+
+
+def _child(compiler: SchemaCompiler, node, key: str):
+    """The rule of the value of member `key`: properties / patternProperties (all that apply)
+    / additionalProperties; None when the key is not allowed."""
+    hits = [node.props[key]] if key in node.props else []
+    hits += [n for term, n in node.pattern_props if compiler.pool.accepts(term, key)]
+    if not hits:
+        return node.additional
+    if len(hits) == 1:
+        return hits[0]
+    compiler.deadline = None  # a member rule built while matching: the compile budget is spent
+    return compiler.node(compiler._made({"allOf": [h.schema for h in hits]}))

@@ -1,0 +1,321 @@
+"""The pushdown matcher of a compiled value grammar, one byte at a time.
+
+A parse state is a tuple of stacks (one per live alternative of an anyOf/oneOf: a
+GLR-style set, deduplicated). A stack is a cons list `(frame, rest)`, frames are tuples, so
+states are immutable, hashable and shared: rollback is keeping the old state, and the
+token-trie walk branches without copying. Frames (first field = kind):
+
+    ("V", node, ws)                            a value of `node` may start; ws: whitespace regex state
+    ("O", node, phase, seen, key, ws)          object; phase 0 `{` 1 key 2 value 3 `,` 4 in value
+    ("A", node, phase, count, seen, ws)        array; phase 0 `[` 2 item 3 `,` 4 in item
+    ("S", node, count, utf, esc, hs, pats, text)  string body: char count, UTF-8 (need, cp, lo, hi, raw) / escape
+                                               decoder states, pending high surrogate, regex
+                                               states, text (kept for keys and enums only)
+    ("N", node, text, d)                       number text and its JSON-number DFA state
+    ("L", literal, i)                          true / false / null, i bytes read
+    ("C", node, start)                         residual check of the value starting at byte `start`
+    ("U", start)                               capture of a uniqueItems array item
+    ("R", term, utf)                           a whole-output regex (the `regex` kind)
+    ("D", done)                                bottom; done = 1 once the root value is complete
+
+`ctx(start, end)` returns output bytes [start, end) (committed output + the bytes being
+tried), read only when a captured value completes.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from lmprog_runtime.constrained.cfg.nodes import Node
+from lmprog_runtime.constrained.cfg.residual import Residual, canonical
+from lmprog_runtime.constrained.cfg.strings import Ctx, StringFrames, _enum_first_bytes, utf8_start  # noqa: F401
+
+WS = frozenset(b" \t\n\r")
+DIGITS = frozenset(b"0123456789")
+# JSON number DFA: 0 start, 1 '-', 2 '0', 3 int, 4 '.', 5 frac, 6 'e', 7 exp sign, 8 exp
+_NUM: list[dict[int, int]] = [{} for _ in range(9)]
+for _d in DIGITS:
+    _NUM[0][_d] = _NUM[1][_d] = 2 if _d == 0x30 else 3
+    _NUM[3][_d] = 3
+    _NUM[4][_d] = _NUM[5][_d] = 5
+    _NUM[6][_d] = _NUM[7][_d] = _NUM[8][_d] = 8
+_NUM[0][0x2D] = 1
+for _s in (2, 3):
+    _NUM[_s][0x2E] = 4
+for _s in (2, 3, 5):
+    _NUM[_s][0x65] = _NUM[_s][0x45] = 6
+_NUM[6][0x2B] = _NUM[6][0x2D] = 7
+NUM_COMPLETE = frozenset((2, 3, 5, 8))
+MAX_NUMBER_CHARS = 400
+
+
+_VALUE_START = frozenset(b'"{[-0123456789tfn')
+_FOLLOW = {"O": WS | frozenset(b",}"), "A": WS | frozenset(b",]"), "D": frozenset()}
+_OBJ = {0: WS | frozenset(b'"}'), 1: WS | frozenset(b":"), 2: WS | frozenset(b",}"), 3: WS | frozenset(b'"')}
+_ARR = {0: WS | _VALUE_START | frozenset(b"]"), 2: WS | frozenset(b",]"), 3: WS | _VALUE_START}
+_NUM_NEXT = [frozenset(d) for d in _NUM]
+
+
+def _follow(rest) -> frozenset:
+    """Bytes that may come right after a complete value on top of `rest` (a superset)."""
+    while rest[0][0] in ("C", "U"):
+        rest = rest[1]
+    return _FOLLOW[rest[0][0]]
+
+
+class Machine(StringFrames):
+    def __init__(self, root: Optional[Node], pool, residual: Optional[Residual], child_of, ws0: int,
+                 regex_term: Optional[int] = None):
+        """ws0: the whitespace pattern's start state (a RegexPool term) between JSON tokens."""
+        self.root, self.pool, self.residual, self.ws0 = root, pool, residual, ws0
+        self._child_of = child_of  # (node, key) -> Node | None
+        self.regex_term = regex_term
+
+    def initial(self) -> tuple:
+        if self.regex_term is not None:
+            return (((("R", self.regex_term, 0)), None),)
+        return ((("V", self.root, self.pool.EPS), (("D", 0), None)),)  # no whitespace before the root
+
+    # ------------------------------------------------------------ driving
+    def advance(self, state: tuple, b: int, pos: int, ctx: Ctx) -> tuple:
+        out: list = []
+        for st in state:
+            out.extend(self.step(st, b, pos, ctx))
+        return tuple(dict.fromkeys(out)) if len(out) > 1 else tuple(out)
+
+    def accepting(self, state: tuple, pos: int, ctx: Ctx) -> bool:
+        for st in state:
+            top = st[0]
+            if top[0] == "D" and top[1]:
+                return True
+            if top[0] == "R" and top[2] == 0 and self.pool.nullable(top[1]):
+                return True
+            if top[0] == "N" and top[3] in NUM_COMPLETE and top[1].number_ok(top[2]):
+                if any(s[0] == ("D", 1) for s in self.finish(st[1], None, pos, ctx)):
+                    return True
+        return False
+
+    def candidates(self, state: tuple):
+        """A superset of the bytes `advance` may accept from `state` (frozenset), or None for
+        "any": lets the trie walk skip subtrees without stepping into them."""
+        out: set = set()
+        for st in state:
+            top = st[0]
+            kind = top[0]
+            if kind == "O":
+                got = _OBJ.get(top[2], WS)
+            elif kind == "A":
+                got = _ARR.get(top[2], WS)
+            elif kind == "V":
+                got = _VALUE_START | WS
+            elif kind == "L":
+                got = (ord(top[1][top[2]]),)
+            elif kind == "N":
+                got = _NUM_NEXT[top[3]] | (_follow(st[1]) if top[3] in NUM_COMPLETE else frozenset())
+            elif kind == "D":
+                continue
+            elif kind == "S" and top[1].enum is not None and not top[3] and not top[4]:
+                got = _enum_first_bytes(top[1], top[7])
+            else:
+                return None
+            out.update(got)
+        return out
+
+    def complete(self, state: tuple) -> bool:
+        """No byte can follow: every alternative is done."""
+        return bool(state) and all(st[0] == ("D", 1) or (st[0][0] == "R" and st[0][1] == self.pool.EPS)
+                                   for st in state)
+
+    def step(self, st, b: int, pos: int, ctx: Ctx) -> list:
+        top, rest = st
+        kind = top[0]
+        if kind == "S":
+            return self._string(top, rest, b, pos, ctx)
+        if kind == "V":
+            if b in WS:
+                ws = self.pool.step(top[2], b)
+                return [(("V", top[1], ws), rest)] if ws != self.pool.NONE else []
+            if not self.pool.nullable(top[2]):
+                return []
+            return self.start_value(rest, top[1], b, pos, ctx)
+        if kind == "O":
+            return self._object(top, rest, b, pos, ctx)
+        if kind == "A":
+            return self._array(top, rest, b, pos, ctx)
+        if kind == "N":
+            return self._number(top, rest, b, pos, ctx)
+        if kind == "L":
+            lit, i = top[1], top[2]
+            if b != ord(lit[i]):
+                return []
+            return self.finish(rest, None, pos + 1, ctx) if i + 1 == len(lit) else [(("L", lit, i + 1), rest)]
+        if kind == "R":
+            return self._regex(top, rest, b)
+        return []  # D: nothing after the root value
+
+    def start_value(self, rest, node: Node, b: int, pos: int, ctx: Ctx) -> list:
+        if node.never:
+            return []
+        if node.residual is not None:
+            rest = (("C", node, pos), rest)
+        if node.alts is not None:
+            out: list = []
+            for alt in node.alts:
+                out.extend(self.start_value(rest, alt, b, pos, ctx))
+            return out
+        types = node.types
+        if b == 0x22:
+            if "string" not in types or (node.enum is not None and not node.enum):
+                return []
+            text = "" if node.enum is not None else None
+            return [(("S", node, 0, 0, 0, 0, node.patterns, text), rest)]
+        if b == 0x7B:
+            return [(("O", node, 0, frozenset(), None, self.ws0), rest)] if "object" in types else []
+        if b == 0x5B:
+            if "array" not in types:
+                return []
+            return [(("A", node, 0, 0, frozenset() if node.unique else None, self.ws0), rest)]
+        if b in DIGITS or b == 0x2D:
+            if not node.allows_number() or not node.number_prefix_ok(chr(b)):
+                return []
+            return [(("N", node, chr(b), _NUM[0][b]), rest)]
+        for lit in node.literals:
+            if b == ord(lit[0]):
+                return [(("L", lit, 1), rest)]
+        return []
+
+    # ------------------------------------------------------------ completion
+    def finish(self, rest, result, end: int, ctx: Ctx) -> list:
+        """The value on top of `rest` just completed (its text ends at byte `end`)."""
+        top = rest[0]
+        kind = top[0]
+        if kind == "D":
+            return [(("D", 1), rest[1])]
+        if kind == "C":
+            if not self.residual.valid_text(ctx(top[2], end), top[1].residual):
+                return []
+            return self.finish(rest[1], result, end, ctx)
+        if kind == "U":
+            value = canonical(ctx(top[1], end))
+            return self.finish(rest[1], value, end, ctx)
+        if kind == "A":
+            seen = top[4]
+            if seen is not None:
+                if result in seen:
+                    return []
+                seen = seen | {result}
+            return [(("A", top[1], 2, top[3] + 1, seen, self.ws0), rest[1])]
+        if kind == "O":
+            node, phase, seen = top[1], top[2], top[3]
+            if phase == 4:
+                return [(("O", node, 2, seen | {top[4]}, None, self.ws0), rest[1])]
+            return self._key_done(top, rest[1], result)
+        return []
+
+    def _key_done(self, top, rest, key: str) -> list:
+        node, seen = top[1], top[3]
+        if key in seen or self._child_of(node, key) is None:
+            return []
+        kn = node.key_node
+        if kn is not None and kn.residual is not None and not self.residual.valid(key, kn.residual):
+            return []
+        return [(("O", node, 1, seen, key, self.ws0), rest)]
+
+    # ------------------------------------------------------------ containers
+    def _object(self, top, rest, b: int, pos: int, ctx: Ctx) -> list:
+        _, node, phase, seen, key, ws = top
+        if b in WS:
+            ws = self.pool.step(ws, b)
+            return [(("O", node, phase, seen, key, ws), rest)] if ws != self.pool.NONE else []
+        if not self.pool.nullable(ws):
+            return []
+        if phase == 1:
+            if b != 0x3A:
+                return []
+            child = self._child_of(node, key)
+            return [(("V", child, self.ws0), (("O", node, 4, seen, key, 0), rest))]
+        if b == 0x22 and phase in (0, 3):
+            if node.max_props is not None and len(seen) >= node.max_props:
+                return []
+            kn = _key_rule(node, seen)
+            if kn.never or "string" not in kn.types or (kn.enum is not None and not kn.enum):
+                return []
+            return [(("S", kn, 0, 0, 0, 0, kn.patterns, ""), (("O", node, phase, seen, None, 0), rest))]
+        if b == 0x7D and phase in (0, 2):
+            if not (node.required <= seen and len(seen) >= node.min_props):
+                return []
+            for k in seen:
+                deps = node.dep_required.get(k)
+                if deps and not set(deps) <= seen:
+                    return []
+            return self.finish(rest, None, pos + 1, ctx)
+        if b == 0x2C and phase == 2:
+            if node.max_props is not None and len(seen) >= node.max_props:
+                return []
+            if node.additional is None and not node.pattern_props and len(seen) >= len(node.props):
+                return []
+            return [(("O", node, 3, seen, None, self.ws0), rest)]
+        return []
+
+    def _array(self, top, rest, b: int, pos: int, ctx: Ctx) -> list:
+        _, node, phase, count, seen, ws = top
+        if b in WS:
+            ws = self.pool.step(ws, b)
+            return [(("A", node, phase, count, seen, ws), rest)] if ws != self.pool.NONE else []
+        if not self.pool.nullable(ws):
+            return []
+        if b == 0x5D and phase in (0, 2):
+            return self.finish(rest, None, pos + 1, ctx) if count >= node.min_items else []
+        if b == 0x2C:
+            if phase != 2 or (node.max_items is not None and count >= node.max_items):
+                return []
+            return [(("A", node, 3, count, seen, self.ws0), rest)] if _item(node, count) is not None else []
+        if phase == 2:
+            return []
+        item = _item(node, count)
+        if item is None:
+            return []
+        inner = (("A", node, 4, count, seen, 0), rest)
+        if seen is not None:
+            inner = (("U", pos), inner)
+        return self.start_value(inner, item, b, pos, ctx)
+
+    def _number(self, top, rest, b: int, pos: int, ctx: Ctx) -> list:
+        _, node, text, d = top
+        nd = _NUM[d].get(b)
+        if nd is not None:
+            if len(text) >= MAX_NUMBER_CHARS:
+                return []
+            if node.integer_only() and nd >= 4:
+                return []  # integers are written as integers: no fraction, no exponent
+            if nd <= 5 and not node.number_prefix_ok(text + chr(b)):
+                return []
+            return [(("N", node, text + chr(b), nd), rest)]
+        if d not in NUM_COMPLETE or not node.number_ok(text):
+            return []
+        out: list = []
+        for st in self.finish(rest, None, pos, ctx):
+            out.extend(self.step(st, b, pos, ctx))
+        return out
+
+    # ------------------------------------------------------------ strings
+def _item(node: Node, i: int) -> Optional[Node]:
+    return node.prefix[i] if i < len(node.prefix) else node.items
+
+
+def _key_rule(node: Node, seen: frozenset) -> Node:
+    """The key rule of an object with `seen` keys: a closed object's enum less those keys,
+    so a key prefix typed can always be finished (memoized on the object node)."""
+    kn = node.key_node
+    if kn.enum is None or not seen:
+        return kn
+    memo_key = ("__keys__", seen)
+    got = node._child.get(memo_key)
+    if got is None:
+        got = Node(kn.schema)
+        for slot in Node.__slots__:
+            if slot not in ("_child",):
+                setattr(got, slot, getattr(kn, slot))
+        got._child = {}
+        got.enum = tuple(k for k in kn.enum if k not in seen)
+        node._child[memo_key] = got
+    return got

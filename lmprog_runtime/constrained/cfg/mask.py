@@ -1,0 +1,342 @@
+"""Token masks of a parse state: the vocabulary trie walked against the pushdown matcher.
+
+`MaskEngine.mask(state, hist)` -> bool [n_slots] numpy array (token id -> allowed), cached
+per state. A walk steps the matcher once per trie node whose prefix is still alive, so
+structural states (a key, a comma, a literal) touch a handful of nodes. Inside a free
+string body (no pattern, no enum), where most of the vocabulary stays alive, the tokens
+that never leave the string (no `"`, `\\`, control byte; well-formed UTF-8) are
+context-independent (xgrammar's observation): their mask is precomputed once per
+tokenizer, less those longer than the `maxLength` still left (a numpy compare on each
+token's character count), and only the few tokens that can close the string are walked,
+cached by the state with its counters clamped to the longest token.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Optional, Sequence
+
+import numpy as np
+
+from lmprog_runtime.constrained.cfg.machine import Machine, utf8_start
+from lmprog_runtime.constrained.trie_walk import TokenTrie
+
+MEMO_STATES = 1024  # cached masks per compiled grammar (LRU), bit-packed: 6 KB each at 49k tokens
+MEMO_PARTS = 64     # cached string-body parts per grammar (bool rows)
+MAX_TABLE_CHARS = 32  # plain tokens up to this many characters go through the regex tables
+
+
+class VocabInfo:
+    """Per-tokenizer tables shared by every grammar: the trie, plain string-body tokens."""
+
+    def __init__(self, table: Sequence[Optional[bytes]]):
+        self.table = table
+        self.trie = TokenTrie(table, use_c=False)
+        self.n_slots = self.trie.sink + 1
+        plain = np.zeros(self.n_slots, dtype=np.bool_)
+        chars = np.zeros(self.n_slots, dtype=np.int32)
+        special: list[Optional[bytes]] = [None] * len(table)
+        for i, data in enumerate(table):
+            if not data:
+                continue
+            n = _plain_chars(data)
+            if n is None:
+                if data[0] >= 0x20 and utf8_start(data[0]) is not None or data[0] < 0x80 and data[0] >= 0x20:
+                    special[i] = data  # (a token whose first byte cannot be in a string body is never walked)
+            else:
+                plain[i], chars[i] = True, n
+        self.plain, self.chars = plain, chars
+        self.special = TokenTrie(special, use_c=False)
+        # counters clamp at the most characters a walked token can add before it leaves the string
+        self.max_special = max((b.find(b'"') if b'"' in b else len(b) for b in special if b), default=1) + 1
+        # plain tokens that end on a character boundary, as code points (CSR by level), for
+        # the vectorized regex walk; the others (a character cut by the token's end) are walked
+        self.whole = np.zeros(self.n_slots, dtype=np.bool_)
+        cps: list[list[int]] = []
+        ids: list[int] = []
+        for i in np.nonzero(plain)[0].tolist():
+            try:
+                text = table[i].decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+            if text is None or len(text) > MAX_TABLE_CHARS:
+                special[i] = table[i]  # walked in pattern states
+                continue
+            self.whole[i] = True
+            ids.append(i)
+            cps.append([ord(c) for c in text])
+        self.whole_ids = np.asarray(ids, dtype=np.int64)
+        self.whole_len = np.asarray([len(c) for c in cps], dtype=np.int64)
+        self.cps = np.zeros((len(cps), MAX_TABLE_CHARS), dtype=np.int64)  # code points, 0-padded
+        for r, c in enumerate(cps):
+            self.cps[r, :len(c)] = c
+        self.special_or_cut = TokenTrie(special, use_c=False)
+        self.max_chars = max((len(b) for b in table if b), default=1) + 1
+        self.lists = _lists(self.trie)
+        self.special_lists = _lists(self.special)
+        self.cut_lists = _lists(self.special_or_cut)
+
+
+def _lists(trie: TokenTrie):
+    return (trie.byte.tolist(), trie.depth.tolist(), trie.skip.tolist(), trie.node_tok.tolist(),
+            list(zip(trie.dup_tok.tolist(), trie.dup_src.tolist())))
+
+
+def _plain_chars(data: bytes) -> Optional[int]:
+    """Characters a token adds inside a string body (lead bytes), or None if it may not stay there."""
+    n, need = 0, 0
+    lo, hi = 0x80, 0xBF
+    for b in data:
+        if need:
+            if not lo <= b <= hi:
+                return None
+            need -= 1
+            lo, hi = 0x80, 0xBF
+            continue
+        if b < 0x20 or b in (0x22, 0x5C):
+            return None
+        n += 1
+        if b >= 0x80:
+            u = utf8_start(b)
+            if u is None:
+                return None
+            need, _, lo, hi = u
+    return n
+
+
+def _capture_start(state: tuple):
+    """The first output byte a pending check (C / U frame) of `state` will read, or None."""
+    start = None
+    for st in state:
+        while st is not None:
+            frame = st[0]
+            if frame[0] == "C":
+                start = frame[2] if start is None else min(start, frame[2])
+            elif frame[0] == "U":
+                start = frame[1] if start is None else min(start, frame[1])
+            st = st[1]
+    return start
+
+
+class MaskEngine:
+    def __init__(self, machine: Machine, vocab: VocabInfo):
+        self.machine, self.vocab = machine, vocab
+        self._memo: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self._alive: dict[int, np.ndarray] = {}
+        self._parts: dict = {}
+        self._table: Optional[_ClassTable] = None
+
+    def mask(self, state: tuple, hist: bytes) -> np.ndarray:
+        if len(state) > 1:  # alternatives are independent: the union of their masks (each cached)
+            out = self.mask(state[:1], hist)
+            for st in state[1:]:
+                out = out | self.mask((st,), hist)
+            return out
+        key = self._fast_key(state)
+        memo_key = key if key is not None else state
+        start = _capture_start(state)
+        if start is not None:  # a residual check will read the captured text: it is part of the key
+            memo_key = (memo_key, hist[start:])
+        with self._lock:
+            packed = self._memo.get(memo_key)
+            if packed is not None:
+                self._memo.move_to_end(memo_key)
+        if packed is not None:
+            got = np.unpackbits(packed, count=self.vocab.n_slots).view(np.bool_)
+        else:
+            got = self._compute(key, state, hist)
+            with self._lock:
+                self._memo[memo_key] = np.packbits(got)
+                while len(self._memo) > MEMO_STATES:
+                    self._memo.popitem(last=False)
+        if key is None:
+            return got
+        out = got
+        for st in state:  # each alternative's string body: plain tokens within its counters
+            out = out | (self._alive_all((st[0][1],)) if st[0][0] == "R" else self._plain_part(st[0]))
+        return out
+
+    def _plain_part(self, top) -> np.ndarray:
+        """The plain tokens an S frame allows: all (or those its patterns survive), less
+        those longer than the characters left (cached per patterns and characters left)."""
+        node, count, pats = top[1], top[2], top[6]
+        left = None if node.max_len is None else min(node.max_len - count, self.vocab.max_chars)
+        key = (pats, left)
+        got = self._parts.get(key)
+        if got is None:
+            v = self.vocab
+            got = v.plain if not pats else self._alive_all(pats)
+            if left is not None:
+                got = got & (v.chars <= left)
+            with self._lock:
+                if len(self._parts) >= MEMO_PARTS:
+                    self._parts.clear()
+                self._parts[key] = got
+        return got
+
+    def _alive_all(self, pats) -> np.ndarray:
+        alive = self.vocab.whole
+        for p in pats:
+            alive = alive & self._regex_alive(p)
+        return alive
+
+    def _compute(self, key, state: tuple, hist: bytes) -> np.ndarray:
+        """The walked part of a mask (all of it off the fast path)."""
+        v = self.vocab
+        if key is None:
+            return self._walk(state, hist, v.trie, v.lists)
+        if any(st[0][0] == "R" or st[0][6] for st in state):  # patterns: tokens cut mid-character are walked too
+            return self._walk(state, hist, v.special_or_cut, v.cut_lists)
+        return self._walk(state, hist, v.special, v.special_lists)
+
+    def _fast_key(self, state: tuple):
+        """A key for the string-body fast path (every alternative inside a string body at a
+        character boundary, no enum), or None when it does not apply."""
+        parts = []
+        if any(st is None for st in state):
+            return None
+        for top, rest in state:
+            if top[0] == "R" and not top[2]:  # a whole-output regex at a character boundary
+                parts.append(top)
+                continue
+            if top[0] != "S" or top[3] or top[4] or top[5] or top[1].enum is not None:
+                return None
+            node, count = top[1], top[2]
+            cap = self.vocab.max_special if not top[6] else self.vocab.max_chars
+            left = cap if node.max_len is None else min(node.max_len - count, cap)
+            deficit = min(max(node.min_len - count, 0), cap)
+            parts.append((node, left, deficit, top[6], top[7], rest))
+        return ("fast", tuple(parts)) if parts else None
+
+    def _walk(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
+        byte, depth, skip, tok, dups = lists
+        out = np.zeros(self.vocab.n_slots, dtype=np.bool_)
+        base = len(hist)
+        path = bytearray(256)
+
+        def ctx(start: int, end: int) -> bytes:
+            if end <= base:
+                return hist[start:end]
+            tail = bytes(path[:end - base])
+            return (hist[start:] + tail) if start < base else tail[start - base:]
+
+        advance, candidates = self.machine.advance, self.machine.candidates
+        states = [state] + [None] * 256
+        cands = [candidates(state)] + [None] * 256  # per depth: bytes worth stepping (None: all)
+        i, n, sink = 0, trie.n_nodes, trie.sink
+        hits = []
+        while i < n:
+            d = depth[i]
+            b = byte[i]
+            c = cands[d - 1]
+            if c is not None and b not in c:
+                i = skip[i]
+                continue
+            path[d - 1] = b
+            nxt = advance(states[d - 1], b, base + d - 1, ctx)
+            if not nxt:
+                i = skip[i]
+                continue
+            states[d] = nxt
+            if tok[i] != sink and self._lives(nxt, base + d, ctx, path, d):
+                hits.append(tok[i])
+            i += 1
+            if i < n and depth[i] > d:  # it has children
+                cands[d] = candidates(nxt)
+        if hits:
+            out[hits] = True
+        for t, src in dups:
+            out[t] = out[src]
+        return out
+
+    def _lives(self, state: tuple, pos: int, ctx, path: bytearray, d: int) -> bool:
+        """One byte of lookahead after a token: some byte (or the end) can follow, so a
+        token after which every continuation fails a check (a duplicate item, a number out
+        of bounds) is not offered. States whose next bytes are not a small set pass."""
+        m = self.machine
+        cands = m.candidates(state)
+        if cands is None or m.complete(state) or m.accepting(state, pos, ctx):
+            return True
+        for c in cands:
+            path[d] = c  # ctx reads the lookahead byte from the path
+            if m.advance(state, c, pos, ctx):
+                return True
+        return False
+
+    # ------------------------------------------------------------ regex tables
+    def _regex_alive(self, p: int) -> np.ndarray:
+        """bool [n_slots]: the whole-character plain tokens after which pattern state `p` is
+        not dead, computed for all of them at once, one character position at a time, over
+        a lazily filled transition table (states x character classes)."""
+        with self._lock:
+            got = self._alive.get(p)
+        if got is not None:
+            return got
+        tab = self._tables()
+        v = self.vocab
+        active = np.arange(len(v.whole_ids))
+        st = np.full(len(active), tab.local(p), dtype=np.int64)
+        alive_rows = []
+        for k in range(MAX_TABLE_CHARS):
+            longer = v.whole_len[active] > k
+            alive_rows.append(active[~longer])  # ended alive
+            active, st = active[longer], st[longer]
+            if not len(active):
+                break
+            st = tab.next(st, np.searchsorted(tab.bounds, v.cps[active, k], side="right"))
+            live = st != tab.dead
+            active, st = active[live], st[live]
+        alive_rows.append(active)
+        out = np.zeros(v.n_slots, dtype=np.bool_)
+        out[v.whole_ids[np.concatenate(alive_rows)]] = True
+        with self._lock:
+            if len(self._alive) >= MEMO_PARTS:
+                self._alive.clear()
+            self._alive[p] = out
+        return out
+
+    def _tables(self) -> "_ClassTable":
+        pool = self.machine.pool
+        n = pool.n_charsets()
+        with self._lock:
+            if self._table is None or self._table.version != n:
+                self._table = _ClassTable(pool, self.vocab, n)
+            return self._table
+
+
+class _ClassTable:
+    """Code points split into classes no character set of the pool tells apart, and a
+    transition table over them, filled on demand (pool.step on a class representative)."""
+
+    def __init__(self, pool, vocab: VocabInfo, version: int):
+        self.pool, self.version = pool, version
+        bounds = pool.charset_bounds()
+        self.bounds = np.asarray(bounds, dtype=np.int64)
+        self.reps = [0] + bounds  # class k >= 1 starts at bounds[k-1]
+        self.n_classes = len(bounds) + 1
+        self.terms: list[int] = []
+        self.ids: dict[int, int] = {}
+        self.trans = np.full((16, self.n_classes), -1, dtype=np.int64)
+        self.dead = self.local(pool.NONE)
+
+    def local(self, term: int) -> int:
+        got = self.ids.get(term)
+        if got is None:
+            got = self.ids[term] = len(self.terms)
+            self.terms.append(term)
+            if got >= self.trans.shape[0]:
+                grown = np.full((self.trans.shape[0] * 2, self.n_classes), -1, dtype=np.int64)
+                grown[: self.trans.shape[0]] = self.trans
+                self.trans = grown
+        return got
+
+    def next(self, cur: np.ndarray, cls: np.ndarray) -> np.ndarray:
+        nxt = self.trans[cur, cls]
+        missing = nxt < 0
+        if missing.any():
+            for s, c in set(zip(cur[missing].tolist(), cls[missing].tolist())):
+                term = self.pool.step(self.terms[s], self.reps[c])
+                self.trans[s, c] = self.local(term)
+            nxt = self.trans[cur, cls]
+        return nxt

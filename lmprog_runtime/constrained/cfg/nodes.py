@@ -1,0 +1,132 @@
+"""Grammar rules of a compiled JSON Schema: one `Node` per (sub)schema.
+
+A node is a nonterminal of the value grammar: which value kinds may start here (`types`,
+`literals`), the lexeme constraints of its strings (length counters, regex states, an enum
+trie) and numbers (exact bounds on the number's text), and the rules of its object members
+and array items (other nodes, so `$ref` recursion is a cycle, never an unrolling). `alts`
+makes the node a choice between other nodes (anyOf/oneOf); the matcher follows each.
+
+Invariant: the structural language of a node contains every instance valid under its
+schema. Keywords the structure does not express exactly put the whole (sub)schema into
+`residual`, which the matcher checks on the value's text the moment the value is complete,
+so the combination accepts exactly the valid instances.
+"""
+from __future__ import annotations
+
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
+from typing import Optional
+
+_EXACT = Context(prec=2000, Emax=MAX_EMAX, Emin=MIN_EMIN)  # number checks are exact on JSON-sized numbers
+ALL_TYPES = frozenset(("null", "boolean", "object", "array", "string", "number", "integer"))
+
+
+class Node:
+    __slots__ = ("schema", "types", "literals", "min_len", "max_len", "patterns", "enum", "lo", "lo_excl",
+                 "hi", "hi_excl", "multiple_of", "integer", "props", "pattern_props", "additional",
+                 "required", "min_props", "max_props", "dep_required", "key_node", "prefix", "items",
+                 "min_items", "max_items", "unique", "alts", "residual", "never", "_child", "name")
+
+    def __init__(self, schema=None):
+        self.schema = schema
+        self.types = ALL_TYPES
+        self.literals = frozenset(("true", "false", "null"))
+        self.min_len, self.max_len = 0, None          # characters (code points), as JSON Schema counts
+        self.patterns: tuple[int, ...] = ()           # RegexPool start states, all must match
+        self.enum: Optional[tuple[str, ...]] = None   # sorted allowed strings
+        self.lo: Optional[Decimal] = None
+        self.lo_excl = False
+        self.hi: Optional[Decimal] = None
+        self.hi_excl = False
+        self.multiple_of: Optional[Decimal] = None
+        self.integer = False                          # numbers must be integral
+        self.props: dict[str, "Node"] = {}
+        self.pattern_props: tuple[tuple[int, "Node"], ...] = ()
+        self.additional: Optional["Node"] = None      # None: undeclared keys are refused
+        self.required: frozenset = frozenset()
+        self.min_props, self.max_props = 0, None
+        self.dep_required: dict[str, tuple[str, ...]] = {}
+        self.key_node: Optional["Node"] = None        # string rule for keys (propertyNames, closed keys)
+        self.prefix: tuple["Node", ...] = ()
+        self.items: Optional["Node"] = None           # None: no items past the prefix
+        self.min_items, self.max_items = 0, None
+        self.unique = False
+        self.alts: Optional[tuple["Node", ...]] = None
+        self.residual = None                          # schema checked on the complete value's text
+        self.never = False
+        self._child: dict = {}
+        self.name = ""
+
+    def allows_string(self) -> bool:
+        return "string" in self.types
+
+    def allows_number(self) -> bool:
+        return "number" in self.types or "integer" in self.types
+
+    def integer_only(self) -> bool:
+        return self.integer or ("integer" in self.types and "number" not in self.types)
+
+    def number_ok(self, text: str) -> bool:
+        """The complete JSON number `text` satisfies the node's number rules (exactly, in decimal)."""
+        try:
+            with localcontext(_EXACT):
+                return self._number_ok(Decimal(text))
+        except ArithmeticError:  # an exponent past any double: no bound can be decided on it
+            return False
+
+    def number_prefix_ok(self, text: str) -> bool:
+        """Some completion of the number prefix `text` (sign, integer digits, fraction; no
+        exponent) can lie within [lo, hi]: a number drifting out of bounds is stopped at the
+        digit that leaves them, not left to grow forever."""
+        if self.lo is None and self.hi is None:
+            return True
+        try:
+            with localcontext(_EXACT):
+                return any(self._meets(a, b) for a, b in _reachable(text, self._bound_digits()))
+        except ArithmeticError:
+            return True
+
+    def _bound_digits(self) -> int:
+        return max(len(str(abs(int(x)))) for x in (self.lo, self.hi) if x is not None) + 1
+
+    def _meets(self, a: Decimal, b: Decimal) -> bool:
+        """[a, b] meets [lo, hi]."""
+        return (self.hi is None or a <= self.hi) and (self.lo is None or b >= self.lo)
+
+    def _number_ok(self, value: Decimal) -> bool:
+        if self.integer_only() and value != value.to_integral_value():
+            return False
+        if self.lo is not None and (value < self.lo or (self.lo_excl and value == self.lo)):
+            return False
+        if self.hi is not None and (value > self.hi or (self.hi_excl and value == self.hi)):
+            return False
+        if self.multiple_of is not None:
+            q = value / self.multiple_of
+            if q != q.to_integral_value():
+                return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"Node({self.name or sorted(self.types)})"
+
+
+def _reachable(text: str, max_more: int):
+    """Closed intervals covering every value a number prefix (no exponent) can complete to."""
+    neg = text.startswith("-")
+    body = text[1:] if neg else text
+    if not body:
+        yield (Decimal("-Infinity"), Decimal(0)) if neg else (Decimal(0), Decimal("Infinity"))
+        return
+    ip, dot, frac = body.partition(".")
+    spans = []
+    if dot:
+        lo = Decimal(f"{ip}.{frac}" if frac else ip)
+        spans.append((lo, lo + Decimal(1).scaleb(-len(frac))))
+    elif ip == "0":
+        spans.append((Decimal(0), Decimal(1)))
+    else:
+        d = Decimal(ip)
+        for k in range(max_more + 1):
+            spans.append((d.scaleb(k), (d + 1).scaleb(k)))
+        spans.append((d.scaleb(max_more + 1), Decimal("Infinity")))
+    for a, b in spans:
+        yield (-b, -a) if neg else (a, b)

@@ -1,0 +1,267 @@
+"""Regular expressions as lazily-derived automata (Brzozowski derivatives over code points).
+
+A pattern is parsed (ECMA-262 dialect, the one JSON Schema names; Python's `re` spellings
+of the same constructs read the same) into interned terms of a `RegexPool`; a DFA state *is*
+a term id, and `pool.step(state, cp)` derives it by one code point, memoized. Nothing is
+built up front: `x{1,4096}` is one term whose derivatives count down (`x{0,4095}`, ...), so
+compile cost is independent of repetition bounds, and only states a generation actually
+visits are ever created. `pool.nullable(state)` says whether the text so far matches;
+state `pool.NONE` is dead.
+
+Refused with RegexError (naming the construct): lookarounds, backreferences, word
+boundaries, anchors other than at the ends of a top-level alternative.
+"""
+from __future__ import annotations
+
+import threading
+import unicodedata
+from typing import Optional
+
+MAX_CP = 0x10FFFF
+_LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
+_DIGIT = ((0x30, 0x39),)
+_WORD = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
+_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+          (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF))
+_PROPERTY_ALIASES = {"Letter": "L", "Lowercase_Letter": "Ll", "Uppercase_Letter": "Lu", "Number": "N",
+                     "Decimal_Number": "Nd", "digit": "Nd", "Punctuation": "P", "Symbol": "S",
+                     "Mark": "M", "Separator": "Z", "Other": "C", "Alphabetic": "L"}
+_property_cache: dict[str, tuple] = {}
+
+
+class RegexError(ValueError):
+    """A pattern the engine cannot compile (the message names the construct)."""
+
+
+def normalize(ranges) -> tuple:
+    """Sorted, merged, non-overlapping (lo, hi) code-point ranges."""
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in out)
+
+
+def negate(ranges) -> tuple:
+    out, nxt = [], 0
+    for lo, hi in normalize(ranges):
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= MAX_CP:
+        out.append((nxt, MAX_CP))
+    return tuple(out)
+
+
+def in_ranges(ranges, cp: int) -> bool:
+    for lo, hi in ranges:
+        if cp < lo:
+            return False
+        if cp <= hi:
+            return True
+    return False
+
+
+def unicode_property(name: str) -> tuple:
+    """Code-point ranges of a general category (`L`, `Lu`, `Nd`, ...), built once per name."""
+    cat = _PROPERTY_ALIASES.get(name.split("=")[-1], name.split("=")[-1])
+    if cat in _property_cache:
+        return _property_cache[cat]
+    if not cat or not cat[0].isupper() or len(cat) > 2:
+        raise RegexError(f"unsupported Unicode property \\p{{{name}}}")
+    ranges, start = [], None
+    for cp in range(MAX_CP + 2):
+        hit = cp <= MAX_CP and unicodedata.category(chr(cp)).startswith(cat)
+        if hit and start is None:
+            start = cp
+        elif not hit and start is not None:
+            ranges.append((start, cp - 1))
+            start = None
+    if not ranges:
+        raise RegexError(f"unknown Unicode property \\p{{{name}}}")
+    _property_cache[cat] = tuple(ranges)
+    return _property_cache[cat]
+
+
+class RegexPool:
+    """Interned regex terms; ids are states. Thread-safe for concurrent matchers."""
+
+    NONE, EPS = 0, 1
+
+    def __init__(self, max_terms: int = 2_000_000):
+        self._terms: list[tuple] = [("0",), ("e",)]
+        self._ids: dict[tuple, int] = {("0",): 0, ("e",): 1}
+        self._null: dict[int, bool] = {0: False, 1: True}
+        self._deriv: dict[tuple[int, int], int] = {}
+        self._first: dict[int, tuple] = {}
+        self._lock = threading.Lock()
+        self.max_terms = max_terms
+        self._n_charsets = 0
+
+    def _intern(self, key: tuple) -> int:
+        got = self._ids.get(key)
+        if got is not None:
+            return got
+        with self._lock:
+            got = self._ids.get(key)
+            if got is None:
+                if len(self._terms) >= self.max_terms:
+                    raise RegexError(f"the pattern's automaton grew past {self.max_terms} states")
+                got = len(self._terms)
+                self._terms.append(key)
+                self._n_charsets += key[0] == "c"
+                self._ids[key] = got
+        return got
+
+    # ------------------------------------------------------------ smart constructors
+    def chars(self, ranges) -> int:
+        ranges = normalize(ranges)
+        return self._intern(("c", ranges)) if ranges else self.NONE
+
+    def cat(self, a: int, b: int) -> int:
+        if a == self.NONE or b == self.NONE:
+            return self.NONE
+        if a == self.EPS:
+            return b
+        if b == self.EPS:
+            return a
+        ta = self._terms[a]
+        if ta[0] == ".":  # right-nested: (x y) b -> x (y b)
+            return self.cat(ta[1], self.cat(ta[2], b))
+        return self._intern((".", a, b))
+
+    def seq(self, items) -> int:
+        out = self.EPS
+        for t in reversed(list(items)):
+            out = self.cat(t, out)
+        return out
+
+    def alt(self, items) -> int:
+        flat: set[int] = set()
+        for t in items:
+            term = self._terms[t]
+            if term[0] == "|":
+                flat.update(term[1])
+            elif t != self.NONE:
+                flat.add(t)
+        if not flat:
+            return self.NONE
+        if len(flat) == 1:
+            return next(iter(flat))
+        return self._intern(("|", tuple(sorted(flat))))
+
+    def star(self, a: int) -> int:
+        if a in (self.NONE, self.EPS):
+            return self.EPS
+        if self._terms[a][0] == "*":
+            return a
+        return self._intern(("*", a))
+
+    def repeat(self, a: int, lo: int, hi: Optional[int]) -> int:
+        if hi is not None and hi < lo:
+            return self.NONE
+        if hi == 0 or a == self.EPS:
+            return self.EPS
+        if a == self.NONE:
+            return self.EPS if lo == 0 else self.NONE
+        if lo == 0 and hi is None:
+            return self.star(a)
+        if lo == 1 and hi == 1:
+            return a
+        return self._intern(("r", a, lo, hi))
+
+    # ------------------------------------------------------------ semantics
+    def nullable(self, t: int) -> bool:
+        got = self._null.get(t)
+        if got is None:
+            term = self._terms[t]
+            k = term[0]
+            if k == "c":
+                got = False
+            elif k == ".":
+                got = self.nullable(term[1]) and self.nullable(term[2])
+            elif k == "|":
+                got = any(self.nullable(x) for x in term[1])
+            elif k == "*":
+                got = True
+            else:  # repeat
+                got = term[2] == 0 or self.nullable(term[1])
+            self._null[t] = got
+        return got
+
+    def step(self, t: int, cp: int) -> int:
+        """The state after reading code point `cp` from state `t` (NONE: dead)."""
+        key = (t, cp)
+        got = self._deriv.get(key)
+        if got is None:
+            got = self._derive(t, cp)
+            self._deriv[key] = got
+        return got
+
+    def _derive(self, t: int, cp: int) -> int:
+        term = self._terms[t]
+        k = term[0]
+        if k in ("0", "e"):
+            return self.NONE
+        if k == "c":
+            return self.EPS if in_ranges(term[1], cp) else self.NONE
+        if k == ".":
+            head = self.cat(self.step(term[1], cp), term[2])
+            return self.alt((head, self.step(term[2], cp))) if self.nullable(term[1]) else head
+        if k == "|":
+            return self.alt(self.step(x, cp) for x in term[1])
+        if k == "*":
+            return self.cat(self.step(term[1], cp), t)
+        a, lo, hi = term[1], term[2], term[3]
+        rest = self.repeat(a, max(lo - 1, 0), None if hi is None else hi - 1)
+        return self.cat(self.step(a, cp), rest)
+
+    def first(self, t: int) -> tuple:
+        """Code-point ranges that can start a match from state `t` (d(t, cp) != NONE)."""
+        got = self._first.get(t)
+        if got is None:
+            term = self._terms[t]
+            k = term[0]
+            if k in ("0", "e"):
+                got = ()
+            elif k == "c":
+                got = term[1]
+            elif k == ".":
+                got = self.first(term[1])
+                if self.nullable(term[1]):
+                    got = normalize(got + self.first(term[2]))
+            elif k == "|":
+                got = normalize(r for x in term[1] for r in self.first(x))
+            else:
+                got = self.first(term[1])
+            self._first[t] = got
+        return got
+
+    def can_start_in(self, t: int, lo: int, hi: int) -> bool:
+        """Some code point in [lo, hi] keeps state `t` alive."""
+        return any(a <= hi and lo <= b for a, b in self.first(t))
+
+    def accepts(self, t: int, text: str) -> bool:
+        for ch in text:
+            t = self.step(t, ord(ch))
+            if t == self.NONE:
+                return False
+        return self.nullable(t)
+
+    def n_charsets(self) -> int:
+        return self._n_charsets
+
+    def charset_bounds(self) -> list[int]:
+        """Sorted code points where some character set of the pool starts or stops matching."""
+        out = set()
+        for term in list(self._terms):
+            if term[0] == "c":
+                for lo, hi in term[1]:
+                    out.add(lo)
+                    out.add(hi + 1)
+        return sorted(out)
+
+    def any_star(self) -> int:
+        return self.star(self.chars(((0, MAX_CP),)))

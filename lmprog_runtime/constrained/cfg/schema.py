@@ -1,0 +1,365 @@
+"""JSON Schema -> value grammar (nodes.py).
+
+`SchemaCompiler(root).compile()` walks the schema once, making one `Node` per distinct
+subschema (memoized by identity, so `$ref` cycles become cycles of nodes), with string
+patterns and formats as lazy regex states (regex.py). Nothing is expanded: `maxLength`,
+`maxItems` and enum sizes are counters and tries, objects take keys in any order with the
+required set checked at `}`, a missing `additionalProperties` allows extra keys (the spec),
+and free-form values are one self-referencing node (no depth bound).
+"""
+from __future__ import annotations
+
+import time
+from decimal import Decimal, InvalidOperation
+from typing import Optional
+from urllib.parse import unquote
+
+from lmprog_runtime.constrained.cfg.formats import FORMATS
+from lmprog_runtime.constrained.cfg.nodes import ALL_TYPES, Node
+from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
+from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
+from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
+from lmprog_runtime.constrained.schema_merge import ANNOTATIONS, merge_all
+
+# keywords the structure expresses exactly; any other keyword makes the node residual
+EXACT = {"type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
+         "propertyNames", "minProperties", "maxProperties", "dependentRequired", "items", "prefixItems",
+         "additionalItems", "minItems", "maxItems", "uniqueItems", "minLength", "maxLength", "pattern",
+         "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf",
+         "$ref", "allOf"} | ANNOTATIONS | {"$anchor", "$dynamicAnchor", "$vocabulary", "nullable"}
+MAX_NODES = 200_000
+
+
+class SchemaCompiler:
+    def __init__(self, root, pool: Optional[RegexPool] = None, deadline: Optional[float] = None):
+        self.root = root
+        self.pool = pool or RegexPool()
+        self.deadline = deadline
+        self._memo: dict[int, Node] = {}
+        self._keep: list = []  # schemas built here (merges) stay alive: the memo keys are ids
+        self._ids = _index_ids(root)
+        self._origin: dict[int, object] = {}  # id(made schema) -> the schema it stands for
+        self.any = self._any_node()
+        self.n_nodes = 0
+
+    def compile(self) -> Node:
+        return self.node(self.root)
+
+    # ------------------------------------------------------------ refs
+    def resolve(self, ref: str):
+        base, _, frag = ref.partition("#")
+        doc = self.root
+        if base:
+            if base not in self._ids:
+                base = base.rsplit("/", 1)[-1]
+            doc = self._ids.get(base)
+            if doc is None or doc is self.root:
+                base = ""
+            if doc is None:
+                raise UnsupportedSchemaError(f"$ref {ref!r}: remote references are not supported")
+        if frag and not frag.startswith("/"):
+            target = self._ids.get(base + "#" + frag)
+            if target is None:
+                raise UnsupportedSchemaError(f"$ref {ref!r}: unknown anchor")
+            return target
+        node = doc
+        for raw in frag[1:].split("/") if frag else ():
+            key = unquote(raw).replace("~1", "/").replace("~0", "~")
+            if isinstance(node, list) and key.isdigit() and int(key) < len(node):
+                node = node[int(key)]
+            elif isinstance(node, dict) and key in node:
+                node = node[key]
+            else:
+                raise UnsupportedSchemaError(f"$ref {ref!r} does not resolve")
+        return node
+
+    def deref(self, s, depth: int = 0):
+        """`s` with a bare top-level `$ref` followed (siblings become an allOf)."""
+        while isinstance(s, dict) and isinstance(s.get("$ref"), str) and depth < 64:
+            target = self.resolve(s["$ref"])
+            rest = {k: v for k, v in s.items() if k != "$ref" and k not in ANNOTATIONS}
+            if rest:
+                made = self._made({"allOf": [target, rest]})
+                self._origin[id(made)] = self._origin.get(id(s), s)  # checks run on the schema as written
+                s = made
+            else:
+                s = target
+            depth += 1
+        return s
+
+    def _made(self, s):
+        self._keep.append(s)
+        return s
+
+    # ------------------------------------------------------------ nodes
+    def node(self, s) -> Node:
+        if isinstance(s, dict) and ("$dynamicRef" in s or "$recursiveRef" in s):
+            raise UnsupportedSchemaError("$dynamicRef / $recursiveRef: dynamic scopes cannot be checked on a "
+                                         "subvalue; not supported")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise UnsupportedSchemaError("compile budget exhausted")
+        s = self.deref(s)
+        key = id(s)
+        got = self._memo.get(key)
+        if got is not None:
+            return got
+        self.n_nodes += 1
+        if self.n_nodes > MAX_NODES:
+            raise UnsupportedSchemaError(f"schema has more than {MAX_NODES} rules")
+        if s is True or s == {} or (isinstance(s, dict) and set(s) <= ANNOTATIONS):
+            self._memo[key] = self.any
+            return self.any
+        n = Node(s)
+        self._memo[key] = n  # before filling: recursive references find it
+        if s is False:
+            n.never = True
+            return n
+        if not isinstance(s, dict):
+            raise UnsupportedSchemaError(f"a schema must be an object or a boolean, got {type(s).__name__}")
+        self._fill(n, s)
+        if n.residual is not None:
+            n.residual = self._origin.get(id(n.residual), n.residual)
+        return n
+
+    def _fill(self, n: Node, s: dict) -> None:
+        if "allOf" in s:
+            parts = [self.deref(x) for x in s["allOf"]] + [{k: v for k, v in s.items() if k != "allOf"}]
+            merged = None
+            if _mergeable(parts):
+                try:
+                    merged = self._made(merge_all(parts))
+                except UnsupportedSchemaError:
+                    merged = None
+            if merged is not None and not _has_ref_cycle(merged, s):
+                self._copy(n, self.node(merged))
+                if n.residual is not None:
+                    n.residual = s  # the conjunction as written: merging may move keywords' scope
+                return
+            n.residual = s  # structure from the first part, the whole conjunction checked at the end
+            self._copy(n, self.node(parts[0]))
+            n.residual = s
+            return
+        for combo in ("anyOf", "oneOf"):
+            if combo in s:
+                self._choice(n, s, combo)
+                return
+        self._typed(n, s)
+        if set(s) - EXACT:
+            n.residual = s
+
+    def _copy(self, n: Node, src: Node) -> None:
+        for slot in Node.__slots__:
+            if slot not in ("schema", "_child", "residual"):
+                setattr(n, slot, getattr(src, slot))
+        n.residual = n.residual or src.residual
+        if src is self.any:
+            n.name = "any"
+
+    def _choice(self, n: Node, s: dict, combo: str) -> None:
+        base = {k: v for k, v in s.items() if k != combo}
+        alts = []
+        for alt in s[combo]:
+            try:
+                if not _mergeable([base, self.deref(alt)]):
+                    raise UnsupportedSchemaError("not mergeable")
+                part = self._made(merge_all([base, self.deref(alt)]))
+            except UnsupportedSchemaError:
+                part, n.residual = alt, s
+            node = self.node(part)
+            if node.residual is not None and part is not alt:
+                n.residual = s  # a merged branch's check is decided on the schema as written
+            alts.append(node)
+        n.alts = tuple(a for a in alts if not a.never)
+        if not n.alts:
+            n.never = True
+        if combo == "oneOf" and len(n.alts) > 1:
+            n.residual = s  # exactly one: decided on the complete value
+
+    def _any_node(self) -> Node:
+        n = Node(True)
+        n.name = "any"
+        n.additional, n.items = n, n
+        n.key_node = Node(True)
+        n.key_node.types = frozenset(("string",))
+        return n
+
+    # ------------------------------------------------------------ per type
+    def _typed(self, n: Node, s: dict) -> None:
+        t = s.get("type")
+        if t is not None:
+            types = {t} if isinstance(t, str) else set(t)
+            if not types <= ALL_TYPES:
+                raise UnsupportedSchemaError(f"type {sorted(types - ALL_TYPES)} is not a JSON Schema type")
+            if s.get("nullable") is True:
+                types.add("null")
+            n.types = frozenset(types)
+        if "enum" in s or "const" in s:
+            self._enum(n, s)
+        n.literals = frozenset(x for x, ty in (("true", "boolean"), ("false", "boolean"), ("null", "null"))
+                               if ty in n.types) & n.literals
+        self._string(n, s)
+        self._number(n, s)
+        self._object(n, s)
+        self._array(n, s)
+        if not n.types:
+            n.never = True
+
+    def _enum(self, n: Node, s: dict) -> None:
+        values = [s["const"]] if "const" in s else list(s["enum"])
+        if "const" in s and "enum" in s:
+            values = [v for v in s["enum"] if _same(v, s["const"])]
+        kinds = set()
+        lits = set()
+        for v in values:
+            if isinstance(v, bool):
+                kinds.add("boolean")
+                lits.add("true" if v else "false")
+            elif v is None:
+                kinds.add("null")
+                lits.add("null")
+            elif isinstance(v, str):
+                kinds.add("string")
+            elif isinstance(v, (int, float)):
+                kinds |= {"number", "integer"}
+            else:
+                kinds.add("object" if isinstance(v, dict) else "array")
+        n.types = n.types & frozenset(kinds)
+        n.literals = frozenset(lits)
+        n.enum = tuple(sorted({v for v in values if isinstance(v, str)}))
+        if kinds - {"boolean", "null", "string"}:
+            n.residual = s  # numbers, objects, arrays in an enum: compared on the complete value
+
+    def _string(self, n: Node, s: dict) -> None:
+        n.min_len = int(s.get("minLength", 0))
+        n.max_len = int(s["maxLength"]) if "maxLength" in s else None
+        pats = []
+        if "pattern" in s:
+            pats.append(self._regex(s["pattern"], True))
+        fmt = s.get("format")
+        if isinstance(fmt, str) and fmt in FORMATS:
+            pats.append(self._regex(FORMATS[fmt], False))
+        n.patterns = tuple(pats)
+
+    def _regex(self, text: str, search: bool) -> int:
+        try:
+            return compile_pattern(self.pool, text, search)
+        except RegexError as exc:
+            raise UnsupportedSchemaError(str(exc)) from None
+
+    def _number(self, n: Node, s: dict) -> None:
+        def dec(key):
+            v = s.get(key)
+            if v is None or isinstance(v, bool):
+                return None
+            try:
+                return Decimal(str(v))
+            except InvalidOperation:
+                raise UnsupportedSchemaError(f"{key} must be a number") from None
+        n.lo, n.hi, n.multiple_of = dec("minimum"), dec("maximum"), dec("multipleOf")
+        if s.get("exclusiveMinimum") is True:
+            n.lo_excl = True
+        elif dec("exclusiveMinimum") is not None and (n.lo is None or dec("exclusiveMinimum") >= n.lo):
+            n.lo, n.lo_excl = dec("exclusiveMinimum"), True
+        if s.get("exclusiveMaximum") is True:
+            n.hi_excl = True
+        elif dec("exclusiveMaximum") is not None and (n.hi is None or dec("exclusiveMaximum") <= n.hi):
+            n.hi, n.hi_excl = dec("exclusiveMaximum"), True
+        if n.multiple_of is not None and n.multiple_of <= 0:
+            raise UnsupportedSchemaError("multipleOf must be > 0")
+
+    def _object(self, n: Node, s: dict) -> None:
+        n.props = {k: self.node(v) for k, v in (s.get("properties") or {}).items()}
+        n.pattern_props = tuple((self._regex(p, True), self.node(v))
+                                for p, v in (s.get("patternProperties") or {}).items())
+        extra = s.get("additionalProperties", True)
+        n.additional = None if extra is False else self.node(extra)
+        if n.additional is not None and n.additional.never:
+            n.additional = None
+        n.required = frozenset(s.get("required") or ())
+        n.min_props = int(s.get("minProperties", 0))
+        n.max_props = int(s["maxProperties"]) if "maxProperties" in s else None
+        deps = dict(s.get("dependentRequired") or {})
+        for k, v in (s.get("dependencies") or {}).items():
+            if isinstance(v, list):
+                deps[k] = v
+            else:
+                n.residual = s  # schema dependencies: checked on the complete object
+        n.dep_required = {k: tuple(v) for k, v in deps.items()}
+        names = s.get("propertyNames")
+        key = self.node(names) if names is not None else self.any.key_node
+        if n.additional is None and not n.pattern_props:
+            closed = Node({"enum": sorted(n.props)})
+            closed.types = frozenset(("string",)) & key.types
+            closed.enum = tuple(sorted(k for k in n.props if key.enum is None or k in key.enum))
+            closed.min_len, closed.max_len, closed.patterns = key.min_len, key.max_len, key.patterns
+            closed.residual = key.residual
+            key = closed
+        n.key_node = key
+
+    def _array(self, n: Node, s: dict) -> None:
+        items = s.get("items")
+        prefix = s.get("prefixItems")
+        if isinstance(items, list):  # draft <= 2019-09 tuple form
+            prefix, items = items, s.get("additionalItems", True)
+        n.prefix = tuple(self.node(x) for x in (prefix or ()))
+        tail = True if items is None else items
+        n.items = self.node(tail)
+        if n.items.never:
+            n.items = None
+        n.min_items = int(s.get("minItems", 0))
+        n.max_items = int(s["maxItems"]) if "maxItems" in s else None
+        n.unique = bool(s.get("uniqueItems"))
+
+
+def _same(a, b) -> bool:
+    return type(a) is type(b) and a == b or (isinstance(a, (int, float)) and isinstance(b, (int, float))
+                                               and not isinstance(a, bool) and not isinstance(b, bool) and a == b)
+
+
+_ARRAY_SCOPED = ("prefixItems", "items", "additionalItems")
+_OBJECT_SCOPED = ("properties", "patternProperties", "additionalProperties")
+
+
+def _mergeable(parts) -> bool:
+    """Merging keeps the meaning: no `unevaluated*` (they see sibling keywords), and no
+    item / member keywords split over two parts (`items` applies past *its own* schema's
+    `prefixItems`, `additionalProperties` past its own `properties`)."""
+    dicts = [p for p in parts if isinstance(p, dict)]
+    if any("unevaluatedProperties" in p or "unevaluatedItems" in p for p in dicts):
+        return False
+    for scoped in (_ARRAY_SCOPED, _OBJECT_SCOPED):
+        owners = [p for p in dicts if any(k in p for k in scoped)]
+        if len(owners) > 1 and any(scoped[-1] in p or (scoped[1] in p and scoped is _ARRAY_SCOPED)
+                                   for p in owners):
+            return False
+    return True
+
+
+def _has_ref_cycle(merged, original) -> bool:
+    return merged is original
+
+
+def _index_ids(root) -> dict:
+    """`$id` / `id` values of every subschema -> that subschema; `#anchor` -> the anchor in
+    the root's own resource (others as `<id>#anchor`). Refuses dynamic references."""
+    out: dict = {}
+    stack = [(root, None)]
+    seen = 0
+    while stack and seen < 100_000:
+        s, base = stack.pop()
+        seen += 1
+        if isinstance(s, dict):
+            if "$dynamicRef" in s or "$recursiveRef" in s:
+                raise UnsupportedSchemaError("$dynamicRef / $recursiveRef: dynamic scopes are not supported")
+            here = base
+            for key in ("$id", "id"):
+                if isinstance(s.get(key), str):
+                    out.setdefault(s[key].rstrip("#"), s)
+                    here = s[key].rstrip("#") if s is not root else None
+            for key in ("$anchor", "$dynamicAnchor"):
+                if isinstance(s.get(key), str):
+                    out.setdefault(("" if here is None else here) + "#" + s[key], s)
+            stack.extend((v, here) for v in s.values() if isinstance(v, (dict, list)))
+        elif isinstance(s, list):
+            stack.extend((v, base) for v in s if isinstance(v, (dict, list)))
+    return out

@@ -1,0 +1,227 @@
+"""String bodies of the pushdown matcher (machine.py): UTF-8 and escape decoding,
+character counters, pattern states, enum prefixes, and the whole-output regex frame.
+
+Mixed into `Machine`; frames are documented there. A character is counted at its first
+byte (so a token cut inside a character is measured like the mask's counters measure it),
+and a partial character — UTF-8 bytes or `\\u` digits — is refused at the first byte that
+no pattern state or enum member can finish.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Callable
+
+from lmprog_runtime.constrained.cfg.nodes import Node
+
+Ctx = Callable[[int, int], bytes]  # output bytes [start, end)
+_ESC = {0x22: 0x22, 0x5C: 0x5C, 0x2F: 0x2F, 0x62: 8, 0x66: 12, 0x6E: 10, 0x72: 13, 0x74: 9}
+_HEX = {b: int(chr(b), 16) for b in b"0123456789abcdefABCDEF"}
+_UTF8_FLOOR = (0, 0x80, 0x800, 0x10000)
+
+
+def utf8_start(b: int):
+    """Decoder state after a UTF-8 lead byte: (bytes still needed, code point so far, lo, hi
+    bounds of the next byte); None for a byte that cannot start a character."""
+    if 0xC2 <= b <= 0xDF:
+        return (1, b & 0x1F, 0x80, 0xBF)
+    if 0xE0 <= b <= 0xEF:
+        return (2, b & 0x0F, 0xA0 if b == 0xE0 else 0x80, 0x9F if b == 0xED else 0xBF)
+    if 0xF0 <= b <= 0xF4:
+        return (3, b & 0x07, 0x90 if b == 0xF0 else 0x80, 0x8F if b == 0xF4 else 0xBF)
+    return None
+
+
+class StringFrames:
+    """S and R frames (needs self.pool, self.finish)."""
+
+    def _string(self, top, rest, b: int, pos: int, ctx: Ctx) -> list:
+        _, node, count, utf, esc, hs, pats, text = top
+        if utf:
+            need, acc, lo, hi = utf[:4]
+            if not lo <= b <= hi:
+                return []
+            acc = (acc << 6) | (b & 0x3F)
+            if need > 1:
+                raw = utf[4] + bytes((b,))
+                if node.enum is not None and not _enum_next_ok(node, text, lambda c: c.encode().startswith(raw)):
+                    return []
+                if pats and not self._pats_can(pats, acc, need - 1):
+                    return []
+                return [(("S", node, count, (need - 1, acc, 0x80, 0xBF, raw), 0, hs, pats, text), rest)]
+            return self._feed_counted(node, count, hs, pats, text, acc, rest)
+        if esc:
+            if esc == 1:
+                if b == 0x75:
+                    return [(("S", node, count, 0, (0, 0), hs, pats, text), rest)]
+                cp = _ESC.get(b)
+                return [] if cp is None else self._char(node, count, hs, pats, text, cp, rest)
+            v = _HEX.get(b)
+            if v is None:
+                return []
+            n, acc = esc[0] + 1, (esc[1] << 4) | v
+            if n < 4 and node.max_len is not None and count >= node.max_len:
+                lo = acc << 4 * (4 - n)
+                if not hs or lo > 0xDFFF or lo + (1 << 4 * (4 - n)) - 1 < 0xDC00:
+                    return []
+            if n < 4 and pats and not hs and not self._pats_can(pats, acc, 0, 4 * (4 - n)):
+                return []
+            if n < 4:
+                if node.enum is not None and not _enum_next_ok(node, text, lambda c: _unit_of(c) >> 4 * (4 - n) == acc):
+                    return []
+                return [(("S", node, count, 0, (n, acc), hs, pats, text), rest)]
+            return self._unit(node, count, hs, pats, text, acc, rest)
+        if b == 0x22:
+            return self._close(node, count, hs, pats, text, rest, pos, ctx)
+        if b == 0x5C:
+            if node.max_len is not None and count >= node.max_len and not hs:
+                return []  # only a low surrogate (counted with its pair) may follow a full string
+            if node.enum is not None and not _enum_next_ok(node, text, lambda c: True):
+                return []
+            return [(("S", node, count, 0, 1, hs, pats, text), rest)]
+        if b < 0x20:
+            return []
+        if b < 0x80:
+            return self._char(node, count, hs, pats, text, b, rest)
+        u = utf8_start(b)
+        if u is None or (node.max_len is not None and count + 1 > node.max_len):
+            return []  # a character counts from its first byte, as the mask's counters do
+        if node.enum is not None and not _enum_next_ok(node, text, lambda c: c.encode()[0] == b):
+            return []
+        if pats and not self._pats_can(pats, u[1], u[0]):
+            return []
+        return [(("S", node, count, u + (bytes((b,)),), 0, hs, pats, text), rest)]
+
+    def _unit(self, node, count, hs, pats, text, cu: int, rest) -> list:
+        """A \\uXXXX code unit: surrogate pairs make one character, as JSON decoders do."""
+        if hs and 0xDC00 <= cu <= 0xDFFF:
+            cp = 0x10000 + ((hs - 0xD800) << 10) + (cu - 0xDC00)
+            return self._feed(node, count, 0, pats, text, cp, rest)
+        if 0xD800 <= cu <= 0xDBFF:
+            got = self._flush(node, hs, pats, text)
+            if got is None or (node.max_len is not None and count + 1 > node.max_len):
+                return []
+            return [(("S", node, count + 1, 0, 0, cu, got[0], got[1]), rest)]
+        return self._char(node, count, hs, pats, text, cu, rest)
+
+    def _flush(self, node, hs, pats, text):
+        """Feed a pending high surrogate as a lone character: (pats, text) or None (dead)."""
+        if not hs:
+            return pats, text
+        return self._advance_text(node, pats, text, hs)
+
+    def _char(self, node, count, hs, pats, text, cp: int, rest) -> list:
+        if node.max_len is not None and count + 1 > node.max_len:
+            return []
+        got = self._flush(node, hs, pats, text)
+        if got is None:
+            return []
+        return self._feed(node, count + 1, 0, got[0], got[1], cp, rest)
+
+    def _feed_counted(self, node, count, hs, pats, text, cp: int, rest) -> list:
+        """The last byte of a multi-byte character (counted at its lead byte)."""
+        got = self._flush(node, hs, pats, text)
+        if got is None:
+            return []
+        return self._feed(node, count + 1, 0, got[0], got[1], cp, rest)
+
+    def _feed(self, node, count, hs, pats, text, cp: int, rest) -> list:
+        got = self._advance_text(node, pats, text, cp)
+        if got is None:
+            return []
+        return [(("S", node, count, 0, 0, hs, got[0], got[1]), rest)]
+
+    def _advance_text(self, node, pats, text, cp: int):
+        if pats:
+            step, dead = self.pool.step, self.pool.NONE
+            pats = tuple(step(p, cp) for p in pats)
+            if dead in pats:
+                return None
+        if text is not None:
+            text += chr(cp)
+            enum = node.enum
+            if enum is not None:
+                i = bisect.bisect_left(enum, text)
+                if i == len(enum) or not enum[i].startswith(text):
+                    return None
+        return pats, text
+
+    def _close(self, node, count, hs, pats, text, rest, pos: int, ctx: Ctx) -> list:
+        got = self._flush(node, hs, pats, text)
+        if got is None or count < node.min_len:
+            return []
+        pats, text = got
+        if any(not self.pool.nullable(p) for p in pats):
+            return []
+        if node.enum is not None:
+            i = bisect.bisect_left(node.enum, text)
+            if i == len(node.enum) or node.enum[i] != text:
+                return []
+        return self.finish(rest, text, pos + 1, ctx)
+
+    def _pats_can(self, pats, acc: int, need: int, bits: int = -1) -> bool:
+        """Every pattern can still take some character whose first bits are `acc`, with
+        `need` UTF-8 continuation bytes (6 bits each) or `bits` hex bits still to come: a
+        partial character no pattern can finish is refused at its first byte."""
+        shift = 6 * need if bits < 0 else bits
+        lo, hi = acc << shift, (acc << shift) | ((1 << shift) - 1)
+        if bits < 0:  # a UTF-8 sequence of need + 1 bytes encodes at least this code point
+            lo = max(lo, _UTF8_FLOOR[need])
+        can = self.pool.can_start_in
+        return all(can(p, lo, hi) for p in pats)
+
+    def _regex(self, top, rest, b: int) -> list:
+        _, term, utf = top
+        if utf:
+            need, acc, lo, hi = utf
+            if not lo <= b <= hi:
+                return []
+            acc = (acc << 6) | (b & 0x3F)
+            if need > 1:
+                if not self._pats_can((term,), acc, need - 1):
+                    return []
+                return [(("R", term, (need - 1, acc, 0x80, 0xBF)), rest)]
+            cp = acc
+        elif b < 0x80:
+            cp = b
+        else:
+            u = utf8_start(b)
+            if u is None or not self._pats_can((term,), u[1], u[0]):
+                return []
+            return [(("R", term, u), rest)]
+        nxt = self.pool.step(term, cp)
+        return [] if nxt == self.pool.NONE else [(("R", nxt, 0), rest)]
+
+
+def _unit_of(ch: str) -> int:
+    """The first UTF-16 code unit of a character (what a \\u escape spells first)."""
+    cp = ord(ch)
+    return cp if cp <= 0xFFFF else 0xD800 + ((cp - 0x10000) >> 10)
+
+
+def _enum_next_ok(node: Node, text: str, pred) -> bool:
+    """Some allowed string continues `text` with a character satisfying `pred`: a partial
+    character (UTF-8 bytes, a \\u escape) is kept only if it can still become one."""
+    memo_key = ("__next__", text)
+    nxt = node._child.get(memo_key)
+    if nxt is None:
+        enum, n = node.enum, len(text)
+        i = bisect.bisect_left(enum, text)
+        chars = set()
+        while i < len(enum) and enum[i].startswith(text):
+            if len(enum[i]) > n:
+                chars.add(enum[i][n])
+            i += 1
+        nxt = node._child[memo_key] = frozenset(chars)
+    return any(pred(c) for c in nxt)
+
+
+def _enum_first_bytes(node: Node, text: str) -> frozenset:
+    """Bytes that may come next in an enum string after `text`: the first UTF-8 byte of each
+    possible next character, the closing quote, a backslash (escapes)."""
+    memo_key = ("__first__", text)
+    got = node._child.get(memo_key)
+    if got is None:
+        _enum_next_ok(node, text, lambda c: False)  # fills the next-character set
+        got = frozenset(c.encode()[0] for c in node._child[("__next__", text)]) | frozenset(b'"\\')
+        node._child[memo_key] = got
+    return got

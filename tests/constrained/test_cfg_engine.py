@@ -1,0 +1,260 @@
+"""The cfg grammar engine at token level (real SmolLM2 tokenizer): every instance is
+walked token by token through fill_mask / accept_token and must end with EOS allowed
+exactly when the instance is valid."""
+import json
+import random
+import re
+import time
+
+import jsonschema
+import pytest
+import torch
+
+from lmprog_runtime.constrained import GrammarError, create_grammar_backend
+
+
+@pytest.fixture(scope="module")
+def cfg(tokenizer):
+    be = create_grammar_backend("cfg", tokenizer, vocab_size=49152 + 64, eos_token_ids=[tokenizer.eos_token_id])
+    yield be
+    be.shutdown()
+
+
+def compile_(be, schema, kind="json"):
+    return be.get_future(kind, schema if isinstance(schema, str) else json.dumps(schema)).result(timeout=60)
+
+
+def accepts(be, tokenizer, schema, text, kind="json") -> bool:
+    g = compile_(be, schema, kind)
+    row = torch.zeros(be.vocab_size, dtype=torch.bool)
+    for t in tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]:
+        row.numpy().fill(False)
+        g.fill_mask(row)
+        if not row[t]:
+            return False  # the mask may look one byte further than accept_token
+        try:
+            g.accept_token(t)
+        except GrammarError:
+            assert not row[t], f"mask allows token {t} that accept_token refuses"
+            return False
+        assert row[t], f"accept_token took token {t} that the mask refuses"
+    return True
+
+
+def check(be, tokenizer, schema, valid, invalid):
+    for v in valid:
+        for text in (json.dumps(v, ensure_ascii=False), json.dumps(v, separators=(",", ":"))):
+            assert accepts(be, tokenizer, schema, text), f"valid instance refused: {text}"
+    for v in invalid:
+        text = json.dumps(v)
+        assert not accepts(be, tokenizer, schema, text), f"invalid instance accepted: {text}"
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+def test_keys_in_any_order_and_required_by_state(cfg, tokenizer):
+    check(cfg, tokenizer, PERSON, [{"name": "a", "age": 1}, {"age": 1, "name": "a"}],
+          [{"name": "a"}, {"age": 1}, {}])
+    assert not accepts(cfg, tokenizer, PERSON, '{"name": "a", "name": "b", "age": 1}')  # duplicate key
+
+
+def test_open_objects_by_default_closed_when_asked(cfg, tokenizer):
+    check(cfg, tokenizer, PERSON, [{"name": "a", "age": 1, "extra": {"deep": [1, {"x": None}]}}], [])
+    closed = dict(PERSON, additionalProperties=False)
+    check(cfg, tokenizer, closed, [{"name": "a", "age": 1}], [{"name": "a", "age": 1, "extra": 1}])
+    typed = dict(PERSON, additionalProperties={"type": "number"})
+    check(cfg, tokenizer, typed, [{"name": "a", "age": 1, "x": 2.5}], [{"name": "a", "age": 1, "x": "s"}])
+
+
+def test_recursion_has_no_depth_bound(cfg, tokenizer):
+    tree = {"$defs": {"t": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/t"}}},
+                            "additionalProperties": False}}, "$ref": "#/$defs/t"}
+    deep: dict = {"kids": []}
+    for _ in range(12):
+        deep = {"kids": [deep]}
+    check(cfg, tokenizer, tree, [deep], [{"kids": [{"kid": []}]}])
+    free = {"type": "object"}
+    nested: list = [1]
+    for _ in range(20):
+        nested = [nested]
+    check(cfg, tokenizer, free, [{"a": nested}], [])
+
+
+def test_large_max_length_compiles_in_milliseconds(cfg, tokenizer):
+    schema = {"type": "string", "maxLength": 100000, "minLength": 3}
+    t0 = time.perf_counter()
+    compile_(cfg, schema)
+    assert time.perf_counter() - t0 < 2.0
+    check(cfg, tokenizer, schema, ["abc", "x" * 500], ["ab"])
+    small = {"type": "string", "maxLength": 5}
+    check(cfg, tokenizer, small, ["hello", "中文字"], ["hello!"])
+
+
+def test_patterns_formats_and_unicode_properties(cfg, tokenizer):
+    check(cfg, tokenizer, {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"}, ["AB-123"], ["AB-12", "ab-123"])
+    check(cfg, tokenizer, {"type": "string", "pattern": "\\p{Lu}"}, ["xYz"], ["xyz"])
+    check(cfg, tokenizer, {"type": "string", "format": "date"}, ["2024-02-29"], ["2024-13-01", "x"])
+    check(cfg, tokenizer, {"type": "string", "format": "uuid"}, ["123e4567-e89b-12d3-a456-426614174000"], ["123"])
+    check(cfg, tokenizer, {"type": "string", "format": "ipv4"}, ["10.0.0.255"], ["10.0.0.256"])
+    check(cfg, tokenizer, {"type": "string", "format": "date-time"}, ["2024-02-29T12:30:00Z"],
+          ["2024-02-29 12:30"])
+    with pytest.raises(GrammarError, match="lookaround"):
+        compile_(cfg, {"type": "string", "pattern": "(?=a)b"})
+
+
+def test_numbers_exact_bounds_and_multiple_of(cfg, tokenizer):
+    check(cfg, tokenizer, {"type": "number", "minimum": 0.5, "exclusiveMaximum": 2.25},
+          [0.5, 1, 2.2], [0.49, 2.25, 3])
+    check(cfg, tokenizer, {"type": "number", "multipleOf": 0.1}, [0.3, 1.2, 5], [0.35])
+    check(cfg, tokenizer, {"type": "integer", "minimum": -3, "maximum": 7}, [-3, 7, 0], [8, -4, 1.5])
+
+
+def test_enums_consts_and_literals(cfg, tokenizer):
+    big = [f"item-{i}" for i in range(5000)]
+    check(cfg, tokenizer, {"enum": big}, ["item-0", "item-4999"], ["item-5000", "item"])
+    check(cfg, tokenizer, {"enum": ["a", 1, None, {"k": [1]}]}, ["a", 1, None, {"k": [1]}], ["b", 2, {"k": [2]}, False])
+    check(cfg, tokenizer, {"const": True}, [True], [False])
+
+
+def test_unique_items_and_array_counters(cfg, tokenizer):
+    check(cfg, tokenizer, {"type": "array", "uniqueItems": True}, [[1, 2, "1", {"a": 1}], []],
+          [[1, 1.0], [{"a": 1, "b": 2}, {"b": 2, "a": 1}]])
+    check(cfg, tokenizer, {"type": "array", "minItems": 2, "maxItems": 3, "items": {"type": "integer"}},
+          [[1, 2], [1, 2, 3]], [[1], [1, 2, 3, 4], [1, "a"]])
+    check(cfg, tokenizer, {"prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False},
+          [["a", 1], ["a"]], [["a", 1, 2], [1]])
+
+
+def test_combinators_not_if_then_else(cfg, tokenizer):
+    check(cfg, tokenizer, {"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 5}]}, ["s", 5], [4, None])
+    check(cfg, tokenizer, {"oneOf": [{"type": "integer"}, {"minimum": 2}]}, [1, 2.5], [3])
+    check(cfg, tokenizer, {"allOf": [{"type": "object", "required": ["a"]}, {"required": ["b"]}]},
+          [{"a": 1, "b": 2}], [{"a": 1}])
+    check(cfg, tokenizer, {"not": {"type": "string"}}, [1, [2]], ["s"])
+    cond = {"if": {"properties": {"k": {"const": "n"}}}, "then": {"properties": {"v": {"type": "number"}}},
+            "else": {"properties": {"v": {"type": "string"}}}}
+    check(cfg, tokenizer, cond, [{"k": "n", "v": 1}, {"k": "s", "v": "x"}], [{"k": "n", "v": "x"}, {"k": "s", "v": 1}])
+
+
+def test_object_keywords(cfg, tokenizer):
+    check(cfg, tokenizer, {"propertyNames": {"pattern": "^[a-z]+$"}}, [{"ab": 1}], [{"aB": 1}])
+    check(cfg, tokenizer, {"minProperties": 1, "maxProperties": 2}, [{"a": 1}, {"a": 1, "b": 2}],
+          [{}, {"a": 1, "b": 2, "c": 3}])
+    check(cfg, tokenizer, {"dependentRequired": {"a": ["b"]}}, [{"a": 1, "b": 2}, {"b": 1}], [{"a": 1}])
+    check(cfg, tokenizer, {"dependentSchemas": {"a": {"required": ["c"]}}}, [{"a": 1, "c": 2}], [{"a": 1}])
+    check(cfg, tokenizer, {"patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False},
+          [{"x-a": 1}], [{"x-a": "s"}, {"y": 1}])
+
+
+def test_regex_kind_and_masks_agree_with_acceptance(cfg, tokenizer):
+    assert accepts(cfg, tokenizer, r"[0-9]{2,3}", "123", kind="regex")
+    assert not accepts(cfg, tokenizer, r"[0-9]{2,3}", "1", kind="regex")
+    assert not accepts(cfg, tokenizer, r"[0-9]{2,3}", "1234", kind="regex")
+    assert accepts(cfg, tokenizer, r"(yes|no) because .{1,20}", "no because it is", kind="regex")
+
+
+def test_random_walks_produce_valid_instances(cfg, tokenizer):
+    schema = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1}, "tags": {
+        "type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        "name": {"type": "string", "maxLength": 8}}, "required": ["id", "name"], "additionalProperties": False}
+    g0 = compile_(cfg, schema)
+    rng = random.Random(0)
+    row = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    done = 0
+    for _ in range(12):
+        g, out = g0.copy(), []
+        for _step in range(60):
+            row.numpy().fill(False)
+            g.fill_mask(row)
+            allowed = row.nonzero().flatten().tolist()
+            t = rng.choice(allowed)
+            g.accept_token(t)
+            if t == tokenizer.eos_token_id:
+                break
+            out.append(t)
+        if g.finished:
+            jsonschema.validate(json.loads(b"".join(cfg.table[t] for t in out).decode()), schema)
+            done += 1
+    assert done >= 1
+
+
+def test_rollback_and_jump_forward(cfg, tokenizer):
+    schema = dict(PERSON, additionalProperties=False)
+    g = compile_(cfg, schema)
+    ids = tokenizer.encode('{"name": "x", "age": 3', add_special_tokens=False)
+    for t in ids:
+        g.accept_token(t)
+    state = g.state
+    g.rollback(3)
+    for t in ids[-3:]:
+        g.accept_token(t)
+    assert g.state == state
+    g2 = compile_(cfg, {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+                        "additionalProperties": False})
+    assert g2.jump_forward_str() == "{"  # then whitespace or a key: nothing more is forced
+    for t in tokenizer.encode('{"', add_special_tokens=False):
+        g2.accept_token(t)
+    assert g2.jump_forward_str() == 'name"'
+
+
+def test_whitespace_pattern(tokenizer):
+    from lmprog_runtime.constrained.base import GrammarBackendConfig
+
+    for ws, ok, bad in (("", ['{"a":1}'], ['{"a": 1}']), (r"[ \n]?", ['{"a": 1}', '{\n"a":1}'], ['{"a":  1}'])):
+        be = create_grammar_backend("cfg", tokenizer, 49152 + 64, [tokenizer.eos_token_id],
+                                    config=GrammarBackendConfig(whitespace_pattern=ws))
+        for text in ok:
+            assert accepts(be, tokenizer, {"type": "object"}, text), (ws, text)
+        for text in bad:
+            assert not accepts(be, tokenizer, {"type": "object"}, text), (ws, text)
+        be.shutdown()
+
+
+def test_free_text_regex_mask_is_fast_and_exact(cfg, tokenizer):
+    rx = r"[a-z ]{20,40}\."
+    g = compile_(cfg, rx, "regex")
+    row = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t0 = time.perf_counter()
+    g.fill_mask(row)
+    assert time.perf_counter() - t0 < 2.0
+    allowed = row.nonzero().flatten().tolist()
+    assert all(re.fullmatch(r"[a-z ]+", cfg.table[t].decode()) for t in allowed)
+    assert tokenizer.convert_tokens_to_ids("the") in allowed
+    assert accepts(cfg, tokenizer, rx, "the quick brown fox jumps.", kind="regex")
+    assert not accepts(cfg, tokenizer, rx, "the quick brown fox.", kind="regex")  # 19 characters
+
+
+def test_ebnf_through_the_same_engine(cfg, tokenizer):
+    city = 'root ::= "The capital is " city "."\ncity ::= "Paris" | "Rome" | "Oslo"'
+    assert accepts(cfg, tokenizer, city, "The capital is Rome.", kind="ebnf")
+    assert not accepts(cfg, tokenizer, city, "The capital is Lyon.", kind="ebnf")
+    g = compile_(cfg, city, "ebnf")
+    assert g.jump_forward_str() == "The capital is "
+    items = 'root ::= item ("," item)* # comment\nitem ::= [a-c] [0-9]{1,2}'
+    assert accepts(cfg, tokenizer, items, "a1,b22,c3", kind="ebnf")
+    assert not accepts(cfg, tokenizer, items, "a1,b222", kind="ebnf")
+    for bad, fragment in (('root ::= "unclosed', "Failed to compile ebnf"), ('root ::= root "a" | "b"', "left-recursive"),
+                          ("item ::= [a-z]", "no `root`")):
+        with pytest.raises(GrammarError, match=fragment):
+            compile_(cfg, bad, "ebnf")
+
+
+def test_compile_budget_and_cache(tokenizer):
+    from lmprog_runtime.constrained.base import GrammarBackendConfig
+
+    be = create_grammar_backend("cfg", tokenizer, 49152 + 64, [tokenizer.eos_token_id],
+                                config=GrammarBackendConfig(compile_timeout_s=0.0))
+    wide = {"type": "object", "properties": {f"k{i}": {"type": "string", "pattern": f"^v{i}[a-z]+$"}
+                                             for i in range(800)}}
+    with pytest.raises(GrammarError, match="timed out|budget"):
+        be.get_future("json", json.dumps(wide)).result(timeout=60)
+    be.shutdown()
+    be = create_grammar_backend("cfg", tokenizer, 49152 + 64, [tokenizer.eos_token_id])
+    spec = json.dumps(wide)
+    t0 = time.perf_counter()
+    be.get_future("json", spec).result(timeout=60)
+    assert time.perf_counter() - t0 < 5.0  # 800 patterned properties: a lazy rule each
+    assert be.get_future("json", spec).done()  # cached by spec
+    be.shutdown()
