@@ -187,7 +187,7 @@ def component_sections(results_dir: str) -> List[str]:
     return [*vs_llamacpp(results_dir), *one_batch_dtypes(results_dir), *prefix_cache(results_dir),
             *hicache(results_dir), *overlap(results_dir), *jump_forward(results_dir),
             *speculative(results_dir), *grammar_coverage(results_dir), *frontend_overhead(results_dir),
-            *disaggregation(results_dir)]
+            *disaggregation(results_dir), *router(results_dir)]
 
 
 def _disagg_verdict(setups: List[dict]) -> List[str]:
@@ -222,9 +222,51 @@ def disaggregation(results_dir: str) -> List[str]:
         out.append(f"| {name} | {_f(r['short_ttft']['median_ms'], 0)} | {_f(r['short_ttft']['p99_ms'], 0)} | "
                    f"{_f(r['short_itl']['median_ms'], 0)} | {_f(r['short_itl']['p99_ms'], 0)} | "
                    f"{'-' if mb is None else _f(mb / 1e6, 1) + ' MB'} | {'-' if ms is None else _f(ms, 1) + ' ms'} |")
-    out += ["", *_disagg_verdict(list(d["setups"].values())), "",
+    out += ["", *_disagg_verdict(list(d["setups"].values())), "", *_planner_beside(results_dir),
             "```\npython bench/bench_disagg.py" + (" --quick" if d.get("quick") else "") + "\n```",
             "![disagg](../bench/results/disagg.png)", ""]
+    return out
+
+
+def _planner_beside(results_dir: str) -> List[str]:
+    """`plan-kv`'s prediction for the same workload (bench/results/plan_kv.json), if it was run."""
+    p = _load(results_dir, "plan_kv.json")
+    if not p:
+        return []
+    row = next(r for r in p["links"] if r["topology"] == "tcp-same-host")
+    v, r, m = row["verdict"], p["rates"], p.get("measured_link")
+    out = [f"The planner for this workload (`lmprog-runtime plan-kv --prompt-tokens {p['prompt_tokens']} "
+           f"--output-tokens {p['output_tokens']} --arrival-rate {p['arrival_rate']} --measure-link`, rates "
+           f"{r['source']}: prefill {_f(r['prefill_s'] * 1000, 0)} ms, decode step {_f(r['decode_step_s'] * 1000, 1)} ms): "
+           f"{_f(p['bytes_per_request_transferred'] / 2**20, 1)} MiB of KV per long request, "
+           f"{_f(row['transfer_s'] * 1000, 1)} ms over same-host TCP; ITL colocated {_f(v['colocated_itl_s'] * 1000, 1)} ms "
+           f"vs split {_f(v['disagg_itl_s'] * 1000, 1)} ms; pays off: {'yes' if v['pays_off'] else 'no'} ({v['reason']})."]
+    if m:
+        out.append(f"Its same-host TCP time against a measured Mooncake TCP transfer of the same bytes: "
+                   f"{_f(m['transfer_s'] * 1000, 1)} ms measured vs {_f(m['predicted_s'] * 1000, 1)} ms predicted "
+                   f"(measured / predicted = {_f(m['factor_measured_over_predicted'], 2)}).")
+    return [*out, ""]
+
+
+def router(results_dir: str) -> List[str]:
+    d = _load(results_dir, "router.json")
+    if d is None or d["config"].get("quick"):
+        return []
+    c, runs = d["config"], d["runs"]
+    out = ["## Data parallel behind SGLang's router (`bench/bench_router.py`)", "",
+           f"{c['docs']} documents (~{c['doc_tokens']} tokens) x {c['questions']} questions in random order, "
+           f"{c['clients']} clients, {c['output_len']} output tokens; two SmolLM2 replicas with one thread each "
+           f"and a KV pool of {c['max_total_tokens']} tokens (about half the documents) each, behind the real "
+           "`sglang-router`; and one `--dp-size 2` server balancing the same two replicas in-process.", "",
+           "| setup | requests/s | prefix hit rate | mean TTFT (s) | median TTFT (s) |", "|---|---:|---:|---:|---:|"]
+    for name, r in runs.items():
+        out.append(f"| {name} | {_f(r['request_throughput'], 2)} | {r['hit_rate']:.0%} | "
+                   f"{_f(r['mean_ttft_s'], 2)} | {_f(r['median_ttft_s'], 2)} |")
+    cmp = d.get("cache_aware_vs_round_robin")
+    if cmp:
+        out += ["", f"cache_aware vs round_robin: {_f(cmp['throughput'], 2)}x the throughput, hit rate "
+                    f"{cmp['hit_rate'][0]:.0%} vs {cmp['hit_rate'][1]:.0%} (SGLang reports 1.9x and 75% vs 20%)."]
+    out += ["", "```\npython bench/bench_router.py\n```", "![router](../bench/results/router.png)", ""]
     return out
 
 
