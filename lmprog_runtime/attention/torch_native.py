@@ -115,9 +115,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         shared = int(same.to(torch.int32).cumprod(0).sum())
         return shared if shared >= CASCADE_MIN_SHARED else 0
 
-    def forward(self, q, k, v, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+    def forward(self, q, k, v, layer_id: int, fb: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
         # q [T, H, D]; k, v [T, KV, D]
-        self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
+        if save_kv_cache:
+            self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
         k_cache, v_cache = self.kv_pool.k[layer_id], self.kv_pool.v[layer_id]  # [slots, KV, D]
         T, H, D = q.shape
         if self.short_tokens is None:
