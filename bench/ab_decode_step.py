@@ -1,6 +1,7 @@
 """A/B of the batch-1 decode step: this tree against a git revision (`--ref`), in alternating
-subprocesses so both see the same machine load; reports each side's median step and the median of the per-round ratios (new / old). Meant for busy machines, where
-absolute times mean little but interleaved ratios still do.
+subprocesses so both see the same machine load; reports each side's median step and the median
+of the per-round ratios (new / old). Meant for busy machines, where absolute times mean little
+but interleaved ratios still do.
 
     python bench/ab_decode_step.py --ref 3f45bf5 --dtype float32 --rounds 6
     python bench/ab_decode_step.py --ref 3f45bf5 --dtype auto --quick
