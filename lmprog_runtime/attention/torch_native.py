@@ -76,11 +76,10 @@ class TorchNativeAttnBackend(AttentionBackend):
             return False
         if k is None or k.dtype not in paged_decode.KV_DTYPES or not k.is_contiguous() or not paged_decode.available():
             return False
-        prefix_lens = [s - 1 for s in seq_lens]
         self.shared, prefix = 0, None
-        if len(seq_lens) >= CASCADE_MIN_BATCH and min(prefix_lens) >= CASCADE_MIN_SHARED:
+        if len(seq_lens) >= CASCADE_MIN_BATCH and min(seq_lens) - 1 >= CASCADE_MIN_SHARED:
             rows = table[fb.req_pool_indices]  # [B, max_context]
-            self.shared = self._shared_prefix_len(rows, prefix_lens)
+            self.shared = self._shared_prefix_len(rows, [s - 1 for s in seq_lens])  # prefix lengths
             prefix = rows[0, :self.shared] if self.shared else None
         self.paged = self._plan(table, fb.req_pool_indices, fb.seq_lens, max(seq_lens), prefix)
         return True
