@@ -69,6 +69,63 @@ def profile_step(runner, fb_fn, steps: int):
     return dict(groups), dict(calls), sum(ev.count for ev in prof.key_averages()) // steps
 
 
+class Timers:
+    """Manual timers around the step's kernels (works on any revision: it patches by name):
+    the projections (`QuantLinear.forward`, `F.linear`, casts included; nested calls counted once)
+    and the paged attention kernel (the `lm_paged_decode` C call). The rest of a step is
+    everything else: norms, rope, KV writes, residual adds, bookkeeping, Python."""
+
+    def __init__(self):
+        import torch.nn.functional as F
+        from lmprog_runtime.attention import paged_decode
+        from lmprog_runtime.model_executor import quant
+
+        self.ms = defaultdict(float)
+        self.depth = 0
+        self._undo = []
+        self._wrap(quant.QuantLinear, "forward", "matmuls")
+        self._wrap(F, "linear", "matmuls")
+        lib = paged_decode._KERNEL.lib()
+        if lib is not None:
+            self._wrap(lib, "lm_paged_decode", "attention kernel")
+
+    def _wrap(self, owner, name: str, group: str) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*a, **kw):
+            if self.depth:
+                return inner(*a, **kw)
+            self.depth += 1
+            t0 = time.perf_counter()
+            try:
+                return inner(*a, **kw)
+            finally:
+                self.ms[group] += 1e3 * (time.perf_counter() - t0)
+                self.depth -= 1
+
+        setattr(owner, name, timed)
+        self._undo.append((owner, name, inner))
+
+    def close(self) -> None:
+        for owner, name, inner in reversed(self._undo):
+            setattr(owner, name, inner)
+
+
+def timed_groups(runner, fb_fn, steps: int) -> dict:
+    """Per-step ms of the matmuls, the attention kernel and the rest (manual timers)."""
+    timers = Timers()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            runner.forward(fb_fn())
+        total = 1e3 * (time.perf_counter() - t0) / steps
+    finally:
+        timers.close()
+    out = {g: v / steps for g, v in timers.ms.items()}
+    out["rest (norms, rope, KV write, residuals, bookkeeping, Python)"] = total - sum(out.values())
+    return {"step_ms": total, **out}
+
+
 def wall_ms(runner, fb_fn, reps: int) -> float:
     times = []
     for _ in range(reps):
@@ -98,11 +155,17 @@ def main():
     batches = Batches(runner, args.cached + 8)
     fb_fn = lambda: batches.make(1, args.cached, 1)  # noqa: E731
     ms = wall_ms(runner, fb_fn, 3 * steps)
+    timed = timed_groups(runner, fb_fn, 3 * steps)
     groups, calls, n_ops = profile_step(runner, fb_fn, steps)
     total = sum(groups.values())
     result = {"dtype": args.dtype, "formats": str(runner.formats), "step_wall_ms": ms, "ops_per_step": n_ops,
+              "timed_ms": timed, "timed_share": {g: v / timed["step_ms"] for g, v in timed.items() if g != "step_ms"},
               "groups_ms": groups, "groups_share": {g: v / total for g, v in groups.items()}, "calls": calls}
     print(f"{runner.formats}\nstep {ms:.2f} ms (wall, median), {n_ops} profiled ops per step")
+    print(f"manual timers (step {timed['step_ms']:.2f} ms with timers):")
+    for g, v in result["timed_share"].items():
+        print(f"  {g:62s} {100 * v:5.1f}%")
+    print("torch.profiler self time:")
     for g, v in sorted(groups.items(), key=lambda kv: -kv[1]):
         print(f"  {g:46s} {100 * v / total:5.1f}%  {calls.get(g, 0):4d} calls")
     os.makedirs(args.results_dir, exist_ok=True)
