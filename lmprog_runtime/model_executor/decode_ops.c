@@ -1,5 +1,5 @@
-/* Fused CPU ops of the decoder layer, float32, where torch dispatches a dozen small ops whose
- * cost is all dispatch (rope of q and k, the K/V cache write, silu * up).
+/* A fused CPU op of the decoder layer, float32, where torch dispatches a dozen small ops whose
+ * cost is all dispatch (rope of q and k, then the K/V cache write).
  *
  *   lm_rope_kv: qkv [T, (H + 2 KV) * D] row-major (q heads, k heads, v heads of each token);
  *     table [P, 2, D] (cos with halves repeated; sin with its first half negated);
@@ -7,13 +7,12 @@
  *     q_out[t, h, i] = q[i] * cos[i] + q[(i + D/2) % D] * ssin[i]   (rotate-half rope)
  *     k_cache[slots[t], j, :] = rope(k[t, j, :]); v_cache[slots[t], j, :] = v[t, j, :]
  *     k_cache, v_cache float32 [slots, KV, D].
- *   lm_silu_mul: gu [T, 2 I] (gate | up) -> out [T, I] = gate / (1 + exp(-gate)) * up.
  *
  * Built with -ffp-contract=off: rope is the same two products and one sum per value as torch's
- * `x * cos + swapped * ssin`, bit for bit. silu uses expf, which may differ from torch's
- * vectorized exp in the last bit. Tokens are independent; large T is split across threads.
+ * `x * cos + swapped * ssin`, bit for bit. (silu * up was tried here too: with a scalar expf it
+ * was slower than torch's three ops at batch 1, so the model keeps torch's.) Tokens are
+ * independent; large T is split across threads.
  */
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -34,14 +33,5 @@ void lm_rope_kv(const float *qkv, int64_t T, int H, int KV, int D, const float *
         float *kd = k_cache + slots[t] * KV * D, *vd = v_cache + slots[t] * KV * D;
         for (int j = 0; j < KV; j++) rope_row(x + (H + j) * D, cos, ssin, kd + j * D, D);
         memcpy(vd, x + (int64_t)(H + KV) * D, sizeof(float) * KV * D);
-    }
-}
-
-void lm_silu_mul(const float *gu, int64_t T, int64_t I, float *out, int nthreads) {
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (T >= 64)
-    for (int64_t t = 0; t < T; t++) {
-        const float *g = gu + t * 2 * I, *u = g + I;
-        float *o = out + t * I;
-        for (int64_t i = 0; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
     }
 }

@@ -1,6 +1,6 @@
-"""Fused float32 CPU ops of the decoder layer (decode_ops.c), one C call each where torch
-dispatches many tiny ops: `rope_kv` (rope of q and k + the K/V cache write: ~15 ops per layer)
-and `silu_mul` (split, silu, mul). Compiled by `native.build` at first use with
+"""A fused float32 CPU op of the decoder layer (decode_ops.c), one C call where torch
+dispatches many tiny ops: `rope_kv` (rope of q and k + the K/V cache write: ~15 ops per layer,
+~38 us against ~8 us at batch 1 on a busy 2-core Xeon). Compiled by `native.build` at first use with
 -ffp-contract=off, so rope is bit-identical to `llama.apply_rope`; `available()` is False
 where a C compiler is missing and the model keeps its torch ops. Tests compare both paths
 (tests/runtime/test_decode_ops.py).
@@ -20,13 +20,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     lib.lm_rope_kv.argtypes = [p, i64, i32, i32, i32, p, p, p, p, p, p, i32]
     lib.lm_rope_kv.restype = None
-    lib.lm_silu_mul.argtypes = [p, i64, i64, p, i32]
-    lib.lm_silu_mul.restype = None
 
 
 _FLAGS = (*native.NATIVE_FLAGS, "-ffp-contract=off")
 _KERNEL = native.Kernel(pathlib.Path(__file__).with_name("decode_ops.c"), _FLAGS, True, _declare)
-enabled = True  # tests (and bench/ab_decode_step.py) switch the C ops off to compare paths
+enabled = True  # tests switch the C op off to compare paths
 
 
 def available() -> bool:
@@ -55,12 +53,3 @@ def rope_kv(qkv: torch.Tensor, heads: int, kv_heads: int, table: torch.Tensor, p
                              slots.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                              torch.get_num_threads())
     return q
-
-
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up float32 [T, 2 I] contiguous -> silu(gate) * up [T, I]."""
-    assert usable(gate_up) and gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0
-    T, I2 = gate_up.shape
-    out = torch.empty(T, I2 // 2, dtype=torch.float32)
-    _KERNEL.lib().lm_silu_mul(gate_up.data_ptr(), T, I2 // 2, out.data_ptr(), torch.get_num_threads())
-    return out

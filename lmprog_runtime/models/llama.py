@@ -145,10 +145,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # [T, 2 I]
-        if decode_ops.usable(gate_up):
-            return self.down_proj(decode_ops.silu_mul(gate_up))  # one C call for split, silu, mul
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [T, I] each
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
         return self.down_proj(F.silu(gate) * up)  # [T, hidden]
 
 
