@@ -122,10 +122,10 @@ class Attention(nn.Module):
         # x [T, hidden]; rope_table [P, 2, D] float32 when the fused CPU path runs (see `fused_decode_ok`)
         T, H, KV, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)  # [T, (H + 2 KV) * D]
-        if rope_table is not None and decode_ops.usable(qkv):
+        if rope_table is not None:  # float32 on the CPU, as `fused_decode_ok` checked for x
             # one C call: rope of q and k, k and v written into this layer's KV slots
             pool = attn_backend.kv_pool
-            q = decode_ops.rope_kv(qkv, H, KV, rope_table, forward_batch.positions, forward_batch.out_cache_loc,
+            q = decode_ops.rope_kv(qkv.contiguous(), H, KV, rope_table, forward_batch.positions, forward_batch.out_cache_loc,
                                    pool.k[self.layer_id], pool.v[self.layer_id])  # [T, H, D]
             out = attn_backend.forward(q, None, None, self.layer_id, forward_batch, save_kv_cache=False)
             return self.o_proj(out)
