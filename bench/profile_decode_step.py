@@ -20,8 +20,7 @@ from collections import defaultdict
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lmprog_runtime.config import ServerArgs  # noqa: E402
-import torch  # noqa: E402
+from lmprog_runtime.config import ServerArgs  # noqa: E402  (before torch: sets OpenMP's wait policy)
 
 from bench.one_batch import Batches, RESULTS  # noqa: E402
 from lmprog_runtime.model_executor.runner import ModelRunner  # noqa: E402
