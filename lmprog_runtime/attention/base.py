@@ -4,7 +4,9 @@ One backend instance serves every layer of one model. Per batch the runner calls
 `init_forward_metadata(forward_batch)` once (index tables, masks, kernel plans); each
 layer then calls `forward(q, k, v, layer_id, forward_batch)`, which
 
-1. stores the new `k`, `v` into the KV pool at `forward_batch.out_cache_loc`, and
+1. stores the new `k`, `v` into the KV pool at `forward_batch.out_cache_loc` (unless called
+   with `save_kv_cache=False`: the caller has written them already, e.g. the model's fused
+   rope + KV-write op on the CPU; then `k`, `v` may be None), and
 2. attends each new token of request i over that request's KV at slots
    `req_to_token[req_pool_indices[i], :seq_lens[i]]`, causally: the token at
    position p sees positions 0..p (its cached prefix plus earlier new tokens).
@@ -37,5 +39,5 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                forward_batch: ForwardBatch) -> torch.Tensor:
+                forward_batch: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
         """q [T, heads, D], k/v [T, kv_heads, D] (new tokens, rotary applied) -> out [T, heads * D]."""

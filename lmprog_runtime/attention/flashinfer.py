@@ -65,9 +65,10 @@ class FlashInferAttnBackend(AttentionBackend):
         self.prefill_wrapper.plan(qo_indptr, kv_indptr, kv_indices, last_page_len, self.num_heads,
                                   self.num_kv_heads, self.head_dim, 1, causal=True, **common)
 
-    def forward(self, q, k, v, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+    def forward(self, q, k, v, layer_id: int, fb: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
         # q [T, H, D]; k, v [T, KV, D]
-        self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
+        if save_kv_cache:
+            self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
         cache = (self.kv_pool.k[layer_id].unsqueeze(1), self.kv_pool.v[layer_id].unsqueeze(1))  # [slots, 1, KV, D]
         q = q.contiguous().to(cache[0].dtype)
         wrapper = self.decode_wrapper if self.decode else self.prefill_wrapper

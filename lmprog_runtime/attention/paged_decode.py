@@ -43,25 +43,52 @@ def available() -> bool:
     return enabled and _KERNEL.lib() is not None
 
 
+class PagedDecodePlan:
+    """What every layer of one decode step shares, prepared once per step (`init_forward_metadata`):
+    the contiguous index tensors, the scratch buffer, the shapes. `run(q, k_cache, v_cache)` per
+    layer is then one C call (a few small torch ops per layer less than `paged_decode`).
+
+    table int64 [R, L] contiguous; rows, seq_lens int64 [B]; prefix int64 [P] (every seq_len > P)
+    or None; max_seq_len = max(seq_lens) if the caller knows it; heads, kv_heads, head_dim the
+    model's; kv_bf16 whether K/V are bfloat16 (else float32)."""
+
+    def __init__(self, table: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                 heads: int, kv_heads: int, head_dim: int, kv_bf16: bool,
+                 prefix: Optional[torch.Tensor] = None, max_seq_len: Optional[int] = None):
+        assert available() and head_dim <= MAX_D and table.is_contiguous() and heads % kv_heads == 0
+        self.table, self.rows, self.seq_lens = table, rows.contiguous(), seq_lens.contiguous()
+        self.B, self.H, self.KV, self.D = self.rows.numel(), heads, kv_heads, head_dim
+        self.scale, self.kv_bf16 = scale, kv_bf16
+        self.P = 0 if prefix is None else prefix.numel()
+        # any valid pointer when P = 0
+        self.prefix = table if prefix is None else prefix.to(torch.int64).contiguous()
+        pre_chunks = (self.P + CHUNK - 1) // CHUNK
+        longest = max_seq_len or int(self.seq_lens.max())
+        own_chunks = max(0 if self.P else 1, (longest - self.P + CHUNK - 1) // CHUNK)
+        self.scratch = torch.empty(self.B * kv_heads * (pre_chunks + own_chunks) * (heads // kv_heads)
+                                   * (head_dim + 2), dtype=torch.float32)
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """q float32 [B, H, D] contiguous; k_cache, v_cache [slots, KV, D] contiguous -> [B, H, D]."""
+        assert q.dtype == torch.float32 and q.is_contiguous() and q.shape == (self.B, self.H, self.D)
+        assert k_cache.dtype == v_cache.dtype == (torch.bfloat16 if self.kv_bf16 else torch.float32)
+        assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[1] == self.KV
+        out = torch.empty_like(q)
+        _KERNEL.lib().lm_paged_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(self.kv_bf16),
+                                      self.prefix.data_ptr(), self.P, self.table.data_ptr(), self.table.stride(0),
+                                      self.rows.data_ptr(), self.seq_lens.data_ptr(), self.B, self.H, self.KV,
+                                      self.D, self.scale, CHUNK, torch.get_num_threads(), self.scratch.data_ptr(),
+                                      out.data_ptr())
+        return out
+
+
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
                  rows: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                  prefix: Optional[torch.Tensor] = None, max_seq_len: Optional[int] = None) -> torch.Tensor:
     """q [B, H, D]; k_cache, v_cache [slots, KV, D]; table int64 [R, L]; rows, seq_lens int64 [B];
     prefix int64 [P] (every seq_len > P) or None; max_seq_len = max(seq_lens) if the caller knows it."""
     assert available() and q.dtype == torch.float32 and k_cache.dtype == v_cache.dtype in KV_DTYPES
-    assert q.shape[-1] <= MAX_D
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and table.is_contiguous()
-    q, rows, seq_lens = q.contiguous(), rows.contiguous(), seq_lens.contiguous()
     B, H, D = q.shape
-    KV = k_cache.shape[1]
-    P = 0 if prefix is None else prefix.numel()
-    prefix = table if prefix is None else prefix.to(torch.int64).contiguous()  # any valid pointer when P = 0
-    pre_chunks = (P + CHUNK - 1) // CHUNK
-    own_chunks = max(0 if P else 1, ((max_seq_len or int(seq_lens.max())) - P + CHUNK - 1) // CHUNK)
-    scratch = torch.empty(B * KV * (pre_chunks + own_chunks) * (H // KV) * (D + 2), dtype=torch.float32)
-    out = torch.empty_like(q)
-    _KERNEL.lib().lm_paged_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
-                         prefix.data_ptr(), P,
-                         table.data_ptr(), table.stride(0), rows.data_ptr(), seq_lens.data_ptr(), B, H, KV, D,
-                         scale, CHUNK, torch.get_num_threads(), scratch.data_ptr(), out.data_ptr())
-    return out
+    plan = PagedDecodePlan(table, rows, seq_lens, scale, H, k_cache.shape[1], D, k_cache.dtype == torch.bfloat16,
+                           prefix, max_seq_len)
+    return plan.run(q.contiguous(), k_cache, v_cache)

@@ -38,6 +38,9 @@ class TorchNativeAttnBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         seq_lens = fb.seq_lens_cpu or fb.seq_lens.tolist()
         extend_lens = fb.extend_lens_cpu or fb.extend_lens.tolist()
+        self.decode_only = self._init_decode_only(fb, seq_lens, extend_lens)
+        if self.decode_only:
+            return
         rows = fb.req_to_token[fb.req_pool_indices]  # [B, max_context]
         starts = [0, *accumulate(extend_lens[:-1])]
         # Requests adding a few tokens (decodes, jump-forward runs) are attended together,
@@ -63,6 +66,27 @@ class TorchNativeAttnBackend(AttentionBackend):
                 q_pos = torch.arange(s - e, s, device=rows.device)[:, None]  # [e, 1]
                 mask = torch.arange(s, device=rows.device)[None, :] <= q_pos  # [e, s]
             self.extends.append((rows[i, :s], mask, starts[i], e))
+
+    def _init_decode_only(self, fb: ForwardBatch, seq_lens: List[int], extend_lens: List[int]) -> bool:
+        """Pure one-token decodes that the kernel will attend: prepare only its plan (no masks,
+        no gather indices: a small batch's step is dominated by such bookkeeping). False when
+        the general path must run (extends, no kernel, K/V it does not read)."""
+        k, table = self.kv_pool.k, fb.req_to_token
+        if max(extend_lens) != 1 or table.device.type != "cpu" or not table.is_contiguous():
+            return False
+        if k is None or k.dtype not in paged_decode.KV_DTYPES or not k.is_contiguous() or not paged_decode.available():
+            return False
+        self.shared, prefix = 0, None
+        if len(seq_lens) >= CASCADE_MIN_BATCH and min(seq_lens) - 1 >= CASCADE_MIN_SHARED:
+            rows = table[fb.req_pool_indices]  # [B, max_context]
+            self.shared = self._shared_prefix_len(rows, [s - 1 for s in seq_lens])  # prefix lengths
+            prefix = rows[0, :self.shared] if self.shared else None
+        self.paged = self._plan(table, fb.req_pool_indices, fb.seq_lens, max(seq_lens), prefix)
+        return True
+
+    def _plan(self, table, rows, seq_lens, max_len: int, prefix) -> paged_decode.PagedDecodePlan:
+        return paged_decode.PagedDecodePlan(table, rows, seq_lens, self.scaling, self.num_heads, self.num_kv_heads,
+                                            self.head_dim, self.kv_pool.k.dtype == torch.bfloat16, prefix, max_len)
 
     def _init_short(self, rows, seq_lens: List[int], extend_lens: List[int], starts: List[int]) -> None:
         dev = rows.device
@@ -93,14 +117,17 @@ class TorchNativeAttnBackend(AttentionBackend):
             return
         if not (fb.req_to_token.is_contiguous() and paged_decode.available()):
             return
+        k = self.kv_pool.k
+        if k is None or k.dtype not in paged_decode.KV_DTYPES or not k.is_contiguous():
+            return
+        prefix = self.prefix_index if self.shared else None
         if self.all_short:  # every request, in order: the batch's own tensors
-            self.paged = (fb.req_to_token, fb.req_pool_indices.contiguous(), fb.seq_lens.contiguous(),
-                          max(seq_lens))
+            self.paged = self._plan(fb.req_to_token, fb.req_pool_indices, fb.seq_lens, max(seq_lens), prefix)
             return
         idx = torch.tensor(short, dtype=torch.int64)
         lens = [seq_lens[i] for i in short]
-        self.paged = (fb.req_to_token, fb.req_pool_indices.index_select(0, idx),
-                      torch.tensor(lens, dtype=torch.int64), max(lens))
+        self.paged = self._plan(fb.req_to_token, fb.req_pool_indices.index_select(0, idx),
+                                torch.tensor(lens, dtype=torch.int64), max(lens), prefix)
 
     @staticmethod
     def _shared_prefix_len(rows: torch.Tensor, prefix_lens: List[int]) -> int:
@@ -115,17 +142,20 @@ class TorchNativeAttnBackend(AttentionBackend):
         shared = int(same.to(torch.int32).cumprod(0).sum())
         return shared if shared >= CASCADE_MIN_SHARED else 0
 
-    def forward(self, q, k, v, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+    def forward(self, q, k, v, layer_id: int, fb: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
         # q [T, H, D]; k, v [T, KV, D]
-        self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
+        if save_kv_cache:
+            self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
         k_cache, v_cache = self.kv_pool.k[layer_id], self.kv_pool.v[layer_id]  # [slots, KV, D]
         T, H, D = q.shape
+        if self.decode_only:  # one token per request, in order, read by the kernel
+            return self.paged.run(q.float().contiguous(), k_cache, v_cache).to(q.dtype).view(T, H * D)
         if self.short_tokens is None:
             out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
             self._extend(q, k_cache, v_cache, out)
             return out.view(T, H * D)
         attend = self._short_cascade if self.shared else self._short
-        if self.paged is not None and k_cache.dtype in paged_decode.KV_DTYPES and k_cache.is_contiguous():
+        if self.paged is not None:
             attend = self._short_paged
         if self.all_short:  # no extends, and the short rows are all T rows in order
             return attend(q, k_cache, v_cache).reshape(T, H * D)
@@ -166,13 +196,9 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def _short_paged(self, q, k_cache, v_cache) -> torch.Tensor:
         """One query token per request, K/V read in place: [B, H, D] in short_tokens order."""
-        table, rows, seq_lens, max_len = self.paged
         # one token per request: with every request short, q's rows are already in order
         qs = (q if self.all_short else q.index_select(0, self.q_index)).float()  # [B, H, D]
-        prefix = self.prefix_index if self.shared else None
-        out = paged_decode.paged_decode(qs, k_cache, v_cache, table, rows, seq_lens, self.scaling, prefix,
-                                        max_len)
-        return out.to(q.dtype)
+        return self.paged.run(qs.contiguous(), k_cache, v_cache).to(q.dtype)
 
     def _short_cascade(self, q, k_cache, v_cache) -> torch.Tensor:
         """Attention split in two: the batch's shared prefix is read once for all queries,

@@ -81,9 +81,10 @@ class TritonAttnBackend(AttentionBackend):
         return max(1, min(t.max_kv_splits, by_length, by_occupancy))
 
     # -- per layer ----------------------------------------------------------------------------
-    def forward(self, q, k, v, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+    def forward(self, q, k, v, layer_id: int, fb: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
         # q [T, H, D]; k, v [T, KV, D]
-        self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
+        if save_kv_cache:
+            self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
         k_cache, v_cache = self.kv_pool.k[layer_id], self.kv_pool.v[layer_id]  # [slots, KV, D]
         q = q.contiguous()
         o = torch.empty_like(q)  # [T, H, D]

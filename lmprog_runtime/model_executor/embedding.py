@@ -38,9 +38,8 @@ def final_hidden_states(model, input_ids: List[int], device) -> torch.Tensor:
     cos_sin = table[torch.arange(len(input_ids), device=device)].to(x.dtype)  # [T, 2, D]
     cos, sin = cos_sin[:, 0:1], cos_sin[:, 1:2]
     attention = DenseCausalAttention()
-    for layer in model.layers:
-        x = layer(x, cos, sin, None, attention)
-    return model.norm(x).float()
+    x, residual = model.run_layers(x, cos, sin, None, attention)
+    return model.norm(x, residual=residual)[0].float()
 
 
 def pooled_embedding(model, input_ids: List[int], device, pooling: str) -> List[float]:

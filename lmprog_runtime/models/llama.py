@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmprog_runtime.model_executor import fused_ops
+from lmprog_runtime.model_executor import decode_ops, fused_ops
 from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 from lmprog_runtime.model_executor.loader import ModelConfig
 
@@ -67,6 +67,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
     return x * cos + swapped * signed_sin
 
 
+def fused_decode_ok(x: torch.Tensor, fb: Optional[ForwardBatch], attn_backend, positions: int) -> bool:
+    """Whether the layers may run rope + the KV write as one C call (decode_ops.rope_kv): float32
+    activations and KV pool on the CPU, and every position (< `positions`, the rope table's
+    length) and slot of the batch in range: the C op does not bounds-check, so this is checked
+    here, once per forward rather than per layer."""
+    pool = getattr(attn_backend, "kv_pool", None)
+    if fb is None or pool is None or pool.k is None or not decode_ops.usable(x) or fb.positions.numel() == 0:
+        return False
+    if pool.k.dtype != torch.float32 or not (pool.k.is_contiguous() and pool.v.is_contiguous()):
+        return False
+    p_lo, p_hi = (int(v) for v in torch.aminmax(fb.positions))
+    s_lo, s_hi = (int(v) for v in torch.aminmax(fb.out_cache_loc))
+    return min(p_lo, s_lo) >= 0 and p_hi < positions and s_hi < pool.k.shape[1]
+
+
 # -- layers ----------------------------------------------------------------------------------------------
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -103,10 +118,17 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, forward_batch: ForwardBatch, attn_backend) -> torch.Tensor:
-        # x [T, hidden]
+    def forward(self, x, cos, sin, forward_batch: ForwardBatch, attn_backend, rope_table=None) -> torch.Tensor:
+        # x [T, hidden]; rope_table [P, 2, D] float32 when the fused CPU path runs (see `fused_decode_ok`)
         T, H, KV, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)  # [T, (H + 2 KV) * D]
+        if rope_table is not None:  # float32 on the CPU, as `fused_decode_ok` checked for x
+            # one C call: rope of q and k, k and v written into this layer's KV slots
+            pool = attn_backend.kv_pool
+            q = decode_ops.rope_kv(qkv.contiguous(), H, KV, rope_table, forward_batch.positions, forward_batch.out_cache_loc,
+                                   pool.k[self.layer_id], pool.v[self.layer_id])  # [T, H, D]
+            out = attn_backend.forward(q, None, None, self.layer_id, forward_batch, save_kv_cache=False)
+            return self.o_proj(out)
         # q and k rotated in one pass (elementwise, so bit-identical to rotating them apart)
         qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(T, H + KV, D), cos, sin)  # [T, H+KV, D]
         q, k = qk[:, :H].contiguous(), qk[:, H:]  # [T, H, D], [T, KV, D]
@@ -135,10 +157,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, forward_batch, attn_backend) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(x), cos, sin, forward_batch, attn_backend)
-        h, x = self.post_attention_layernorm(attn, residual=x)  # x + attn, normalized and not
-        return x + self.mlp(h)
+    def forward(self, x, residual, cos, sin, forward_batch, attn_backend, rope_table=None):
+        """(x, residual) -> (mlp out, residual): the layer's input is x + residual (x alone for the
+        first layer, residual None), so each residual add is fused into the next norm."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual=residual)  # x + residual, normalized and not
+        attn = self.self_attn(h, cos, sin, forward_batch, attn_backend, rope_table)
+        h, residual = self.post_attention_layernorm(attn, residual=residual)
+        return self.mlp(h), residual
 
 
 # -- the model -------------------------------------------------------------------------------------------
@@ -165,18 +193,28 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(forward_batch.input_ids)  # [T, hidden]
         if self.rope_table.device != x.device:
             self.rope_table = self.rope_table.to(x.device)
-        cos_sin = self.rope_table[forward_batch.positions].to(x.dtype)  # [T, 2, D]
-        cos, sin = cos_sin[:, 0:1], cos_sin[:, 1:2]  # [T, 1, D]
-        for layer in self.layers:
-            x = layer(x, cos, sin, forward_batch, self.attn_backend)
+        rope_table, cos, sin = self.rope_table, None, None
+        if not fused_decode_ok(x, forward_batch, self.attn_backend, rope_table.shape[0]):
+            rope_table = None
+            cos_sin = self.rope_table[forward_batch.positions].to(x.dtype)  # [T, 2, D]
+            cos, sin = cos_sin[:, 0:1], cos_sin[:, 1:2]  # [T, 1, D]
+        x, residual = self.run_layers(x, cos, sin, forward_batch, self.attn_backend, rope_table)
         rows = forward_batch.logits_indices
         if rows is None:
             rows = forward_batch.last_token_indices()
-        x = self.norm(x[rows])  # [L, hidden]
+        x, _ = self.norm(x[rows], residual=residual[rows])  # [L, hidden]
         if self.quant_head is not None:
             return self.quant_head(x).float()  # [L, vocab]
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, head).float()  # [L, vocab]
+
+    def run_layers(self, x, cos, sin, forward_batch, attn_backend, rope_table=None):
+        """Every decoder layer: (last layer's mlp out, residual) [T, hidden] each; the hidden
+        state is their sum (left to the final norm, which adds them)."""
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, cos, sin, forward_batch, attn_backend, rope_table)
+        return x, residual
 
     # -- weights: HF names in, fused parameters out --
     _FUSED = {  # HF suffix -> (our parameter suffix, shard index)

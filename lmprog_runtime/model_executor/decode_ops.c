@@ -1,0 +1,37 @@
+/* A fused CPU op of the decoder layer, float32, where torch dispatches a dozen small ops whose
+ * cost is all dispatch (rope of q and k, then the K/V cache write).
+ *
+ *   lm_rope_kv: qkv [T, (H + 2 KV) * D] row-major (q heads, k heads, v heads of each token);
+ *     table [P, 2, D] (cos with halves repeated; sin with its first half negated);
+ *     pos [T] int64; slots [T] int64.
+ *     q_out[t, h, i] = q[i] * cos[i] + q[(i + D/2) % D] * ssin[i]   (rotate-half rope)
+ *     k_cache[slots[t], j, :] = rope(k[t, j, :]); v_cache[slots[t], j, :] = v[t, j, :]
+ *     k_cache, v_cache float32 [slots, KV, D].
+ *
+ * Built with -ffp-contract=off: rope is the same two products and one sum per value as torch's
+ * `x * cos + swapped * ssin`, bit for bit. (silu * up was tried here too: with a scalar expf it
+ * was slower than torch's three ops at batch 1, so the model keeps torch's.) Tokens are
+ * independent; large T is split across threads.
+ */
+#include <stdint.h>
+#include <string.h>
+
+static inline void rope_row(const float *x, const float *cos, const float *ssin, float *out, int D) {
+    const int half = D / 2;
+    for (int i = 0; i < half; i++) out[i] = x[i] * cos[i] + x[i + half] * ssin[i];
+    for (int i = half; i < D; i++) out[i] = x[i] * cos[i] + x[i - half] * ssin[i];
+}
+
+void lm_rope_kv(const float *qkv, int64_t T, int H, int KV, int D, const float *table, const int64_t *pos,
+                const int64_t *slots, float *q_out, float *k_cache, float *v_cache, int nthreads) {
+    const int64_t row = (int64_t)(H + 2 * KV) * D;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (T >= 64)
+    for (int64_t t = 0; t < T; t++) {
+        const float *x = qkv + t * row;
+        const float *cos = table + pos[t] * 2 * D, *ssin = cos + D;
+        for (int h = 0; h < H; h++) rope_row(x + h * D, cos, ssin, q_out + (t * H + h) * D, D);
+        float *kd = k_cache + slots[t] * KV * D, *vd = v_cache + slots[t] * KV * D;
+        for (int j = 0; j < KV; j++) rope_row(x + (H + j) * D, cos, ssin, kd + j * D, D);
+        memcpy(vd, x + (int64_t)(H + KV) * D, sizeof(float) * KV * D);
+    }
+}

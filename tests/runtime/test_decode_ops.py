@@ -1,0 +1,77 @@
+"""The fused rope + KV write of decode_ops.c against the torch ops it replaces, and the whole
+model with it against the model without it (the oracle), bit for bit: tiny model, several
+batch sizes, prefill, decodes and short extends, with and without cached prefixes, page_size 1
+and 16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.one_batch import Batches
+from lmprog_runtime.config import ServerArgs
+from lmprog_runtime.model_executor import decode_ops
+from lmprog_runtime.model_executor.runner import ModelRunner
+from lmprog_runtime.models.llama import apply_rope
+
+pytestmark = pytest.mark.skipif(not decode_ops.available(), reason="no C compiler: the model keeps torch's ops")
+
+
+@pytest.mark.parametrize("T,H,KV,D", [(1, 9, 3, 64), (5, 4, 4, 16), (70, 8, 2, 32)])  # 70: threaded
+def test_rope_kv_is_bit_identical_to_torch(T, H, KV, D):
+    torch.manual_seed(T)
+    table = torch.randn(256, 2, D)
+    qkv = torch.randn(T, (H + 2 * KV) * D)
+    pos = torch.randint(0, 256, (T,))
+    slots = torch.randperm(300)[:T]
+    k_cache, v_cache = torch.zeros(300, KV, D), torch.zeros(300, KV, D)
+    q = decode_ops.rope_kv(qkv, H, KV, table, pos, slots, k_cache, v_cache)
+    cs = table[pos]
+    qk = apply_rope(qkv[:, :(H + KV) * D].view(T, H + KV, D), cs[:, 0:1], cs[:, 1:2])
+    assert torch.equal(q, qk[:, :H])
+    assert torch.equal(k_cache[slots], qk[:, H:])
+    assert torch.equal(v_cache[slots], qkv[:, (H + KV) * D:].view(T, KV, D))
+    untouched = torch.ones(300, dtype=torch.bool)
+    untouched[slots] = False
+    assert not k_cache[untouched].any() and not v_cache[untouched].any()
+
+
+@pytest.fixture(scope="module", params=[1, 16], ids=["page1", "page16"])
+def runner(request, tiny_model_path):
+    return ModelRunner(ServerArgs(model_path=tiny_model_path, dtype="float32", page_size=request.param,
+                                  max_total_tokens=8 * 64 + 64, max_running_requests=8, context_length=256))
+
+
+def _forward_both(runner, fb_fn):
+    """Logits with the fused ops, then without (the oracle), on identical inputs and KV."""
+    k0, v0 = runner.token_to_kv_pool.k.clone(), runner.token_to_kv_pool.v.clone()
+    fused = runner.forward(fb_fn())
+    k1, v1 = runner.token_to_kv_pool.k.clone(), runner.token_to_kv_pool.v.clone()
+    runner.token_to_kv_pool.k.copy_(k0)
+    runner.token_to_kv_pool.v.copy_(v0)
+    decode_ops.enabled = False
+    try:
+        plain = runner.forward(fb_fn())
+    finally:
+        decode_ops.enabled = True
+    assert torch.equal(k1, runner.token_to_kv_pool.k) and torch.equal(v1, runner.token_to_kv_pool.v)
+    return fused, plain
+
+
+@pytest.mark.parametrize("batch,cached,new", [(1, 0, 9), (1, 40, 1), (3, 17, 1), (8, 33, 1), (2, 20, 5)])
+def test_model_with_fused_ops_matches_without(runner, batch, cached, new, monkeypatch):
+    """The same K/V and the same logits, bit for bit (float32 greedy outputs cannot change)."""
+    batches = Batches(runner, 64)
+    torch.manual_seed(batch * 100 + cached)
+    if cached:  # a real prefix in the KV cache, written by a plain prefill
+        decode_ops.enabled = False
+        try:
+            runner.forward(batches.make(batch, 0, cached))
+        finally:
+            decode_ops.enabled = True
+    fb = batches.make(batch, cached, new)
+    calls, rope_kv = [], decode_ops.rope_kv
+    monkeypatch.setattr(decode_ops, "rope_kv", lambda *a: calls.append(1) or rope_kv(*a))
+    fused, plain = _forward_both(runner, lambda: fb)
+    assert len(calls) == runner.model_config.num_layers  # the fused path ran, once per layer
+    assert torch.equal(fused, plain)
