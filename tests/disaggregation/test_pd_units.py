@@ -179,3 +179,32 @@ def test_a_handshake_after_the_prefill_half_ended_is_answered_with_its_failure()
     finally:
         prefill_m.close()
         decode_m.close()
+
+
+def test_mooncake_writes_go_in_bounded_batches_and_split_a_refused_one():
+    """A prompt's KV is thousands of blocks; Mooncake's TCP lanes refuse a batch that overflows
+    their queue (-1). Batches stay within MAX_BATCH_BLOCKS, and a refused one is split."""
+    from lmprog_runtime.disaggregation import transfer
+
+    class Lanes:  # refuses batches above `room` blocks, as a full lane queue does
+        def __init__(self, room):
+            self.room, self.calls, self.moved = room, [], []
+
+        def batch_transfer_sync_write(self, peer, src, dst, lengths):
+            self.calls.append(len(src))
+            if len(src) > self.room:
+                return -1
+            self.moved += list(zip(src, dst, lengths))
+            return 0
+
+    mover = transfer.MooncakeTransfer.__new__(transfer.MooncakeTransfer)
+    mover._batched = True
+    blocks = list(range(2000))
+    for room in (10_000, 100):
+        mover.engine = Lanes(room)
+        assert mover.write("peer", blocks, [b + 1 for b in blocks], [8] * 2000) == 16_000
+        assert sorted(mover.engine.moved) == [(b, b + 1, 8) for b in blocks]  # every block once
+        assert max(mover.engine.calls) <= transfer.MAX_BATCH_BLOCKS
+    mover.engine = Lanes(0)
+    with pytest.raises(RuntimeError, match="returned -1"):
+        mover.write("peer", [1, 2], [3, 4], [8, 8])
