@@ -97,9 +97,30 @@ def jump_forward(results_dir: str) -> List[str]:
                    f"{b['valid']}/{b['requests']} | {_f(b['mask_us_per_constrained_token'], 1)} / "
                    f"{_f(b32, 1)} / {_f(s['mask_us_per_constrained_token'], 1)} |")
     out += ["", f"Jump-forward: **{_f(d['steps_ratio'], 2)}x** fewer decode steps, **{_f(d['throughput_ratio'], 2)}x** "
-                "throughput.", "", "```\npython bench/bench_jump_forward.py\n```",
+                f"throughput (`--dtype {cfg['dtype']}`){_jf_identity(d)}.", *_jf_fp32(results_dir),
+            "", "```\npython bench/bench_jump_forward.py\n```",
             "![jump-forward](../bench/results/jump_forward.png)", ""]
     return out
+
+
+def _jf_identity(d: dict) -> str:
+    if "outputs_differing" not in d:
+        return ""
+    n = d["config"]["num_requests"]
+    return (f"; greedy outputs with it on equal those with it off for {n - d['outputs_differing']} of {n} "
+            "requests")
+
+
+def _jf_fp32(results_dir: str) -> List[str]:
+    """The float32 run, where the forward is batch-invariant: jump-forward must change nothing."""
+    d = _load(results_dir, "jump_forward_fp32.json")
+    if not d:
+        return []
+    return ["", f"With `--dtype float32` (`bench/results/jump_forward_fp32.json`): {_f(d['steps_ratio'], 2)}x fewer decode "
+                f"steps, {_f(d['throughput_ratio'], 2)}x throughput{_jf_identity(d)}. Jump-forward drafts the forced "
+                "text and verifies it in the forward (docs/constrained.md), so outputs differ only where the "
+                "forward itself is not batch-invariant: under `--dtype auto` a multi-row verify step rounds "
+                "differently from a one-token decode (`--enable-deterministic-inference` removes that)."]
 
 
 def grammar_coverage(results_dir: str) -> List[str]:
@@ -245,6 +266,8 @@ def _planner_beside(results_dir: str) -> List[str]:
         out.append(f"Its same-host TCP time against a measured Mooncake TCP transfer of the same bytes: "
                    f"{_f(m['transfer_s'] * 1000, 1)} ms measured vs {_f(m['predicted_s'] * 1000, 1)} ms predicted "
                    f"(measured / predicted = {_f(m['factor_measured_over_predicted'], 2)}).")
+    out.append("The planner models utilization, not queues: it gets the inter-token latency's direction "
+               "right and misses the time to first token, which here is the wait behind the one prefill thread.")
     return [*out, ""]
 
 
