@@ -125,6 +125,8 @@ class Attention(nn.Module):
         if rope_table is not None:  # float32 on the CPU, as `fused_decode_ok` checked for x
             # one C call: rope of q and k, k and v written into this layer's KV slots
             pool = attn_backend.kv_pool
+            if pool.load_gate is not None:  # what set_kv does: HiCache's layer-wise load-backs
+                pool.load_gate.wait(self.layer_id)  # in flight must have copied this layer first
             q = decode_ops.rope_kv(qkv.contiguous(), H, KV, rope_table, forward_batch.positions, forward_batch.out_cache_loc,
                                    pool.k[self.layer_id], pool.v[self.layer_id])  # [T, H, D]
             out = attn_backend.forward(q, None, None, self.layer_id, forward_batch, save_kv_cache=False)

@@ -75,3 +75,23 @@ def test_model_with_fused_ops_matches_without(runner, batch, cached, new, monkey
     fused, plain = _forward_both(runner, lambda: fb)
     assert len(calls) == runner.model_config.num_layers  # the fused path ran, once per layer
     assert torch.equal(fused, plain)
+
+
+def test_fused_kv_write_waits_for_layerwise_load_backs(runner, monkeypatch):
+    """The C op writes the KV pool itself, so it must pass HiCache's layer gate as set_kv does:
+    a layer-wise load-back in flight copies layer i before anything writes or reads it."""
+    order = []
+
+    class Gate:  # records the waits, in order with the C writes
+        def wait(self, layer):
+            order.append(("wait", layer))
+
+    rope_kv = decode_ops.rope_kv
+    monkeypatch.setattr(decode_ops, "rope_kv", lambda *a: order.append(("write",)) or rope_kv(*a))
+    pool = runner.token_to_kv_pool
+    monkeypatch.setattr(pool, "load_gate", Gate())
+    runner.forward(Batches(runner, 64).make(2, 10, 1))
+    writes = [i for i, e in enumerate(order) if e == ("write",)]
+    assert len(writes) == runner.model_config.num_layers
+    for layer, i in enumerate(writes):  # each layer's write comes right after its own wait
+        assert order[i - 1] == ("wait", layer), order

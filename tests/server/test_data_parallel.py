@@ -198,7 +198,8 @@ def test_server_info_metrics_and_load_per_replica(dp_server):
 def test_inspector_shows_one_replica_at_a_time(dp_server):
     """/inspect/state answers with one replica's snapshot (dp_rank, default 0), each its own tree."""
     text = PROMPTS[0] + " which the inspector should find in exactly one replica's tree"
-    _greedy(dp_server.url, text)
+    for _ in range(2):  # one on each replica: the round-robin turn stays where later tests expect it
+        _greedy(dp_server.url, text)
     snaps = [requests.get(dp_server.url + f"/inspect/state?dp_rank={r}", timeout=30).json() for r in (0, 1)]
     assert [(s["dp_rank"], s["dp_size"]) for s in snaps] == [(0, 2), (1, 2)]
     assert "dp_states" not in snaps[0] and all("tree" in s and "pool" in s for s in snaps)
