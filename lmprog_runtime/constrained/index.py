@@ -40,6 +40,16 @@ def _is_byte_level(pieces: list[str]) -> bool:
     return sum(p.startswith("Ġ") for p in pieces if p) > 100
 
 
+def grammar_token_table(tokenizer, eos_token_ids) -> list[bytes | None]:
+    """`token_bytes` with EOS as no ordinary token: a grammar allows it only as an accepting
+    state's exit."""
+    table = token_bytes(tokenizer)
+    for e in eos_token_ids:
+        if e < len(table):
+            table[e] = None
+    return table
+
+
 def token_bytes(tokenizer) -> list[bytes | None]:
     """Bytes of each token id < len(tokenizer); None for special/unmappable tokens."""
     n = len(tokenizer)

@@ -11,7 +11,7 @@ import torch
 from lmprog_runtime.constrained.budget import check_regex_budget
 from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
 from lmprog_runtime.constrained.dfa_build import IsolatedBuilder
-from lmprog_runtime.constrained.index import ByteDFA, CompiledIndex, token_bytes
+from lmprog_runtime.constrained.index import ByteDFA, CompiledIndex, grammar_token_table
 from lmprog_runtime.constrained.json_schema import build_regex_from_schema
 from lmprog_runtime.constrained.regex_fragments import ascii_shorthands
 from lmprog_runtime.constrained.trie_walk import TokenTrie
@@ -134,10 +134,7 @@ class OutlinesBackend(GrammarBackend):
             raise ValueError("eos_token_ids must name at least one token")
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
-        self.table = token_bytes(tokenizer)
-        for e in self.eos_token_ids:  # EOS is never an ordinary token, only an accepting state's exit
-            if e < len(self.table):
-                self.table[e] = None
+        self.table = grammar_token_table(tokenizer, self.eos_token_ids)
         self.trie = TokenTrie(self.table)
         self._builder = IsolatedBuilder()
         weakref.finalize(self, self._builder.close)  # no worker outlives its backend

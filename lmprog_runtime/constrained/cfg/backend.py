@@ -25,7 +25,7 @@ from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
 from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
 from lmprog_runtime.constrained.cfg.residual import Residual
 from lmprog_runtime.constrained.cfg.schema import SchemaCompiler
-from lmprog_runtime.constrained.index import token_bytes
+from lmprog_runtime.constrained.index import grammar_token_table
 from lmprog_runtime.constrained.json_schema import DEFAULT_MAX_WHITESPACE, whitespace_regex
 from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
 
@@ -164,10 +164,7 @@ class CfgBackend(GrammarBackend):
             raise ValueError("eos_token_ids must name at least one token")
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
-        self.table = token_bytes(tokenizer)
-        for e in self.eos_token_ids:  # EOS is never an ordinary token, only an accepting state's exit
-            if e < len(self.table):
-                self.table[e] = None
+        self.table = grammar_token_table(tokenizer, self.eos_token_ids)
         self.vocab = VocabInfo(self.table)
         ws = config.whitespace_pattern
         self.whitespace = whitespace_regex(DEFAULT_MAX_WHITESPACE) if ws is None else ws
