@@ -26,9 +26,7 @@ import asyncio
 import json
 import os
 import random
-import signal
 import socket
-import subprocess
 import sys
 import time
 from typing import List
@@ -38,6 +36,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench.baselines.servers import LmprogServer  # noqa: E402
 from bench.bench_serving import percentiles  # noqa: E402
 from bench.workloads import handbook, words  # noqa: E402
 
@@ -50,45 +49,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
-    """One `python -m lmprog_runtime serve` on 127.0.0.1 (stopped with SIGTERM)."""
+def server(args, threads: int, extra: List[str], log_dir: str, name: str) -> LmprogServer:
+    """A started (not yet ready) lmprog server; its log is disagg-<name>.log in log_dir."""
+    argv = ["--num-threads", str(threads), "--max-total-tokens", str(args.max_total_tokens), *extra]
+    return LmprogServer(free_port(), model_path=args.model_path, extra_args=argv,
+                        log_path=os.path.join(log_dir, f"disagg-{name}.log"), ready_timeout=600).start()
 
-    def __init__(self, args, threads: int, extra: List[str], log_dir: str, name: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "lmprog_runtime", "serve", "--model-path", args.model_path,
-                "--host", "127.0.0.1", "--port", str(self.port), "--num-threads", str(threads),
-                "--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning", *extra]
-        self.log = open(os.path.join(log_dir, f"disagg-{name}.log"), "wb")
-        env = {**os.environ, "PYTHONPATH": ROOT, "TOKENIZERS_PARALLELISM": "false"}
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
-    def wait(self, timeout: float = 600) -> "Server":
-        import requests
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited ({self.proc.returncode}); see {self.log.name}")
-            try:
-                if requests.get(self.url + "/health", timeout=5).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"server not healthy after {timeout}s; see {self.log.name}")
-
-    def state(self) -> dict:
-        import requests
-        return requests.get(self.url + "/get_server_info", timeout=30).json()["internal_states"][0]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
+def decode_state(server: LmprogServer) -> dict:
+    import requests
+    return requests.get(server.url + "/get_server_info", timeout=30).json()["internal_states"][0]
 
 
 # -- workload ------------------------------------------------------------------------------------
@@ -169,27 +139,29 @@ def summarize(records: List[dict]) -> dict:
 
 # -- setups --------------------------------------------------------------------------------------
 def run_colocated(args, reqs, log_dir) -> dict:
-    server = Server(args, 2, [], log_dir, "colocated").wait()
+    colocated = server(args, 2, [], log_dir, "colocated")
     try:
-        asyncio.run(drive({"prefill": None, "decode": server.url}, reqs[:2]))  # warm-up
-        return summarize(asyncio.run(drive({"prefill": None, "decode": server.url}, reqs)))
+        colocated.wait_ready()
+        setup = {"prefill": None, "decode": colocated.url}
+        asyncio.run(drive(setup, reqs[:2]))  # warm-up
+        return summarize(asyncio.run(drive(setup, reqs)))
     finally:
-        server.stop()
+        colocated.stop()
 
 
 def run_pd(args, reqs, log_dir) -> dict:
     port = free_port()
     backend = ["--disaggregation-transfer-backend", args.transfer_backend]
-    prefill = Server(args, 1, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port),
+    prefill = server(args, 1, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port),
                                *backend], log_dir, "prefill")
-    decode = Server(args, 1, ["--disaggregation-mode", "decode", *backend], log_dir, "decode")
+    decode = server(args, 1, ["--disaggregation-mode", "decode", *backend], log_dir, "decode")
     try:
-        prefill.wait(), decode.wait()
+        prefill.wait_ready(), decode.wait_ready()
         setup = {"prefill": prefill.url, "decode": decode.url, "bootstrap_port": port}
         asyncio.run(drive(setup, reqs[:2]))  # warm-up
-        before = decode.state()
+        before = decode_state(decode)
         out = summarize(asyncio.run(drive(setup, reqs)))
-        after = decode.state()
+        after = decode_state(decode)
         n = after["num_disagg_transfers"] - before["num_disagg_transfers"]
         moved = after["disagg_bytes_received"] - before["disagg_bytes_received"]
         seconds = after["disagg_transfer_s"] - before["disagg_transfer_s"]

@@ -27,6 +27,7 @@ class Unavailable(RuntimeError):
 
 class ManagedServer:
     name = "server"
+    ready_path = "/v1/models"  # answers 200 once the server can take requests
 
     def __init__(self, port: int, log_path: Optional[str] = None, ready_timeout: float = 900.0):
         self.port, self.ready_timeout = port, ready_timeout
@@ -48,15 +49,20 @@ class ManagedServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def __enter__(self) -> str:
+    def start(self) -> "ManagedServer":
+        """Start the process (its own process group, log at log_path); `wait_ready` waits."""
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         log = open(self.log_path, "w")
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
                                      start_new_session=True)
         log.close()
+        return self
+
+    def __enter__(self) -> str:
+        self.start()
         try:
-            self._wait_ready()
+            self.wait_ready()
         except BaseException:
             self.stop()
             raise
@@ -65,14 +71,14 @@ class ManagedServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} while starting; "
                                    f"see {self.log_path}:\n{self._log_tail()}")
             try:
-                with urllib.request.urlopen(self.url + "/v1/models", timeout=5) as resp:
+                with urllib.request.urlopen(self.url + self.ready_path, timeout=5) as resp:
                     if resp.status == 200:
                         return
             except OSError:
@@ -177,6 +183,7 @@ class SglangRouter(ManagedServer):
     Ready when its /health answers 200 (it has found every worker healthy)."""
 
     name = "sglang-router"
+    ready_path = "/health"
 
     def __init__(self, port: int, worker_urls: List[str], policy: str = "cache_aware",
                  extra_args: Optional[List[str]] = None, **kw):
@@ -191,18 +198,3 @@ class SglangRouter(ManagedServer):
         return [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                 "--port", str(self.port), "--policy", self.policy, "--log-level", "warn",
                 "--worker-urls", *self.worker_urls] + self.extra_args
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} while starting; "
-                                   f"see {self.log_path}:\n{self._log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.name} not ready after {self.ready_timeout:.0f}s; see {self.log_path}")
