@@ -21,7 +21,7 @@ from aiohttp import web
 from lmprog_runtime.messages import MEMORY_TAGS, HiCacheStorageReq, MemoryOccupationReq, UpdateWeightsReq
 from lmprog_runtime.server.http import RUNTIME, control, error_response, read_request
 from lmprog_runtime.sessions import SessionError
-from lmprog_runtime.tokenizer_manager import RequestError
+from lmprog_runtime.generate_request import RequestError
 
 WEIGHT_TIMEOUT_S = 600.0  # loading a model from disk may take minutes
 STORAGE_TIMEOUT_S = 120.0  # joining a remote store (Mooncake) may take a while

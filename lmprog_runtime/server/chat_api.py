@@ -19,7 +19,7 @@ from lmprog_runtime.server.openai_api import (_base_request, _chat_logprobs, _en
                                               _output_logprobs, _sampling, _usage, render_chat)
 from lmprog_runtime.server.tools import ToolPlan, content_prefix_len, parse_tool_calls, plan_tools
 from lmprog_runtime.server.validate import SchemaError
-from lmprog_runtime.tokenizer_manager import RequestError
+from lmprog_runtime.generate_request import RequestError
 
 _CONSTRAINTS = ("regex", "json_schema", "ebnf", "structural_tag")
 

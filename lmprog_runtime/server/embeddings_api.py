@@ -23,7 +23,7 @@ from aiohttp import web
 from lmprog_runtime.messages import EmbedReq
 from lmprog_runtime.server.http import RUNTIME, control, off_loop, read_request
 from lmprog_runtime.server.limits import check_prompt_size
-from lmprog_runtime.tokenizer_manager import RequestError
+from lmprog_runtime.generate_request import RequestError
 
 EMBED_TIMEOUT_S = 300.0
 

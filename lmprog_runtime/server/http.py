@@ -23,7 +23,7 @@ from lmprog_runtime.server.data_parallel import per_replica
 from lmprog_runtime.server.metrics import HEALTH_CHECK_PREFIX
 from lmprog_runtime.server.limits import check_fanout, check_output_room, check_prompt_size
 from lmprog_runtime.server.validate import SchemaError, decompress, parse_body, validate
-from lmprog_runtime.tokenizer_manager import RequestError
+from lmprog_runtime.generate_request import RequestError
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from lmprog_runtime.server.http import RUNTIME, off_loop, read_request, write_ss
 from lmprog_runtime.server.limits import check_fanout, check_output_room, check_prompt_size
 from lmprog_runtime.server.tools import ToolPlan, calls_as_text, tool_prompt
 from lmprog_runtime.server.validate import SchemaError
-from lmprog_runtime.tokenizer_manager import RequestError
+from lmprog_runtime.generate_request import RequestError
 
 _SAMPLING_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
                   "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",

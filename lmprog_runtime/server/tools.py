@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from lmprog_runtime.tokenizer_manager import RequestError
+from lmprog_runtime.generate_request import RequestError
 
 TOOL_CALL_PARSERS = ("json", "pythonic", "llama3", "qwen25")
 _QWEN_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)

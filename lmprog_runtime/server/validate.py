@@ -19,7 +19,7 @@ import re
 import zlib
 from typing import Any
 
-from lmprog_runtime.tokenizer_manager import RequestError
+from lmprog_runtime.generate_request import RequestError
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _TYPE_CHECKS = {

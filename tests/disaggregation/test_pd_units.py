@@ -106,7 +106,7 @@ def _tm():
 
 
 def test_request_fields_reach_the_message():
-    from lmprog_runtime.tokenizer_manager import RequestError
+    from lmprog_runtime.generate_request import RequestError
     tm = _tm()
     job = tm.parse({"text": ["a", "b"], "bootstrap_host": "10.0.0.2", "bootstrap_port": 9000, "bootstrap_room": 7})
     assert [(m.bootstrap.host, m.bootstrap.port, m.bootstrap.room) for m in job.reqs] == \

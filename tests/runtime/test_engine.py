@@ -4,7 +4,7 @@ logprobs, bad parameters, retraction, chunked prefill and aborts."""
 import pytest
 
 from engine_helpers import make_engine
-from lmprog_runtime.tokenizer_manager import RequestError
+from lmprog_runtime.generate_request import RequestError
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12}
 PROMPTS = ["Hello world", "The quick brown fox jumps over", "1, 2, 3, 4,", "Once upon a time",

@@ -10,7 +10,7 @@ import pytest
 
 from engine_helpers import make_engine
 from lmprog_runtime.scheduler.faults import FaultInjector, Stage
-from lmprog_runtime.tokenizer_manager import RequestError
+from lmprog_runtime.generate_request import RequestError
 
 PROMPTS = ["The capital of France is", "Once upon a time, there", "1, 2, 3, 4,", "def fib(n):"]
 VICTIM = 1  # index of the request the fault hits

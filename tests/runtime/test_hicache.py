@@ -119,7 +119,7 @@ def test_retraction_with_hicache(tiny_model_path, reference, io_backend):
 @pytest.mark.parametrize("io_backend", ["direct", "kernel"])
 def test_failure_while_holding_a_loaded_back_prefix(tiny_model_path, reference, io_backend):
     """(With `kernel` the request fails while its layer-wise copy may still be in flight.)"""
-    from lmprog_runtime.tokenizer_manager import RequestError
+    from lmprog_runtime.generate_request import RequestError
 
     prompts, expected = reference[:2]
     faults = FaultInjector()

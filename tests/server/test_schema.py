@@ -15,7 +15,7 @@ from lmprog_runtime.constrained.budget import check_regex_budget, check_spec_siz
 from lmprog_runtime.sampling_params import SamplingParams
 from lmprog_runtime.server.schema import Limits, request_schemas
 from lmprog_runtime.server.validate import SchemaError, decompress, parse_body, validate
-from lmprog_runtime.tokenizer_manager import RequestError
+from lmprog_runtime.generate_request import RequestError
 
 LIM = Limits(vocab_size=1000)
 SCHEMAS = request_schemas(LIM)

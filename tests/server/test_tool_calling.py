@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from lmprog_runtime.server.tools import content_prefix_len, parse_tool_calls, plan_tools
-from lmprog_runtime.tokenizer_manager import RequestError
+from lmprog_runtime.generate_request import RequestError
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"], "properties": {
     "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
