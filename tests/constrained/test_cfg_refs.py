@@ -17,6 +17,12 @@ REMOTES = {
                   "$anchor": "top", "type": "object"},
     "folder/named.json": {"$id": "http://other.test/named.json", "$defs": {"s": {"$ref": "leaf.json"}},
                           "$anchor": "named", "type": "string", "maxLength": 3},
+    "meta-applicator-only.json": {
+        "$schema": "https://json-schema.org/draft/2020-12/schema", "$id": BASE + "meta-applicator-only.json",
+        "$vocabulary": {"https://json-schema.org/draft/2020-12/vocab/core": True,
+                        "https://json-schema.org/draft/2020-12/vocab/applicator": True},
+        "$dynamicAnchor": "meta", "allOf": [{"$ref": "https://json-schema.org/draft/2020-12/meta/core"},
+                                            {"$ref": "https://json-schema.org/draft/2020-12/meta/applicator"}]},
     "tree.json": {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": BASE + "tree.json",
                   "$dynamicAnchor": "node", "type": "object",
                   "properties": {"data": True, "children": {"type": "array", "items": {"$dynamicRef": "#node"}}}},
@@ -100,3 +106,10 @@ def _walk(g, tokenizer, text) -> bool:
             return False
         g.accept_token(t)
     return True
+
+
+def test_vocabularies_a_metaschema_leaves_out_do_not_assert(cfg_remote, tokenizer):
+    schema = {"$schema": BASE + "meta-applicator-only.json",
+              "properties": {"n": {"minimum": 10, "type": "string"}, "no": False}}
+    check(cfg_remote, tokenizer, schema, [{"n": 1}, {"n": 20}, 5], [{"no": 1}])  # applicator still applies
+    check(cfg_remote, tokenizer, {"properties": {"n": {"minimum": 10}}}, [{"n": 10}], [{"n": 1}])
