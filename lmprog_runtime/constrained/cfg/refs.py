@@ -3,7 +3,8 @@
 `RefIndex(root, registry)` indexes every schema object of the root document (and of each
 remote document the moment a `$ref` first needs it) with its base URI: the enclosing
 `$id`s joined as RFC 3986 says, starting from the root's `$id` ("" when it has none) or
-from a remote document's retrieval URI. `resolve(ref, at)` joins `ref` against the base of
+from a remote document's retrieval URI. A draft-4 `id` names its schema (a `$ref` to it
+resolves) but does not move the base: real-world schemas use `id` as a plain label. `resolve(ref, at)` joins `ref` against the base of
 the schema object `at` that holds it and returns the target: a resource (`$id`), an anchor
 (`$anchor`, or a `$dynamicAnchor` reached by a plain `$ref`) or a JSON pointer into one.
 Remote documents come only from the local registry (registry.py), never the network.
@@ -94,11 +95,10 @@ class RefIndex:
             if "$dynamicRef" in s or "$recursiveRef" in s:
                 self.dynamic = True
             here = _with_id(s, here)
-            sid = s.get("$id", s.get("id"))
-            if isinstance(sid, str) and not sid.startswith("#"):
-                self.resources.setdefault(here, s)
-            elif isinstance(sid, str):  # draft-4/6 "id": "#name" names a location
-                self.resources.setdefault(here + sid, s)
+            if isinstance(s.get("$id"), str):
+                self.resources.setdefault(here if not s["$id"].startswith("#") else here + s["$id"], s)
+            elif isinstance(s.get("id"), str):  # draft-4 `id`: names the schema, base unchanged
+                self.resources.setdefault(join(here, s["id"]).rstrip("#"), s)
             self.base[id(s)] = here
             for key in ("$anchor", "$dynamicAnchor"):
                 if isinstance(s.get(key), str):
@@ -111,7 +111,7 @@ def _with_id(s, base: str) -> str:
     """The base URI inside schema object `s` read at `base`."""
     if not isinstance(s, dict):
         return base
-    sid = s.get("$id", s.get("id"))
+    sid = s.get("$id")
     if not isinstance(sid, str) or sid.startswith("#"):
         return base
     return join(base, sid).partition("#")[0]
