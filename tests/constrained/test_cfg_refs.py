@@ -63,6 +63,8 @@ def test_unknown_remote_is_refused_not_fetched(cfg_remote):
         compile_(cfg_remote, {"$ref": "http://example.com/not-there.json"})
     with pytest.raises(GrammarError, match="local schema registry"):  # its ref leaves the registry
         compile_(cfg_remote, {"$ref": BASE + "folder/named.json#/$defs/s"})
+    with pytest.raises(GrammarError, match="never fetched"):  # only the residual validator would follow it
+        compile_(cfg_remote, {"type": "integer", "not": {"$ref": "http://example.com/x.json"}})
 
 
 def test_metaschema_refs_resolve_locally(cfg_remote, tokenizer):

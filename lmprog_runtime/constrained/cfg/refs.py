@@ -34,7 +34,19 @@ class RefIndex:
         self.docs: dict[str, object] = {}     # retrieval URI -> remote document loaded
         self.dynamic = False                  # a $dynamicRef / $recursiveRef was indexed
         self._seen = 0
-        self.root_base = self._index(root, "")
+        self._refs: list = []                 # (ref, holder) of the root document's `$ref`s
+        self.root_base = self._index(root, "", self._refs)
+        self.check_documents()
+
+    def check_documents(self) -> None:
+        """The document of every `$ref` of the root schema is known (remote ones loaded), so
+        one the grammar never follows (inside `not`, `if`, ...: only the residual validator
+        would) is refused at compile time rather than failing every check. Pointers and
+        anchors, and the references inside remote documents, are checked where followed."""
+        while self._refs:
+            ref, at = self._refs.pop()
+            uri = join(self.base_of(at), ref)
+            self._resource(split(uri)[0], ref, uri)
 
     def base_of(self, s) -> str:
         """The base URI of schema object `s` (a schema made by merging: the root's)."""
@@ -80,7 +92,7 @@ class RefIndex:
         self._index(doc, doc_uri)
         return doc
 
-    def _index(self, doc, base: str) -> str:
+    def _index(self, doc, base: str, refs: Optional[list] = None) -> str:
         """Index `doc` read at base URI `base`; returns the document's own base."""
         top = _with_id(doc, base)
         stack = [(doc, base)] if isinstance(doc, (dict, list)) else []
@@ -100,6 +112,8 @@ class RefIndex:
             elif isinstance(s.get("id"), str):  # draft-4 `id`: names the schema, base unchanged
                 self.resources.setdefault(join(here, s["id"]).rstrip("#"), s)
             self.base[id(s)] = here
+            if refs is not None and isinstance(s.get("$ref"), str):
+                refs.append((s["$ref"], s))
             for key in ("$anchor", "$dynamicAnchor"):
                 if isinstance(s.get(key), str):
                     self.resources.setdefault(here + "#" + s[key], s)
