@@ -115,3 +115,6 @@ def test_vocabularies_a_metaschema_leaves_out_do_not_assert(cfg_remote, tokenize
               "properties": {"n": {"minimum": 10, "type": "string"}, "no": False}}
     check(cfg_remote, tokenizer, schema, [{"n": 1}, {"n": 20}, 5], [{"no": 1}])  # applicator still applies
     check(cfg_remote, tokenizer, {"properties": {"n": {"minimum": 10}}}, [{"n": 10}], [{"n": 1}])
+    for dialect in ("https://json-schema.org/draft/2020-12/schema", "https://json-schema.org/draft/2019-09/schema"):
+        check(cfg_remote, tokenizer, {"$schema": dialect, "properties": {"n": {"minimum": 10}}, "required": ["n"]},
+              [{"n": 10}], [{"n": 1}, {}])

@@ -3,23 +3,26 @@ assertions (JSON Schema 2020-12 §8.1.2), so they are removed before compiling.
 
 A schema whose `$schema` names a metaschema of the local registry that carries
 `$vocabulary` (e.g. one listing core and applicator but not validation) is rewritten with
-the keywords of the 2020-12 validation, applicator and unevaluated vocabularies it lacks
-removed from every subschema; both the grammar and the residual validator then read the
+the keywords of the validation, applicator and unevaluated vocabularies (2020-12 or
+2019-09 URIs) it lacks removed from every subschema; both the grammar and the residual validator then read the
 rewritten schema. Any other schema is returned as is.
 """
 from __future__ import annotations
 
-_V = "https://json-schema.org/draft/2020-12/vocab/"
-VOCAB_KEYWORDS = {
-    _V + "validation": frozenset((
-        "type", "const", "enum", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
-        "maxLength", "minLength", "pattern", "maxItems", "minItems", "uniqueItems", "maxContains", "minContains",
-        "maxProperties", "minProperties", "required", "dependentRequired")),
-    _V + "applicator": frozenset((
-        "prefixItems", "items", "contains", "additionalProperties", "properties", "patternProperties",
-        "dependentSchemas", "propertyNames", "if", "then", "else", "allOf", "anyOf", "oneOf", "not")),
-    _V + "unevaluated": frozenset(("unevaluatedItems", "unevaluatedProperties")),
-}
+_V20 = "https://json-schema.org/draft/2020-12/vocab/"
+_V19 = "https://json-schema.org/draft/2019-09/vocab/"
+# keywords of a vocabulary -> the vocabulary URIs (2020-12, 2019-09) that provide them
+VOCABULARIES = (
+    (frozenset(("type", "const", "enum", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+                "maxLength", "minLength", "pattern", "maxItems", "minItems", "uniqueItems", "maxContains",
+                "minContains", "maxProperties", "minProperties", "required", "dependentRequired")),
+     (_V20 + "validation", _V19 + "validation")),
+    (frozenset(("prefixItems", "items", "additionalItems", "contains", "additionalProperties", "properties",
+                "patternProperties", "dependentSchemas", "propertyNames", "if", "then", "else", "allOf", "anyOf",
+                "oneOf", "not")),
+     (_V20 + "applicator", _V19 + "applicator")),
+    (frozenset(("unevaluatedItems", "unevaluatedProperties")), (_V20 + "unevaluated", _V19 + "applicator")),
+)
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_ONE = ("additionalProperties", "propertyNames", "items", "contains", "not", "if", "then", "else",
                "unevaluatedItems", "unevaluatedProperties", "additionalItems")
@@ -33,7 +36,7 @@ def apply_vocabularies(root, registry):
     vocab = meta.get("$vocabulary") if isinstance(meta, dict) else None
     if not isinstance(vocab, dict):
         return root
-    dropped = frozenset().union(*(kws for uri, kws in VOCAB_KEYWORDS.items() if uri not in vocab))
+    dropped = frozenset().union(*(kws for kws, uris in VOCABULARIES if not any(u in vocab for u in uris)))
     return _strip(root, dropped, 0) if dropped else root
 
 
