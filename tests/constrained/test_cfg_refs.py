@@ -56,6 +56,9 @@ def test_remote_documents_pointers_and_anchors(cfg_remote, tokenizer):
     # relative to the root's $id; inside the remote, relative to *its* $id (other.test)
     check(cfg_remote, tokenizer, {"$id": BASE + "root.json", "properties": {"n": {"$ref": "folder/named.json"}}},
           [{"n": "abc"}], [{"n": "abcd"}, {"n": 1}])
+    # a member named like a data keyword is still a schema, resolved from its resource's base
+    inner = {"$id": BASE + "folder/inner.json", "properties": {"default": {"$ref": "named.json"}}}
+    check(cfg_remote, tokenizer, {"properties": {"x": inner}}, [{"x": {"default": "ab"}}], [{"x": {"default": 1}}])
 
 
 def test_unknown_remote_is_refused_not_fetched(cfg_remote):

@@ -4,9 +4,10 @@
 remote document the moment a `$ref` first needs it) with its base URI: the enclosing
 `$id`s joined as RFC 3986 says, starting from the root's `$id` ("" when it has none) or
 from a remote document's retrieval URI. A draft-4 `id` names its schema (a `$ref` to it
-resolves) but does not move the base: real-world schemas use `id` as a plain label. `resolve(ref, at)` joins `ref` against the base of
-the schema object `at` that holds it and returns the target: a resource (`$id`), an anchor
-(`$anchor`, or a `$dynamicAnchor` reached by a plain `$ref`) or a JSON pointer into one.
+resolves) but does not move the base: real-world schemas use `id` as a plain label.
+`resolve(ref, at)` joins `ref` against the base of the schema object `at` that holds it
+and returns the target: a resource (`$id`), an anchor (`$anchor`, or a `$dynamicAnchor`
+reached by a plain `$ref`) or a JSON pointer into one.
 Remote documents come only from the local registry (registry.py), never the network.
 
 `$dynamicRef` / `$recursiveRef` targets depend on the dynamic scope (the path of evaluation),
@@ -23,6 +24,7 @@ from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
 
 MAX_INDEXED = 200_000  # schema objects indexed per compile
 _DATA = frozenset(("enum", "const", "default", "examples", "example"))  # values, not schemas
+_NAMED = frozenset(("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"))
 
 
 class RefIndex:
@@ -95,14 +97,17 @@ class RefIndex:
     def _index(self, doc, base: str, refs: Optional[list] = None) -> str:
         """Index `doc` read at base URI `base`; returns the document's own base."""
         top = _with_id(doc, base)
-        stack = [(doc, base)] if isinstance(doc, (dict, list)) else []
+        stack = [(doc, base, False)] if isinstance(doc, (dict, list)) else []
         while stack:
-            s, here = stack.pop()
+            s, here, names = stack.pop()  # names: `s` maps names to schemas (properties, $defs, ...)
             self._seen += 1
             if self._seen > MAX_INDEXED:
                 raise UnsupportedSchemaError(f"schema has more than {MAX_INDEXED} subschemas")
             if isinstance(s, list):
-                stack.extend((v, here) for v in s if isinstance(v, (dict, list)))
+                stack.extend((v, here, False) for v in s if isinstance(v, (dict, list)))
+                continue
+            if names:
+                stack.extend((v, here, False) for v in s.values() if isinstance(v, (dict, list)))
                 continue
             if "$dynamicRef" in s or "$recursiveRef" in s:
                 self.dynamic = True
@@ -117,7 +122,7 @@ class RefIndex:
             for key in ("$anchor", "$dynamicAnchor"):
                 if isinstance(s.get(key), str):
                     self.resources.setdefault(here + "#" + s[key], s)
-            stack.extend((v, here) for k, v in s.items() if k not in _DATA and isinstance(v, (dict, list)))
+            stack.extend((v, here, k in _NAMED) for k, v in s.items() if k not in _DATA and isinstance(v, (dict, list)))
         return top
 
 
