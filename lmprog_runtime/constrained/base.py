@@ -58,6 +58,8 @@ class GrammarBackendConfig:
     any_depth: int = 3                     # nesting bound of unconstrained values
     extra_properties: bool = True          # missing additionalProperties means true (the spec)
     extra_depth: int = 1                   # nesting bound of such undeclared values
+    # cfg: local schema documents for remote $refs, (base URI, folder) pairs (cfg/registry.py)
+    schema_remotes: tuple[tuple[str, str], ...] = ()
 
 
 class Grammar(abc.ABC):

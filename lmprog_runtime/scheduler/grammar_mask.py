@@ -4,7 +4,9 @@
 loop builds it while the forward runs. Rows of requests without a grammar (or whose
 grammar has terminated) allow everything. A grammar that fails to write its mask fails
 its own request (faults.Stage.GRAMMAR_MASK; the row allows everything, and the request,
-now finished, is not sampled).
+now finished, is not sampled); so does a mask that allows no token (a dead end: cfg's
+semantic checks can refuse every continuation of a prefix), which would otherwise be
+sampled from all -inf logits.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from lmprog_runtime.constrained.base import GrammarError
 from lmprog_runtime.scheduler.faults import Stage, fail_request
 
 
@@ -48,6 +51,8 @@ class MaskBuilder:
             if self.faults is not None:
                 self.faults.check(Stage.GRAMMAR_MASK, r.rid)
             r.grammar.write_mask(row)
+            if not row.any():  # a dead end (cfg's semantic checks refused every way on): never sample it
+                raise GrammarError("no token can continue the output under its constraint")
         except Exception as e:
             fail_request(r, Stage.GRAMMAR_MASK, e)
             row.fill(True)

@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 
 from engine_helpers import make_engine
+from lmprog_runtime.tokenizer_manager import RequestError
 from test_constrained_engine import DATE, IPV4, PERSON, PROMPTS
 
 UNIQUE = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer", "minimum": 0,
@@ -68,3 +69,16 @@ def test_ebnf_through_cfg(engine):
                                           "sampling_seed": 1})
         assert out["text"] in ("The capital is Paris.", "The capital is Rome.", "The capital is Oslo."), out
         assert out["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_dead_end_fails_the_request_not_the_batch(engine, temperature):
+    """A prefix every completion of which fails a semantic check leaves no token: that request
+    fails with the reason (never sampled from all -inf logits), its batch-mate finishes."""
+    dead = {"json_schema": json.dumps({"const": True, "not": {"const": True}}), "max_new_tokens": 8,
+            "temperature": temperature, "sampling_seed": 1}
+    fine = {"regex": r"(yes|no)", "max_new_tokens": 8, "temperature": temperature, "sampling_seed": 1}
+    with pytest.raises(RequestError, match="no token can continue"):
+        engine.generate(PROMPTS[0], dead)
+    outs = engine.generate(PROMPTS[:2], fine)
+    assert all(o["text"] in ("yes", "no") for o in outs), outs

@@ -18,11 +18,13 @@ import numpy as np
 import torch
 
 from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
+from lmprog_runtime.constrained.cfg.dialect import apply_vocabularies
 from lmprog_runtime.constrained.cfg.ebnf import EbnfMachine
 from lmprog_runtime.constrained.cfg.machine import Machine
 from lmprog_runtime.constrained.cfg.mask import MaskEngine, VocabInfo
 from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
 from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
+from lmprog_runtime.constrained.cfg.registry import SchemaRegistry
 from lmprog_runtime.constrained.cfg.residual import Residual
 from lmprog_runtime.constrained.cfg.schema import SchemaCompiler
 from lmprog_runtime.constrained.index import grammar_token_table
@@ -166,26 +168,27 @@ class CfgBackend(GrammarBackend):
         self.eos_token_ids = list(eos_token_ids)
         self.table = grammar_token_table(tokenizer, self.eos_token_ids)
         self.vocab = VocabInfo(self.table)
+        self.registry = SchemaRegistry(config.schema_remotes)
         ws = config.whitespace_pattern
         self.whitespace = whitespace_regex(DEFAULT_MAX_WHITESPACE) if ws is None else ws
 
     def compile(self, kind: str, spec: str) -> CfgGrammar:
-        machine = compile_machine(kind, spec, self.whitespace, self.config.compile_timeout_s)
+        machine = compile_machine(kind, spec, self.whitespace, self.config.compile_timeout_s, self.registry)
         shared = _Compiled(machine, MaskEngine(machine, self.vocab), self.table, self.eos_token_ids,
                            self.vocab_size)
         return CfgGrammar(shared)
 
 
 def compile_machine(kind: str, spec: str, whitespace: str = whitespace_regex(DEFAULT_MAX_WHITESPACE),
-                    timeout_s: float = 60.0) -> Machine:
+                    timeout_s: float = 60.0, registry: Optional[SchemaRegistry] = None) -> Machine:
     """The pushdown matcher of a `json` (schema text) or `regex` constraint; GrammarError
-    naming what cannot be compiled."""
+    naming what cannot be compiled. registry: where remote `$ref`s resolve (registry.py)."""
     pool = RegexPool(MAX_REGEX_TERMS)
     try:
         if kind == "regex":
             return Machine(None, pool, None, None, pool.EPS, regex_term=compile_pattern(pool, spec, False))
         if kind == "json":
-            return _json_machine(spec, pool, whitespace, timeout_s)
+            return _json_machine(spec, pool, whitespace, timeout_s, registry or SchemaRegistry())
         if kind == "ebnf":
             return EbnfMachine(spec)
     except GrammarError:
@@ -196,9 +199,10 @@ def compile_machine(kind: str, spec: str, whitespace: str = whitespace_regex(DEF
                        "cfg backend (they are served by xgrammar)")
 
 
-def _json_machine(spec: str, pool: RegexPool, whitespace: str, timeout_s: float) -> Machine:
-    schema = True if spec.strip() == ANY_JSON else json.loads(spec)
-    compiler = SchemaCompiler(schema, pool, time.monotonic() + timeout_s)
+def _json_machine(spec: str, pool: RegexPool, whitespace: str, timeout_s: float,
+                  registry: SchemaRegistry) -> Machine:
+    schema = apply_vocabularies(True if spec.strip() == ANY_JSON else json.loads(spec), registry)
+    compiler = SchemaCompiler(schema, pool, time.monotonic() + timeout_s, registry)
     root = compiler.compile()
     lock = threading.Lock()
 
@@ -211,7 +215,8 @@ def _json_machine(spec: str, pool: RegexPool, whitespace: str, timeout_s: float)
             node._child[key] = got
         return got
 
-    return Machine(root, pool, Residual(schema), child_of, compile_pattern(pool, whitespace, False))
+    residual = Residual(schema, registry, compiler.refs.docs)
+    return Machine(root, pool, residual, child_of, compile_pattern(pool, whitespace, False))
 
 
 def accepts_text(machine: Machine, text: str) -> bool:

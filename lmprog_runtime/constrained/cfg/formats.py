@@ -1,8 +1,8 @@
 """`format` values checked as whole-string patterns (ECMA syntax, regex_parse.py).
 
-Unknown formats are annotations (accepted as any string), as the 2020-12 spec's default
-format-annotation vocabulary says; the ones below are enforced, as engines do, so that a
-generated date is a date.
+Unknown formats are annotations (accepted as any string). The ones below are enforced
+unless the schema's dialect makes `format` an annotation (`format_asserted`: `$schema` draft
+2020-12 / 2019-09, whose default format-annotation vocabulary the spec prescribes).
 """
 from __future__ import annotations
 
@@ -38,3 +38,27 @@ FORMATS = {
     "uri": r"[A-Za-z][A-Za-z0-9+.\-]*:[^\s<>\"{}|\\^`]*",
     "hostname": rf"{_LABEL}(\.{_LABEL})*",
 }
+
+# dialects whose default vocabularies make `format` an annotation (format-annotation)
+_ANNOTATION_DIALECTS = frozenset(("https://json-schema.org/draft/2020-12/schema",
+                                  "https://json-schema.org/draft/2019-09/schema"))
+_ASSERTION_VOCABS = ("https://json-schema.org/draft/2020-12/vocab/format-assertion",
+                     "https://json-schema.org/draft/2019-09/vocab/format-assertion")
+
+
+def format_asserted(root, registry) -> bool:
+    """Whether `format` is an assertion for the schema `root`: an annotation when `$schema`
+    names draft 2020-12 or 2019-09 (their default format-annotation vocabulary) or a
+    metaschema whose `$vocabulary` lacks format-assertion; asserted otherwise (no `$schema`,
+    draft-07 and older, which allow it), so a generated date is a date."""
+    dialect = root.get("$schema") if isinstance(root, dict) else None
+    if not isinstance(dialect, str):
+        return True
+    dialect = dialect.rstrip("#")
+    if dialect in _ANNOTATION_DIALECTS:
+        return False
+    meta = registry.get(dialect)
+    vocab = meta.get("$vocabulary") if isinstance(meta, dict) else None
+    if isinstance(vocab, dict):
+        return any(v in vocab for v in _ASSERTION_VOCABS)
+    return True

@@ -285,8 +285,8 @@ class Machine(StringFrames):
         if nd is not None:
             if len(text) >= MAX_NUMBER_CHARS:
                 return []
-            if node.integer_only() and nd >= 4:
-                return []  # integers are written as integers: no fraction, no exponent
+            if node.integer_only() and (nd >= 6 or (nd == 5 and b != 0x30)):
+                return []  # integers: digits, or a zero fraction (1.0 is an integer); no exponent
             if nd <= 5 and not node.number_prefix_ok(text + chr(b)):
                 return []
             return [(("N", node, text + chr(b), nd), rest)]

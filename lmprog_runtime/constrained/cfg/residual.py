@@ -1,7 +1,10 @@
 """Semantic checks on a complete value's text: the keywords a grammar cannot state
 (`not`, `if/then/else`, `oneOf`'s "exactly one", `dependentSchemas`, `contains`, enums of
 numbers or objects, ...) are decided by a JSON Schema validator at the moment the value
-they apply to is complete, against the subschema in the root's context (so `$ref`s resolve).
+they apply to is complete, against the subschema in the context of the document that holds
+it (the root or a remote document of the local registry, so `$ref`s resolve from the `$id`s
+around it; nothing is fetched: an unknown URI fails the check). A schema with dynamic
+references is checked whole, from the root, so dynamic scopes are followed exactly.
 `format` is not asserted here (formats are patterns in the grammar, formats.py).
 """
 from __future__ import annotations
@@ -11,15 +14,22 @@ import threading
 from decimal import Decimal
 
 from jsonschema.validators import Draft202012Validator, validator_for
+from referencing import Registry
 from referencing.jsonschema import DRAFT202012, specification_with
 
 
 class Residual:
-    def __init__(self, root):
+    def __init__(self, root, registry=None, docs=None):
+        """registry: the SchemaRegistry remote `$ref`s resolve in; docs: retrieval URI ->
+        remote document whose subschemas may be checked (the compiler's, filled as it loads)."""
         cls = validator_for(root, default=Draft202012Validator) if isinstance(root, dict) else Draft202012Validator
-        self._validator = cls(root)
+        # an explicit registry: jsonschema's default one would fetch unknown URIs over the network
+        self._validator = cls(root, registry=registry.referencing() if registry is not None else Registry())
         self._spec = specification_with(cls.META_SCHEMA.get("$schema", ""), default=DRAFT202012)
-        self._scopes = _lexical_scopes(root)
+        self._root = root
+        self._scopes = {k: (None, v) for k, v in _lexical_scopes(root).items()}
+        self._docs = docs if docs is not None else {}
+        self._scanned: set = set()
         self._lock = threading.Lock()  # the referencing resolver is not documented as thread-safe
 
     def valid(self, value, schema) -> bool:
@@ -27,14 +37,31 @@ class Residual:
         the `$id`s around it). A check that cannot be carried out counts as a failure."""
         try:
             with self._lock:
+                if schema is self._root:
+                    return self._validator.is_valid(value)
+                doc, chain = self._scope(schema)
                 resolver = self._validator._resolver
-                for scope in self._scopes.get(id(schema), ()) + (schema,):
+                if doc is not None:
+                    resolver = resolver.lookup(doc).resolver
+                for scope in chain + (schema,):
                     if isinstance(scope, dict):
                         resolver = resolver.in_subresource(self._spec.create_resource(scope))
                 errors = self._validator.descend(value, schema, resolver=resolver)
                 return next(iter(errors), None) is None
         except Exception:  # noqa: BLE001 - an unresolvable reference: never accept what is unchecked
             return False
+
+    def _scope(self, schema) -> tuple:
+        """(retrieval URI of the remote document holding `schema`, or None for the root;
+        the schemas with an `$id` around it inside that document, outermost first)."""
+        got = self._scopes.get(id(schema))
+        if got is None:
+            for uri, doc in list(self._docs.items()):
+                if uri not in self._scanned:
+                    self._scanned.add(uri)
+                    self._scopes.update({k: (uri, v) for k, v in _lexical_scopes(doc).items()})
+            got = self._scopes.get(id(schema), (None, ()))
+        return got
 
     def valid_text(self, text: bytes, schema) -> bool:
         try:

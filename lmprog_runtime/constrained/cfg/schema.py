@@ -12,12 +12,13 @@ from __future__ import annotations
 import time
 from decimal import Decimal, InvalidOperation
 from typing import Optional
-from urllib.parse import unquote
 
-from lmprog_runtime.constrained.cfg.formats import FORMATS
+from lmprog_runtime.constrained.cfg.formats import FORMATS, format_asserted
 from lmprog_runtime.constrained.cfg.nodes import ALL_TYPES, Node
 from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
+from lmprog_runtime.constrained.cfg.refs import RefIndex
 from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
+from lmprog_runtime.constrained.cfg.registry import SchemaRegistry
 from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
 from lmprog_runtime.constrained.schema_merge import ANNOTATIONS, merge_all
 
@@ -31,55 +32,42 @@ MAX_NODES = 200_000
 
 
 class SchemaCompiler:
-    def __init__(self, root, pool: Optional[RegexPool] = None, deadline: Optional[float] = None):
+    def __init__(self, root, pool: Optional[RegexPool] = None, deadline: Optional[float] = None,
+                 registry: Optional[SchemaRegistry] = None):
         self.root = root
         self.pool = pool or RegexPool()
         self.deadline = deadline
         self._memo: dict[int, Node] = {}
         self._keep: list = []  # schemas built here (merges) stay alive: the memo keys are ids
-        self._ids = _index_ids(root)
+        self.refs = RefIndex(root, registry)
+        self.assert_format = format_asserted(root, self.refs.registry)
         self._origin: dict[int, object] = {}  # id(made schema) -> the schema it stands for
         self.any = self._any_node()
         self.n_nodes = 0
 
     def compile(self) -> Node:
-        return self.node(self.root)
+        root = self.node(self.root)
+        if not self.refs.dynamic:
+            return root
+        # dynamic references: every rule is a superset, the whole value is checked at its end
+        for n in _reachable_nodes(root):
+            n.residual = None
+        top = Node(self.root)
+        self._copy(top, root)
+        top.residual, top.name = self.root, "dynamic-root"
+        return top
 
     # ------------------------------------------------------------ refs
-    def resolve(self, ref: str):
-        base, _, frag = ref.partition("#")
-        doc = self.root
-        if base:
-            if base not in self._ids:
-                base = base.rsplit("/", 1)[-1]
-            doc = self._ids.get(base)
-            if doc is None or doc is self.root:
-                base = ""
-            if doc is None:
-                raise UnsupportedSchemaError(f"$ref {ref!r}: remote references are not supported")
-        if frag and not frag.startswith("/"):
-            target = self._ids.get(base + "#" + frag)
-            if target is None:
-                raise UnsupportedSchemaError(f"$ref {ref!r}: unknown anchor")
-            return target
-        node = doc
-        for raw in frag[1:].split("/") if frag else ():
-            key = unquote(raw).replace("~1", "/").replace("~0", "~")
-            if isinstance(node, list) and key.isdigit() and int(key) < len(node):
-                node = node[int(key)]
-            elif isinstance(node, dict) and key in node:
-                node = node[key]
-            else:
-                raise UnsupportedSchemaError(f"$ref {ref!r} does not resolve")
-        return node
+    def resolve(self, ref: str, at):
+        return self.refs.resolve(ref, at)
 
     def deref(self, s, depth: int = 0):
         """`s` with a bare top-level `$ref` followed (siblings become an allOf)."""
         while isinstance(s, dict) and isinstance(s.get("$ref"), str) and depth < 64:
-            target = self.resolve(s["$ref"])
+            target = self.resolve(s["$ref"], s)
             rest = {k: v for k, v in s.items() if k != "$ref" and k not in ANNOTATIONS}
             if rest:
-                made = self._made({"allOf": [target, rest]})
+                made = self._made({"allOf": [target, rest]}, s)
                 self._origin[id(made)] = self._origin.get(id(s), s)  # checks run on the schema as written
                 s = made
             else:
@@ -87,15 +75,17 @@ class SchemaCompiler:
             depth += 1
         return s
 
-    def _made(self, s):
+    def _made(self, s, like=None):
         self._keep.append(s)
+        if like is not None:
+            self.refs.adopt(s, like)
         return s
 
     # ------------------------------------------------------------ nodes
     def node(self, s) -> Node:
         if isinstance(s, dict) and ("$dynamicRef" in s or "$recursiveRef" in s):
-            raise UnsupportedSchemaError("$dynamicRef / $recursiveRef: dynamic scopes cannot be checked on a "
-                                         "subvalue; not supported")
+            self.refs.dynamic = True  # its target is checked by the whole-value residual (compile)
+            s = self._made({k: v for k, v in s.items() if k not in ("$dynamicRef", "$recursiveRef")}, s)
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise UnsupportedSchemaError("compile budget exhausted")
         s = self.deref(s)
@@ -119,6 +109,8 @@ class SchemaCompiler:
         self._fill(n, s)
         if n.residual is not None:
             n.residual = self._origin.get(id(n.residual), n.residual)
+        if self.refs.dynamic:
+            n.residual = None  # the whole value is checked instead (compile)
         return n
 
     def _fill(self, n: Node, s: dict) -> None:
@@ -127,7 +119,7 @@ class SchemaCompiler:
             merged = None
             if _mergeable(parts):
                 try:
-                    merged = self._made(merge_all(parts))
+                    merged = self._made(merge_all(parts), s)
                 except UnsupportedSchemaError:
                     merged = None
             if merged is not None and not _has_ref_cycle(merged, s):
@@ -162,7 +154,7 @@ class SchemaCompiler:
             try:
                 if not _mergeable([base, self.deref(alt)]):
                     raise UnsupportedSchemaError("not mergeable")
-                part = self._made(merge_all([base, self.deref(alt)]))
+                part = self._made(merge_all([base, self.deref(alt)]), alt)
             except UnsupportedSchemaError:
                 part, n.residual = alt, s
             node = self.node(part)
@@ -236,7 +228,7 @@ class SchemaCompiler:
         if "pattern" in s:
             pats.append(self._regex(s["pattern"], True))
         fmt = s.get("format")
-        if isinstance(fmt, str) and fmt in FORMATS:
+        if isinstance(fmt, str) and fmt in FORMATS and self.assert_format:
             pats.append(self._regex(FORMATS[fmt], False))
         n.patterns = tuple(pats)
 
@@ -339,27 +331,15 @@ def _has_ref_cycle(merged, original) -> bool:
     return merged is original
 
 
-def _index_ids(root) -> dict:
-    """`$id` / `id` values of every subschema -> that subschema; `#anchor` -> the anchor in
-    the root's own resource (others as `<id>#anchor`). Refuses dynamic references."""
-    out: dict = {}
-    stack = [(root, None)]
-    seen = 0
-    while stack and seen < 100_000:
-        s, base = stack.pop()
-        seen += 1
-        if isinstance(s, dict):
-            if "$dynamicRef" in s or "$recursiveRef" in s:
-                raise UnsupportedSchemaError("$dynamicRef / $recursiveRef: dynamic scopes are not supported")
-            here = base
-            for key in ("$id", "id"):
-                if isinstance(s.get(key), str):
-                    out.setdefault(s[key].rstrip("#"), s)
-                    here = s[key].rstrip("#") if s is not root else None
-            for key in ("$anchor", "$dynamicAnchor"):
-                if isinstance(s.get(key), str):
-                    out.setdefault(("" if here is None else here) + "#" + s[key], s)
-            stack.extend((v, here) for v in s.values() if isinstance(v, (dict, list)))
-        elif isinstance(s, list):
-            stack.extend((v, base) for v in s if isinstance(v, (dict, list)))
-    return out
+def _reachable_nodes(root: Node):
+    """Every node reachable from `root` through member, item, key and choice rules."""
+    seen, stack = set(), [root]
+    while stack:
+        n = stack.pop()
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        yield n
+        stack.extend(n.props.values())
+        stack.extend(v for _, v in n.pattern_props)
+        stack.extend((n.additional, n.key_node, n.items, *n.prefix, *(n.alts or ())))

@@ -1,0 +1,57 @@
+"""Vocabularies of a custom metaschema: keywords of a vocabulary it does not list are not
+assertions (JSON Schema 2020-12 §8.1.2), so they are removed before compiling.
+
+A schema whose `$schema` names a metaschema of the local registry that carries
+`$vocabulary` (e.g. one listing core and applicator but not validation) is rewritten with
+the keywords of the validation, applicator and unevaluated vocabularies (2020-12 or
+2019-09 URIs) it lacks removed from every subschema; both the grammar and the residual validator then read the
+rewritten schema. Any other schema is returned as is.
+"""
+from __future__ import annotations
+
+_V20 = "https://json-schema.org/draft/2020-12/vocab/"
+_V19 = "https://json-schema.org/draft/2019-09/vocab/"
+# keywords of a vocabulary -> the vocabulary URIs (2020-12, 2019-09) that provide them
+VOCABULARIES = (
+    (frozenset(("type", "const", "enum", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+                "maxLength", "minLength", "pattern", "maxItems", "minItems", "uniqueItems", "maxContains",
+                "minContains", "maxProperties", "minProperties", "required", "dependentRequired")),
+     (_V20 + "validation", _V19 + "validation")),
+    (frozenset(("prefixItems", "items", "additionalItems", "contains", "additionalProperties", "properties",
+                "patternProperties", "dependentSchemas", "propertyNames", "if", "then", "else", "allOf", "anyOf",
+                "oneOf", "not")),
+     (_V20 + "applicator", _V19 + "applicator")),
+    (frozenset(("unevaluatedItems", "unevaluatedProperties")), (_V20 + "unevaluated", _V19 + "applicator")),
+)
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_ONE = ("additionalProperties", "propertyNames", "items", "contains", "not", "if", "then", "else",
+               "unevaluatedItems", "unevaluatedProperties", "additionalItems")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+
+
+def apply_vocabularies(root, registry):
+    """`root` without the keywords of the vocabularies its metaschema leaves out."""
+    dialect = root.get("$schema") if isinstance(root, dict) else None
+    meta = registry.get(dialect.rstrip("#")) if isinstance(dialect, str) else None
+    vocab = meta.get("$vocabulary") if isinstance(meta, dict) else None
+    if not isinstance(vocab, dict):
+        return root
+    dropped = frozenset().union(*(kws for kws, uris in VOCABULARIES if not any(u in vocab for u in uris)))
+    return _strip(root, dropped, 0) if dropped else root
+
+
+def _strip(s, dropped: frozenset, depth: int):
+    if not isinstance(s, dict) or depth > 512:
+        return s
+    out = {}
+    for k, v in s.items():
+        if k in dropped:
+            continue
+        if k in _SCHEMA_MAPS and isinstance(v, dict):
+            v = {name: _strip(x, dropped, depth + 1) for name, x in v.items()}
+        elif k in _SCHEMA_LISTS and isinstance(v, list):
+            v = [_strip(x, dropped, depth + 1) for x in v]
+        elif k in _SCHEMA_ONE:
+            v = _strip(v, dropped, depth + 1)
+        out[k] = v
+    return out

@@ -1,0 +1,123 @@
+"""cfg references and dialect rules at token level: remote `$ref`s from the local schema
+registry (folders and the bundled metaschemas, never the network) with RFC 3986 base URIs,
+`$dynamicRef` checked whole, `format` as the dialect says, `1.0` as an integer."""
+import json
+
+import pytest
+
+from lmprog_runtime.constrained import GrammarError, create_grammar_backend
+from lmprog_runtime.constrained.base import GrammarBackendConfig
+from lmprog_runtime.constrained.cfg.registry import join
+from test_cfg_engine import check, compile_
+
+BASE = "http://schemas.test/"
+REMOTES = {
+    "integer.json": {"type": "integer"},
+    "defs.json": {"$defs": {"pos": {"type": "integer", "minimum": 1}, "ref_pos": {"$ref": "#/$defs/pos"}},
+                  "$anchor": "top", "type": "object"},
+    "folder/named.json": {"$id": "http://other.test/named.json", "$defs": {"s": {"$ref": "leaf.json"}},
+                          "$anchor": "named", "type": "string", "maxLength": 3},
+    "meta-applicator-only.json": {
+        "$schema": "https://json-schema.org/draft/2020-12/schema", "$id": BASE + "meta-applicator-only.json",
+        "$vocabulary": {"https://json-schema.org/draft/2020-12/vocab/core": True,
+                        "https://json-schema.org/draft/2020-12/vocab/applicator": True},
+        "$dynamicAnchor": "meta", "allOf": [{"$ref": "https://json-schema.org/draft/2020-12/meta/core"},
+                                            {"$ref": "https://json-schema.org/draft/2020-12/meta/applicator"}]},
+    "tree.json": {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": BASE + "tree.json",
+                  "$dynamicAnchor": "node", "type": "object",
+                  "properties": {"data": True, "children": {"type": "array", "items": {"$dynamicRef": "#node"}}}},
+}
+
+
+@pytest.fixture(scope="module")
+def cfg_remote(tokenizer, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("remotes")
+    for name, doc in REMOTES.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(json.dumps(doc))
+    be = create_grammar_backend("cfg", tokenizer, vocab_size=49152 + 64, eos_token_ids=[tokenizer.eos_token_id],
+                                config=GrammarBackendConfig(schema_remotes=((BASE, str(folder)),)))
+    yield be
+    be.shutdown()
+
+
+def test_uri_join():
+    assert join("", "a.json") == "a.json"
+    assert join("http://x.test/a/b.json", "c.json#/$defs/d") == "http://x.test/a/c.json#/$defs/d"
+    assert join("http://x.test/a/b.json", "/abs.json") == "http://x.test/abs.json"
+    assert join("urn:uuid:1234", "#/$defs/x") == "urn:uuid:1234#/$defs/x"
+    assert join("http://x.test/a.json", "urn:x:y") == "urn:x:y"
+
+
+def test_remote_documents_pointers_and_anchors(cfg_remote, tokenizer):
+    check(cfg_remote, tokenizer, {"$ref": BASE + "integer.json"}, [1, -3], ["1", 1.5])
+    check(cfg_remote, tokenizer, {"$ref": BASE + "defs.json#/$defs/ref_pos"}, [1, 7], [0, "a"])
+    check(cfg_remote, tokenizer, {"$ref": BASE + "defs.json#top"}, [{}], [[]])
+    # relative to the root's $id; inside the remote, relative to *its* $id (other.test)
+    check(cfg_remote, tokenizer, {"$id": BASE + "root.json", "properties": {"n": {"$ref": "folder/named.json"}}},
+          [{"n": "abc"}], [{"n": "abcd"}, {"n": 1}])
+    # a member named like a data keyword is still a schema, resolved from its resource's base
+    inner = {"$id": BASE + "folder/inner.json", "properties": {"default": {"$ref": "named.json"}}}
+    check(cfg_remote, tokenizer, {"properties": {"x": inner}}, [{"x": {"default": "ab"}}], [{"x": {"default": 1}}])
+
+
+def test_unknown_remote_is_refused_not_fetched(cfg_remote):
+    with pytest.raises(GrammarError, match="never fetched"):
+        compile_(cfg_remote, {"$ref": "http://example.com/not-there.json"})
+    with pytest.raises(GrammarError, match="local schema registry"):  # its ref leaves the registry
+        compile_(cfg_remote, {"$ref": BASE + "folder/named.json#/$defs/s"})
+    with pytest.raises(GrammarError, match="never fetched"):  # only the residual validator would follow it
+        compile_(cfg_remote, {"type": "integer", "not": {"$ref": "http://example.com/x.json"}})
+
+
+def test_metaschema_refs_resolve_locally(cfg_remote, tokenizer):
+    meta = {"$ref": "https://json-schema.org/draft/2020-12/schema"}
+    check(cfg_remote, tokenizer, meta, [{"type": "string", "minLength": 2}, True],
+          [{"type": 1}, {"minLength": -1}, {"properties": {"a": 3}}])
+
+
+def test_dynamic_ref_follows_the_dynamic_scope(cfg_remote, tokenizer):
+    tree = {"$ref": BASE + "tree.json"}
+    check(cfg_remote, tokenizer, tree, [{"children": [{"data": 1, "children": []}]}], [{"children": [1]}])
+    strict = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": BASE + "strict-tree.json",
+              "$dynamicAnchor": "node", "$ref": "tree.json", "unevaluatedProperties": False}
+    check(cfg_remote, tokenizer, strict, [{"children": [{"data": 1}]}],
+          [{"children": [{"daat": 1}]}, {"x": 1}])
+
+
+def test_format_follows_the_dialect(cfg_remote, tokenizer):
+    date = {"type": "string", "format": "date"}
+    check(cfg_remote, tokenizer, date, ["2024-02-29"], ["x"])  # no $schema: asserted
+    check(cfg_remote, tokenizer, {"$schema": "http://json-schema.org/draft-07/schema#", **date}, ["2024-02-29"], ["x"])
+    check(cfg_remote, tokenizer, {"$schema": "https://json-schema.org/draft/2020-12/schema", **date},
+          ["2024-02-29", "x"], [1])  # 2020-12: an annotation
+
+
+def test_integer_with_a_zero_fraction(cfg_remote, tokenizer):
+    check(cfg_remote, tokenizer, {"type": "integer", "maximum": 3}, [1, 3], [1.5, 4, "1"])
+    for text, ok in (("1.0", True), ("-2.00", True), ("3.0", True), ("4.0", False), ("1.05", False)):
+        g = compile_(cfg_remote, {"type": "integer", "maximum": 3})
+        assert _walk(g, tokenizer, text) is ok, text
+
+
+def _walk(g, tokenizer, text) -> bool:
+    import torch
+
+    row = torch.zeros(49152 + 64, dtype=torch.bool)
+    for t in tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]:
+        row.numpy().fill(False)
+        g.fill_mask(row)
+        if not row[t]:
+            return False
+        g.accept_token(t)
+    return True
+
+
+def test_vocabularies_a_metaschema_leaves_out_do_not_assert(cfg_remote, tokenizer):
+    schema = {"$schema": BASE + "meta-applicator-only.json",
+              "properties": {"n": {"minimum": 10, "type": "string"}, "no": False}}
+    check(cfg_remote, tokenizer, schema, [{"n": 1}, {"n": 20}, 5], [{"no": 1}])  # applicator still applies
+    check(cfg_remote, tokenizer, {"properties": {"n": {"minimum": 10}}}, [{"n": 10}], [{"n": 1}])
+    for dialect in ("https://json-schema.org/draft/2020-12/schema", "https://json-schema.org/draft/2019-09/schema"):
+        check(cfg_remote, tokenizer, {"$schema": dialect, "properties": {"n": {"minimum": 10}}, "required": ["n"]},
+              [{"n": 10}], [{"n": 1}, {}])
