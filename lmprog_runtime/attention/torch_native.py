@@ -11,6 +11,8 @@
   cascade case) is read there once per kv head for the whole batch.
 - Long extends (prefill chunks over a cached prefix): one SDPA per request, causal
   with the prefix offset.
+- Draft trees (`ForwardBatch.tree_masks`, speculative decoding): a tree request is short;
+  its block of the padded mask is the tree mask instead of causal.
 """
 
 from __future__ import annotations
@@ -50,13 +52,16 @@ class TorchNativeAttnBackend(AttentionBackend):
             i for i, e in enumerate(extend_lens) if e <= SHORT_EXTEND]
         self.short_tokens = None
         self.extends = []  # (slots [s], mask [e, s] or None for plain causal, start, e)
+        trees = fb.tree_masks
         if self.all_short:
-            self._init_short(rows, seq_lens, extend_lens, starts)
+            self._init_short(rows, seq_lens, extend_lens, starts, trees)
             self._init_paged(fb, short, seq_lens)
             return
+        if trees is not None:
+            assert all(trees[i] is None for i, e in enumerate(extend_lens) if e > SHORT_EXTEND), extend_lens
         if short:
             self._init_short(rows[short], [seq_lens[i] for i in short], [extend_lens[i] for i in short],
-                             [starts[i] for i in short])
+                             [starts[i] for i in short], None if trees is None else [trees[i] for i in short])
             self._init_paged(fb, short, seq_lens)
         for i, (s, e) in enumerate(zip(seq_lens, extend_lens)):
             if e <= SHORT_EXTEND:
@@ -88,7 +93,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         return paged_decode.PagedDecodePlan(table, rows, seq_lens, self.scaling, self.num_heads, self.num_kv_heads,
                                             self.head_dim, self.kv_pool.k.dtype == torch.bfloat16, prefix, max_len)
 
-    def _init_short(self, rows, seq_lens: List[int], extend_lens: List[int], starts: List[int]) -> None:
+    def _init_short(self, rows, seq_lens: List[int], extend_lens: List[int], starts: List[int],
+                    trees=None) -> None:
         dev = rows.device
         B, E, G = len(seq_lens), max(extend_lens), self.num_heads // self.num_kv_heads
         s = torch.tensor(seq_lens, device=dev)[:, None]
@@ -107,6 +113,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.kv_index = rows[:, P:max_len]  # [B, S] own slots (padding entries are masked out)
         key_pos = P + torch.arange(max_len - P, device=dev)  # [S]
         mask = key_pos[None, None, :] <= q_pos[:, :, None]  # [B, E, S] causal, and within seq_len
+        for b, tree in enumerate(trees or ()):
+            if tree is not None:  # a draft tree: its new tokens see only their ancestors among them
+                e_b, first = extend_lens[b], seq_lens[b] - extend_lens[b] - P
+                mask[b, :e_b, first:first + e_b] = tree.to(dev)
         # rows of the attention are (kv head, group member, position): [B, 1, G*E, S]
         self.mask = mask[:, None, None].expand(B, 1, G, E, mask.shape[-1]).reshape(B, 1, G * E, -1)
 

@@ -66,7 +66,8 @@ class PostProcessor:
     def verify(self, items, logits: torch.Tensor) -> None:
         """Speculative decoding: accept a prefix of each request's draft plus a bonus token
         (verify.py), append them through `on_token`, and free the KV of the rejected
-        drafts at once. A request's KV then covers its tokens but the last, as after any
+        drafts at once (of a draft tree: the accepted path's KV is first moved in order
+        after the root). A request's KV then covers its tokens but the last, as after any
         step; the tree never sees a draft (only `release` / `cache_unfinished` insert, and
         they read kv_len, which covers verified tokens only)."""
         from lmprog_runtime.speculative.verify import verify_rows
@@ -76,13 +77,15 @@ class PostProcessor:
                 if not r.finished:
                     self._check(Stage.SAMPLING, r)
                     rows = logits[item.verify_row:item.verify_row + k + 1].clone()
-                    v = verify_rows(self.sampler, r, rows, item.draft.tokens, item.draft.mask)
+                    v = verify_rows(self.sampler, r, rows, item.draft.tokens, item.draft.mask, item.draft.parents)
+                    if v.path:  # a tree: the accepted nodes' KV moves to the positions after the root
+                        self.kv.keep_path(r, item.start + item.num_tokens - k, v.path)
                     self.stats["num_generated_tokens"] += len(v.tokens)
                     self.on_run(r, v.tokens, v.logprobs)
                     if item.draft.forced:
                         self.jump.after_verify(k, v.accepted)
                     else:
-                        self.speculator.after_verify(r, k, v.accepted, v.tokens)
+                        self.speculator.after_verify(r, k, v.accepted, v.tokens, item.draft.parents, v.path)
             except Exception as e:
                 fail_request(r, Stage.SAMPLING, e)
             finally:

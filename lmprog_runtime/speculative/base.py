@@ -12,8 +12,8 @@ continues `req.origin_input_ids + req.output_ids`. `budgets[i]` bounds request i
 (>= 1). A source never changes a request; it reads its tokens.
 
 `Draft.parents` describes a tree (parents[j] = index of token j's parent, -1 = the last
-verified token). Only chains (parents None, each token follows the previous one) are
-verified today; a tree source must fall back to its best chain.
+verified token; parents[j] < j, so every prefix of the draft is a tree too; siblings
+carry distinct tokens). None: a chain (each token follows the previous one).
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def create_draft_source(spec, runner, server_args) -> DraftSource:
     """The source `spec.algorithm` names (imports lazily: STANDALONE loads a second model)."""
     if spec.algorithm == "NGRAM":
         from lmprog_runtime.speculative.ngram import NgramDraftSource
-        return NgramDraftSource(max_depth=spec.ngram_max_trie_depth, capacity=spec.ngram_capacity)
+        return NgramDraftSource(max_depth=spec.ngram_max_trie_depth, capacity=spec.ngram_capacity,
+                                topk=spec.topk)
     if spec.algorithm == "STANDALONE":
         from lmprog_runtime.speculative.standalone import StandaloneDraftSource
         return StandaloneDraftSource(spec, runner, server_args)

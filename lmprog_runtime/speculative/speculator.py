@@ -29,9 +29,10 @@ from __future__ import annotations
 import logging
 from typing import Dict, List, Optional
 
-from lmprog_runtime.scheduler.batch import PlannedDraft  # noqa: F401 - drafts are planned in batch.py's shape
+from lmprog_runtime.scheduler.batch import PlannedDraft
 from lmprog_runtime.scheduler.faults import Stage, fail_request
 from lmprog_runtime.scheduler.jump_forward import grammar_draft
+from lmprog_runtime.speculative.tree import depths, grammar_tree_draft
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,8 @@ class Speculator:
         self.stats = stats        # adds spec_num_verify, spec_num_draft_tokens, spec_num_accepted_tokens
         self.faults = faults
         self.budgets: Dict[str, DraftBudget] = {}
-        stats.update(spec_num_verify=0, spec_num_draft_tokens=0, spec_num_accepted_tokens=0)
+        stats.update(spec_num_verify=0, spec_num_draft_tokens=0, spec_num_accepted_tokens=0,
+                     spec_num_tree_moves=0)
 
     # -- before admission ---------------------------------------------------------------------
     def propose(self, running: List) -> Dict[int, PlannedDraft]:
@@ -102,15 +104,16 @@ class Speculator:
                 b.cooldown -= 1
                 continue
             reqs.append(r)
-            budgets.append(min(b.k, r.max_new_tokens - len(r.output_ids) - 1))
+            nodes = b.k * self.spec.topk  # a tree of depth ~k has room for alternatives at each level
+            budgets.append(min(nodes, self.spec.max_drafts, r.max_new_tokens - len(r.output_ids) - 1))
         if not reqs:
             return {}
         drafts = self._propose(reqs, budgets)
-        found = [(r, list(d.tokens[:k])) for r, k, d in zip(reqs, budgets, drafts)
-                 if d is not None and d.tokens and not r.finished]
+        found = [(r, PlannedDraft(list(d.tokens), parents=d.parents).prefix(k))
+                 for r, k, d in zip(reqs, budgets, drafts) if d is not None and d.tokens and not r.finished]
         out = {}
-        for r, tokens in self._cap(found):
-            planned = self._trim(r, tokens)
+        for r, draft in self._cap(found):
+            planned = self._trim(r, draft)
             if planned is not None:
                 out[id(r)] = planned
         return out
@@ -118,15 +121,15 @@ class Speculator:
     def _cap(self, found: List) -> List:
         """At most `step_draft_tokens` draft tokens in all: the requests whose drafts were
         accepted most often recently get theirs first."""
-        if sum(len(t) for _, t in found) <= self.step_draft_tokens:
+        if sum(len(d.tokens) for _, d in found) <= self.step_draft_tokens:
             return found
-        found = sorted(found, key=lambda rt: -self.budgets[rt[0].rid].rate)
+        found = sorted(found, key=lambda rd: -self.budgets[rd[0].rid].rate)
         left, kept = self.step_draft_tokens, []
-        for r, tokens in found:
+        for r, draft in found:
             if left <= 0:
                 break
-            kept.append((r, tokens[:left]))
-            left -= len(kept[-1][1])
+            kept.append((r, draft.prefix(left)))
+            left -= len(kept[-1][1].tokens)
         return kept
 
     def _propose(self, reqs: List, budgets: List[int]) -> list:
@@ -149,28 +152,36 @@ class Speculator:
                 drafts.append(None)
         return drafts
 
-    def _trim(self, r, tokens: List[int]) -> Optional[PlannedDraft]:
+    def _trim(self, r, draft: PlannedDraft) -> Optional[PlannedDraft]:
         if r.grammar is None:
-            return PlannedDraft(tokens)
+            return draft
         try:
-            return self._trim_to_grammar(r, tokens)
+            return self._trim_to_grammar(r, draft)
         except Exception as e:
             fail_request(r, Stage.GRAMMAR_MASK, e)
             return None
 
-    def _trim_to_grammar(self, r, tokens: List[int]) -> Optional[PlannedDraft]:
+    def _trim_to_grammar(self, r, draft: PlannedDraft) -> Optional[PlannedDraft]:
         """Keep the drafts the grammar allows; masks of positions 0..kept (rows)."""
         if self.faults is not None:
             self.faults.check(Stage.GRAMMAR_MASK, r.rid)
         cut = (lambda g: bool(g.jump_forward_str())) if self.jump_forward else None
-        kept, mask = grammar_draft(r.grammar, tokens, self.vocab_size, cut)
+        if draft.parents is not None:
+            kept, parents, mask = grammar_tree_draft(r.grammar, draft.tokens, draft.parents, self.vocab_size, cut)
+            return PlannedDraft(kept, mask, parents=parents) if kept else None
+        kept, mask = grammar_draft(r.grammar, draft.tokens, self.vocab_size, cut)
         if not kept:
             return None
         return PlannedDraft(kept, mask)
 
     # -- after the verify step ------------------------------------------------------------------
-    def after_verify(self, r, proposed: int, accepted: int, appended: List[int]) -> None:
+    def after_verify(self, r, proposed: int, accepted: int, appended: List[int],
+                     parents: Optional[List[int]] = None, path: Optional[List[int]] = None) -> None:
+        """`proposed` drafts (tree nodes), `accepted` of them (a tree: the nodes `path`); a
+        tree's budget counts its depth (the most one verify can accept) as what was proposed."""
         self.stats["spec_num_verify"] += 1
+        if path and path[-1] != len(path) - 1:  # not the tree's first nodes: their KV was moved
+            self.stats["spec_num_tree_moves"] += 1
         self.stats["spec_num_draft_tokens"] += proposed
         self.stats["spec_num_accepted_tokens"] += accepted
         if r.spec is not None:
@@ -179,7 +190,8 @@ class Speculator:
             r.spec.accepted_tokens += accepted
         b = self.budgets.get(r.rid)
         if b is not None:
-            b.update(proposed, accepted, self.spec.max_drafts)
+            reach = proposed if parents is None else max(depths(parents))
+            b.update(reach, accepted, self.spec.max_drafts)
         self.source.on_verified(r, appended, accepted)
 
     def release(self, r) -> None:

@@ -77,6 +77,9 @@ SPEC_CONFIGS = {
     "nocache": dict(BASE, disable_radix_cache=True),
     "page16": dict(BASE, page_size=16),
     "short_drafts": dict(BASE, speculative_num_draft_tokens=3),
+    "tree": dict(BASE, speculative_eagle_topk=3, speculative_num_draft_tokens=10),
+    "tree_page16_nocache": dict(BASE, speculative_eagle_topk=2, speculative_num_draft_tokens=8, page_size=16,
+                                disable_radix_cache=True),
 }
 
 

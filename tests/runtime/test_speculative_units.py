@@ -11,7 +11,9 @@ from lmprog_runtime.config import ServerArgs, add_cli_args, from_cli_namespace
 from lmprog_runtime.speculative.config import resolve_speculative
 from lmprog_runtime.speculative.ngram import NgramCorpus, NgramDraftSource
 from lmprog_runtime.speculative.speculator import COOLDOWN_MAX, DraftBudget
-from lmprog_runtime.speculative.verify import _accept_greedy, _accept_sampled
+from lmprog_runtime.speculative.tree import children, depths, extend_mask, keep_nodes, path_to
+from lmprog_runtime.speculative.verify import (_accept_greedy, _accept_sampled, accept_tree_greedy,
+                                               accept_tree_sampled)
 
 
 # -- flags ------------------------------------------------------------------------------------
@@ -35,7 +37,11 @@ def test_flags_parse_and_resolve():
     (dict(speculative_algorithm="EAGLE"), "speculative_algorithm must be one of"),
     (dict(speculative_algorithm="STANDALONE"), "needs speculative_draft_model_path"),
     (dict(speculative_algorithm="NGRAM", speculative_draft_model_path="m"), "only used with"),
-    (dict(speculative_algorithm="NGRAM", speculative_eagle_topk=4), "speculative_eagle_topk must be 1"),
+    (dict(speculative_algorithm="NGRAM", speculative_eagle_topk=9), "speculative_eagle_topk must be in [1, 8]"),
+    (dict(speculative_algorithm="STANDALONE", speculative_draft_model_path="m", speculative_eagle_topk=2),
+     "speculative_eagle_topk must be 1 with STANDALONE"),
+    (dict(speculative_algorithm="NGRAM", speculative_eagle_topk=2, attention_backend="flashinfer"),
+     "1 with attention_backend flashinfer"),
     (dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=17), "in [2, 16]"),
     (dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=1), "in [2, 16]"),
     (dict(speculative_algorithm="NGRAM", speculative_num_steps=3, speculative_num_draft_tokens=8),
@@ -77,6 +83,73 @@ def test_ngram_prefers_frequent_and_longer_contexts():
     assert corpus.draft([7, 2], 1) == [5]      # the longer context "7 2" beats "2" → 4
     assert corpus.draft([99, 98], 3) == []     # never seen: no draft
     assert corpus.draft([3, 2], 1) == []       # only "2" matches: too short a context
+
+
+def test_ngram_tree_branches_best_first_by_count():
+    corpus = NgramCorpus(max_depth=4, capacity=10_000)
+    from lmprog_runtime.speculative.ngram import _SeqState
+    # after "1 2": 4 (three times), 3 (once); after "2 4": 7 twice, 8 once
+    corpus.feed(_SeqState(corpus.gen), [1, 2, 4, 7, 1, 2, 3, 5, 1, 2, 4, 7, 1, 2, 4, 8])
+    tokens, parents = corpus.draft_tree([9, 1, 2], 4, topk=2)
+    assert tokens[:2] == [4, 7] and parents[:2] == [-1, 0]  # the most probable path first
+    assert set(zip(tokens, parents)) >= {(3, -1), (8, 0)} or len(tokens) == 4
+    assert all(p < j for j, p in enumerate(parents))
+    for j in range(len(tokens)):  # siblings carry distinct tokens
+        sib = [tokens[i] for i in range(len(tokens)) if parents[i] == parents[j]]
+        assert len(sib) == len(set(sib))
+    # topk 1 is the chain draft
+    chain, chain_parents = corpus.draft_tree([9, 1, 2], 3, topk=1)
+    assert chain == corpus.draft([9, 1, 2], 3) and chain_parents == [-1, 0, 1]
+    assert corpus.draft_tree([99, 98], 5, topk=3) == ([], [])
+
+
+def test_tree_shapes():
+    parents = [-1, -1, 0, 0, 2]  # root → a(0), b(1); a → c(2), d(3); c → e(4)
+    assert depths(parents) == [1, 1, 2, 2, 3]
+    assert path_to(parents, 4) == [0, 2, 4]
+    assert children(parents) == [[0, 1], [2, 3], [], [4], [], []]
+    m = extend_mask(parents, lead=1)
+    assert m.shape == (6, 6)
+    assert m[5].tolist() == [True, True, False, True, False, True]  # e sees root, a, c, itself
+    assert m[2].tolist() == [True, False, True, False, False, False]  # b: root and itself
+    assert keep_nodes([10, 11, 12, 13, 14], parents, [True, True, False, True, True]) == (
+        [10, 11, 13], [-1, -1, 0])  # c dropped, so is its child e
+
+
+def test_tree_greedy_follows_the_argmax_path():
+    parents = [-1, -1, 0, 0, 2]
+    draft = [5, 6, 7, 8, 9]
+    scaled = torch.full((6, 12), -1.0)
+    for row, best in enumerate([6, 1, 2, 3, 4, 11]):  # row 0 picks b (6); b's row picks 2: no child
+        scaled[row, best] = 1.0
+    assert accept_tree_greedy(scaled, draft, parents) == ([6, 2], [1])
+    for row, best in enumerate([5, 7, 1, 4, 3, 11]):  # root → a (5) → c (7) → row of c picks 4, not e (9)
+        scaled[row].fill_(-1.0)
+        scaled[row, best] = 1.0
+    assert accept_tree_greedy(scaled, draft, parents) == ([5, 7, 4], [0, 2])
+
+
+def test_tree_rejection_sampling_emits_the_target_distribution():
+    """The root has two drafted children (tokens 0 and 2), child 0 has one (token 1). The
+    first emitted token must follow p_0 and, after 0 was accepted, the second p_1 (5 sigma)."""
+    p = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.2, 0.5, 0.3, 0.0], [0.1, 0.1, 0.1, 0.7],
+                      [0.25, 0.25, 0.25, 0.25]])
+    draft, parents = [0, 2, 1], [-1, -1, 0]
+    gen = torch.Generator().manual_seed(3)
+    n = 20000
+    first, second = torch.zeros(4), torch.zeros(4)
+    seconds = 0
+    for _ in range(n):
+        tokens, path = accept_tree_sampled(p, draft, parents, gen)
+        assert tokens[:len(path)] == [draft[j] for j in path] and len(tokens) == len(path) + 1
+        first[tokens[0]] += 1
+        if tokens[0] == 0:
+            second[tokens[1]] += 1
+            seconds += 1
+    for freq, probs, m in ((first / n, p[0], n), (second / seconds, p[1], seconds)):
+        for f, q in zip(freq.tolist(), probs.tolist()):
+            assert abs(f - q) <= 5 * math.sqrt(q * (1 - q) / m) + 1e-9, (freq, probs)
+    assert second[3] == 0
 
 
 def test_ngram_shares_between_requests_and_forgets_released_state():
