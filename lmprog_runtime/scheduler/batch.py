@@ -29,12 +29,14 @@ class PlannedDraft:
     #                                       row 0: after the last token, row j + 1: after draft j (its path)
     forced: bool = False                  # text the grammar forces (scheduler/jump_forward.py), not a guess
     parents: Optional[List[int]] = None   # a tree (speculative/tree.py; parents[j] < j); None: a chain
+    num_forced: int = 0                   # a speculative draft's leading tokens that are forced text (a chain)
 
     def prefix(self, k: int) -> "PlannedDraft":
         """The first k drafts (still a tree: parents come before their children)."""
         mask = None if self.mask is None else self.mask[:k + 1]
         parents = None if self.parents is None else self.parents[:k]
-        return dataclasses.replace(self, tokens=self.tokens[:k], mask=mask, parents=parents)
+        return dataclasses.replace(self, tokens=self.tokens[:k], mask=mask, parents=parents,
+                                   num_forced=min(self.num_forced, k))
 
 
 @dataclass

@@ -22,6 +22,7 @@ import torch
 from lmprog_runtime.messages import FinishReason
 from lmprog_runtime.scheduler.faults import Stage, fail_request
 from lmprog_runtime.scheduler.logprobs import record_input_logprobs, record_output_logprob
+from lmprog_runtime.speculative.tree import depths
 
 logger = logging.getLogger(__name__)
 
@@ -82,14 +83,23 @@ class PostProcessor:
                         self.kv.keep_path(r, item.start + item.num_tokens - k, v.path)
                     self.stats["num_generated_tokens"] += len(v.tokens)
                     self.on_run(r, v.tokens, v.logprobs)
-                    if item.draft.forced:
-                        self.jump.after_verify(k, v.accepted)
-                    else:
-                        self.speculator.after_verify(r, k, v.accepted, v.tokens, item.draft.parents, v.path)
+                    self._account(r, item.draft, v)
             except Exception as e:
                 fail_request(r, Stage.SAMPLING, e)
             finally:
                 self.kv.truncate(r, min(r.kv_len, r.seq_len - 1))
+
+    def _account(self, r, draft, v) -> None:
+        """Counters: forced text to jump-forward's, the rest to the speculator's."""
+        k = len(draft.tokens)
+        nf = k if draft.forced else draft.num_forced
+        if nf:
+            self.jump.after_verify(nf, min(v.accepted, nf))
+        if draft.forced:
+            return
+        reach = None if draft.parents is None else max(depths(draft.parents)) - nf
+        moved = bool(v.path) and v.path[-1] != len(v.path) - 1
+        self.speculator.after_verify(r, k - nf, max(0, v.accepted - nf), v.tokens, reach, moved)
 
     def on_run(self, r, tokens: List[int], lps: Optional[torch.Tensor]) -> None:
         """Several tokens in one step: each through `on_token`, up to the one that finishes

@@ -176,16 +176,16 @@ class NgramDraftSource(DraftSource):
         self.topk = topk  # 1: chains; > 1: trees of up to topk children per node
         self.states: Dict[str, _SeqState] = {}
 
-    def propose(self, reqs: Sequence, budgets: Sequence[int]) -> List[Optional[Draft]]:
+    def propose(self, reqs: Sequence, budgets: Sequence[int], prefixes=None) -> List[Optional[Draft]]:
         out: List[Optional[Draft]] = []
         depth = self.corpus.max_depth
-        for r, k in zip(reqs, budgets):
+        for i, (r, k) in enumerate(zip(reqs, budgets)):
             state = self.states.get(r.rid)
             if state is None:
                 state = self.states[r.rid] = _SeqState(self.corpus.gen)
             tokens = r.origin_input_ids + r.output_ids
-            self.corpus.feed(state, tokens)
-            tail = tokens[-(depth - 1):]
+            self.corpus.feed(state, tokens)  # verified tokens only: a prefix is not fed
+            tail = (tokens[-(depth - 1):] + list(prefixes[i] if prefixes else ()))[-(depth - 1):]
             if self.topk == 1:
                 tokens = self.corpus.draft(tail, k)
                 out.append(Draft(tokens) if tokens else None)

@@ -18,10 +18,15 @@ where a forward of many tokens costs like a prefill); the requests with the best
 acceptance keep theirs first.
 
 Constrained requests: a draft is cut at the first token the grammar forbids, and before
-any token after which the grammar terminates or would jump forward (that token may still
-come as the verify step's bonus token, where `on_token` handles it as a plain step would).
-The mask of every drafted position (and of the bonus position) is written here, with the
-matcher advanced through the draft and rolled back exactly.
+any token after which the grammar terminates (that token may still come as the verify
+step's bonus token, where `on_token` handles it as a plain step would). A draft runs on
+through text the grammar forces (its tokens are the model's own earlier tokenization of
+it, which the model accepts more often than the forced text's canonical tokens). Where
+jump-forward forces text this step, the request's draft is its own one if that goes past
+the forced text, else the forced tokens followed by the source's continuation after them
+(`prefixes`), else the forced text alone. The mask of every drafted position (and of the
+bonus position) is written here, with the matcher advanced through the draft and rolled
+back exactly.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Dict, List, Optional
 from lmprog_runtime.scheduler.batch import PlannedDraft
 from lmprog_runtime.scheduler.faults import Stage, fail_request
 from lmprog_runtime.scheduler.jump_forward import grammar_draft
-from lmprog_runtime.speculative.tree import depths, grammar_tree_draft
+from lmprog_runtime.speculative.tree import chain_parents, grammar_tree_draft
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +88,7 @@ class Speculator:
         self.step_draft_tokens = max(step_draft_tokens, spec.max_drafts)  # cap per verify forward
         self.source = source      # DraftSource
         self.vocab_size = vocab_size
-        self.jump_forward = jump_forward  # jump-forward on: drafts stop where it would fire
+        self.jump_forward = jump_forward  # jump-forward on: forced text may start a draft (`_choose`)
         self.stats = stats        # adds spec_num_verify, spec_num_draft_tokens, spec_num_accepted_tokens
         self.faults = faults
         self.budgets: Dict[str, DraftBudget] = {}
@@ -91,9 +96,12 @@ class Speculator:
                      spec_num_tree_moves=0)
 
     # -- before admission ---------------------------------------------------------------------
-    def propose(self, running: List) -> Dict[int, PlannedDraft]:
-        """id(req) → its draft, for the running requests that draft this step."""
-        reqs, budgets = [], []
+    def propose(self, running: List, forced: Optional[Dict[int, PlannedDraft]] = None) -> Dict[int, PlannedDraft]:
+        """id(req) → its draft, for the running requests that draft this step. `forced`: the
+        jump-forward drafts of this step (id(req) → forced text); such a request gets a draft
+        here only where it beats the forced text alone (see `_choose`), and it replaces it."""
+        forced = forced or {}
+        reqs, budgets, prefixed = [], [], []
         for r in running:
             if not eligible(r):
                 continue
@@ -103,20 +111,49 @@ class Speculator:
             if b.cooldown:
                 b.cooldown -= 1
                 continue
-            reqs.append(r)
             nodes = b.k * self.spec.topk  # a tree of depth ~k has room for alternatives at each level
-            budgets.append(min(nodes, self.spec.max_drafts, r.max_new_tokens - len(r.output_ids) - 1))
+            k = min(nodes, self.spec.max_drafts, r.max_new_tokens - len(r.output_ids) - 1)
+            reqs.append(r)
+            budgets.append(k)
+            f = forced.get(id(r))
+            if f is not None and k > len(f.tokens):
+                prefixed.append((r, f, k - len(f.tokens)))
         if not reqs:
             return {}
-        drafts = self._propose(reqs, budgets)
-        found = [(r, PlannedDraft(list(d.tokens), parents=d.parents).prefix(k))
-                 for r, k, d in zip(reqs, budgets, drafts) if d is not None and d.tokens and not r.finished]
-        out = {}
-        for r, draft in self._cap(found):
-            planned = self._trim(r, draft)
-            if planned is not None:
-                out[id(r)] = planned
-        return out
+        own = dict(zip(map(id, reqs), self._propose(reqs, budgets)))
+        after = {}
+        if prefixed:
+            conts = self._propose([r for r, _, _ in prefixed], [k for _, _, k in prefixed],
+                                  [f.tokens for _, f, _ in prefixed])
+            after = {id(r): c for (r, _, _), c in zip(prefixed, conts)}
+        found = []
+        for r, k in zip(reqs, budgets):
+            if r.finished:
+                continue
+            draft = self._choose(r, k, own.get(id(r)), forced.get(id(r)), after.get(id(r)))
+            if draft is not None:
+                found.append((r, draft))
+        return {id(r): d for r, d in self._cap(found)}
+
+    def _choose(self, r, k: int, own, f: Optional[PlannedDraft], cont) -> Optional[PlannedDraft]:
+        """The request's own draft, grammar-trimmed; with forced text `f`: the own draft if it
+        goes past the forced text (it spells it in the model's own tokens), else the forced
+        tokens followed by the source's continuation after them, else None (f stays)."""
+        mine = None
+        if own is not None and own.tokens:
+            mine = self._trim(r, PlannedDraft(list(own.tokens), parents=own.parents).prefix(k))
+        if f is None:
+            return mine
+        if mine is not None and len(mine.tokens) > len(f.tokens):
+            return mine
+        if cont is None or not cont.tokens or r.finished:
+            return None
+        nf = len(f.tokens)
+        parents = None if cont.parents is None else chain_parents(nf) + [
+            p + nf if p >= 0 else nf - 1 for p in cont.parents]
+        joined = self._trim(r, PlannedDraft(f.tokens + list(cont.tokens), parents=parents,
+                                            num_forced=nf).prefix(nf + k))
+        return joined if joined is not None and len(joined.tokens) > nf else None
 
     def _cap(self, found: List) -> List:
         """At most `step_draft_tokens` draft tokens in all: the requests whose drafts were
@@ -132,21 +169,23 @@ class Speculator:
             left -= len(kept[-1][1].tokens)
         return kept
 
-    def _propose(self, reqs: List, budgets: List[int]) -> list:
+    def _propose(self, reqs: List, budgets: List[int], prefixes=None) -> list:
         """The source's drafts; if the batched call fails, each request alone (a request
         whose own call fails finishes with an error)."""
+        extra = {} if prefixes is None else {"prefixes": prefixes}
         try:
             if self.faults is not None:
                 self.faults.check_any(Stage.DRAFT, [r.rid for r in reqs], spend=False)
-            return self.source.propose(reqs, budgets)
+            return self.source.propose(reqs, budgets, **extra)
         except Exception:
             logger.exception("draft source failed for %d requests; retrying one by one", len(reqs))
         drafts = []
-        for r, k in zip(reqs, budgets):
+        for i, (r, k) in enumerate(zip(reqs, budgets)):
             try:
                 if self.faults is not None:
                     self.faults.check(Stage.DRAFT, r.rid)
-                drafts.extend(self.source.propose([r], [k]))
+                one = {} if prefixes is None else {"prefixes": [prefixes[i]]}
+                drafts.extend(self.source.propose([r], [k], **one))
             except Exception as e:
                 fail_request(r, Stage.DRAFT, e)
                 drafts.append(None)
@@ -165,23 +204,24 @@ class Speculator:
         """Keep the drafts the grammar allows; masks of positions 0..kept (rows)."""
         if self.faults is not None:
             self.faults.check(Stage.GRAMMAR_MASK, r.rid)
-        cut = (lambda g: bool(g.jump_forward_str())) if self.jump_forward else None
+        nf = draft.num_forced
         if draft.parents is not None:
-            kept, parents, mask = grammar_tree_draft(r.grammar, draft.tokens, draft.parents, self.vocab_size, cut)
-            return PlannedDraft(kept, mask, parents=parents) if kept else None
-        kept, mask = grammar_draft(r.grammar, draft.tokens, self.vocab_size, cut)
+            kept, parents, mask = grammar_tree_draft(r.grammar, draft.tokens, draft.parents, self.vocab_size)
+            nf = min(nf, next((j for j, p in enumerate(parents) if p != j - 1), len(parents)))
+            return PlannedDraft(kept, mask, parents=parents, num_forced=nf) if kept else None
+        kept, mask = grammar_draft(r.grammar, draft.tokens, self.vocab_size)
         if not kept:
             return None
-        return PlannedDraft(kept, mask)
+        return PlannedDraft(kept, mask, num_forced=min(nf, len(kept)))
 
     # -- after the verify step ------------------------------------------------------------------
     def after_verify(self, r, proposed: int, accepted: int, appended: List[int],
-                     parents: Optional[List[int]] = None, path: Optional[List[int]] = None) -> None:
-        """`proposed` drafts (tree nodes), `accepted` of them (a tree: the nodes `path`); a
-        tree's budget counts its depth (the most one verify can accept) as what was proposed."""
+                     reach: Optional[int] = None, moved: bool = False) -> None:
+        """`proposed` drafts (tree nodes; forced text not counted), `accepted` of them; `reach`:
+        the most one verify could accept (a tree's depth; default `proposed`), what the budget
+        counts as proposed; `moved`: a tree's accepted path needed its KV moved."""
         self.stats["spec_num_verify"] += 1
-        if path and path[-1] != len(path) - 1:  # not the tree's first nodes: their KV was moved
-            self.stats["spec_num_tree_moves"] += 1
+        self.stats["spec_num_tree_moves"] += moved
         self.stats["spec_num_draft_tokens"] += proposed
         self.stats["spec_num_accepted_tokens"] += accepted
         if r.spec is not None:
@@ -190,8 +230,7 @@ class Speculator:
             r.spec.accepted_tokens += accepted
         b = self.budgets.get(r.rid)
         if b is not None:
-            reach = proposed if parents is None else max(depths(parents))
-            b.update(reach, accepted, self.spec.max_drafts)
+            b.update(max(1, proposed if reach is None else reach), accepted, self.spec.max_drafts)
         self.source.on_verified(r, appended, accepted)
 
     def release(self, r) -> None:

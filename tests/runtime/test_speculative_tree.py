@@ -36,7 +36,7 @@ class PlantedTrees(DraftSource):
         self.vocab = vocab
         self.proposed = 0
 
-    def propose(self, reqs, budgets):
+    def propose(self, reqs, budgets, prefixes=None):
         out = []
         for r, k in zip(reqs, budgets):
             truth = self.refs[tuple(r.origin_input_ids)][len(r.output_ids):]
