@@ -366,6 +366,8 @@ class Scheduler:
         self.stats["step_s"] += seconds
         self.steps.record(seconds, *self._step_times, self.stats["mask_s"], len(plan.items),
                           sum(it.num_tokens for it in plan.items))
+        if self.speculator is not None:
+            self.speculator.observe_step(plan, seconds)  # its cost rule learns step times
         self._measure_throughput()
 
     def _measure_throughput(self, window_s: float = 1.0) -> None:

@@ -37,7 +37,8 @@ from typing import Dict, List, Optional
 from lmprog_runtime.scheduler.batch import PlannedDraft
 from lmprog_runtime.scheduler.faults import Stage, fail_request
 from lmprog_runtime.scheduler.jump_forward import grammar_draft
-from lmprog_runtime.speculative.tree import chain_parents, grammar_tree_draft
+from lmprog_runtime.speculative.cost import Acceptance, StepCost, draft_length, worth_it
+from lmprog_runtime.speculative.tree import chain_parents, depths, grammar_tree_draft
 
 logger = logging.getLogger(__name__)
 
@@ -51,18 +52,23 @@ CPU_STEP_DRAFT_TOKENS = 48
 GPU_STEP_DRAFT_TOKENS = 1024
 
 
+PROBE_EVERY = 32      # steps without any verify after which requests the cost rule idles probe (1 draft)
+
+
 class DraftBudget:
     """One request's adaptive draft length (see the module docstring)."""
 
-    __slots__ = ("k", "misses", "cooldown", "rate")
+    __slots__ = ("k", "misses", "cooldown", "rate", "acc")
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, acc: Optional[Acceptance] = None):
         self.k = k
         self.misses = 0
         self.cooldown = 0
         self.rate = 0.5  # EMA of accepted / proposed
+        self.acc = acc or Acceptance()  # per-position acceptance, for the cost rule
 
     def update(self, proposed: int, accepted: int, max_k: int) -> None:
+        self.acc.update(proposed, accepted)
         self.rate = RATE_DECAY * self.rate + (1 - RATE_DECAY) * accepted / proposed
         self.k = min(max_k, 2 * self.k) if accepted == proposed else max(1, accepted + 1)
         if accepted:
@@ -93,7 +99,10 @@ class Speculator:
         self.faults = faults
         self.budgets: Dict[str, DraftBudget] = {}
         stats.update(spec_num_verify=0, spec_num_draft_tokens=0, spec_num_accepted_tokens=0,
-                     spec_num_tree_moves=0)
+                     spec_num_tree_moves=0, spec_num_steps_declined=0)
+        self.cost = StepCost()       # measured step times → the cost rule (cost.py)
+        self.accept = Acceptance()   # all requests' acceptance: a new request's prior
+        self.idle_steps = 0          # decode steps since the last one that verified a draft
 
     # -- before admission ---------------------------------------------------------------------
     def propose(self, running: List, forced: Optional[Dict[int, PlannedDraft]] = None) -> Dict[int, PlannedDraft]:
@@ -102,16 +111,15 @@ class Speculator:
         here only where it beats the forced text alone (see `_choose`), and it replaces it."""
         forced = forced or {}
         reqs, budgets, prefixed = [], [], []
+        model = self.cost.model(sum(not r.finished for r in running))
+        probing = self.idle_steps >= PROBE_EVERY
         for r in running:
             if not eligible(r):
                 continue
-            b = self.budgets.get(r.rid)
-            if b is None:
-                b = self.budgets[r.rid] = DraftBudget(min(self.spec.max_drafts, INITIAL_DRAFTS))
-            if b.cooldown:
-                b.cooldown -= 1
+            depth = self._depth(r, model, probing)
+            if not depth:
                 continue
-            nodes = b.k * self.spec.topk  # a tree of depth ~k has room for alternatives at each level
+            nodes = depth * self.spec.topk  # a tree of depth ~k has room for alternatives at each level
             k = min(nodes, self.spec.max_drafts, r.max_new_tokens - len(r.output_ids) - 1)
             reqs.append(r)
             budgets.append(k)
@@ -133,7 +141,44 @@ class Speculator:
             draft = self._choose(r, k, own.get(id(r)), forced.get(id(r)), after.get(id(r)))
             if draft is not None:
                 found.append((r, draft))
+        if model is not None and not probing and not self._pays(model, found):
+            self.stats["spec_num_steps_declined"] += 1
+            return {}
         return {id(r): d for r, d in self._cap(found)}
+
+    def _depth(self, r, model, probing: bool) -> int:
+        """How deep `r` drafts this step: by the cost rule (cost.py) once the step times of
+        this batch size are known, else by the budget's own heuristic; 0 = not at all."""
+        b = self.budgets.get(r.rid)
+        if b is None:
+            b = self.budgets[r.rid] = DraftBudget(min(self.spec.max_drafts, INITIAL_DRAFTS), self.accept.seed())
+        if model is None:
+            if b.cooldown:
+                b.cooldown -= 1
+                return 0
+            return b.k
+        c, _, m = model
+        depth = draft_length(b.acc.rate, c, m, self.spec.max_drafts)
+        return depth or (1 if probing else 0)
+
+    def _pays(self, model, found: List) -> bool:
+        """The step's drafts together are worth their verify cost (cost.worth_it)."""
+        plans = []
+        for r, d in found:
+            spec = len(d.tokens) - d.num_forced
+            depth = spec if d.parents is None else max(depths(d.parents)) - d.num_forced
+            plans.append((self.budgets[r.rid].acc.rate, depth, spec))
+        return worth_it(model, plans)
+
+    def observe_step(self, plan, seconds: float) -> None:
+        """A finished step's wall time, for the cost model: only steps of decodes and verifies."""
+        drafts = 0
+        for it in plan.items:
+            if it.num_tokens - it.num_draft > 1:
+                return  # a prefill chunk: not a decode-or-verify step
+            drafts += it.num_draft
+        self.idle_steps = 0 if drafts else self.idle_steps + 1
+        self.cost.observe(len(plan.items), drafts, seconds)
 
     def _choose(self, r, k: int, own, f: Optional[PlannedDraft], cont) -> Optional[PlannedDraft]:
         """The request's own draft, grammar-trimmed; with forced text `f`: the own draft if it
@@ -229,8 +274,10 @@ class Speculator:
             r.spec.draft_tokens += proposed
             r.spec.accepted_tokens += accepted
         b = self.budgets.get(r.rid)
+        reach = max(1, proposed if reach is None else reach)
+        self.accept.update(reach, accepted)
         if b is not None:
-            b.update(max(1, proposed if reach is None else reach), accepted, self.spec.max_drafts)
+            b.update(reach, accepted, self.spec.max_drafts)
         self.source.on_verified(r, appended, accepted)
 
     def release(self, r) -> None:

@@ -258,7 +258,7 @@ def test_step_cap_gives_the_best_acceptors_their_drafts_first():
     from lmprog_runtime.speculative.speculator import Speculator
 
     class Fixed(DraftSource):
-        def propose(self, reqs, budgets):
+        def propose(self, reqs, budgets, prefixes=None):
             return [Draft([1, 2, 3, 4][:k]) for k in budgets]
 
     sp = Speculator(SpecConfig("NGRAM", num_draft_tokens=5, num_steps=4), Fixed(), vocab_size=10,
@@ -271,6 +271,70 @@ def test_step_cap_gives_the_best_acceptors_their_drafts_first():
     drafts = sp.propose(reqs)
     assert [len(drafts[id(r)].tokens) if id(r) in drafts else 0 for r in reqs] == [0, 2, 4]
     assert sp.stats["spec_num_verify"] == 2 and sp.stats["spec_num_accepted_tokens"] == 4
+
+
+def test_cost_rule_draft_length_and_fit():
+    from lmprog_runtime.speculative.cost import Acceptance, StepCost, draft_length, worth_it
+    assert draft_length(0.8, c=10.0, m=0.5, limit=15) == 13  # 0.8^13 * 10 = 0.55 >= 0.5 > 0.8^14 * 10
+    assert draft_length(0.3, c=2.5, m=1.0, limit=15) == 0    # even the first draft does not pay
+    assert draft_length(0.9, c=1.0, m=0.0, limit=7) == 7
+    cost = StepCost()
+    assert cost.model(16) is None
+    for _ in range(5):
+        cost.observe(16, 0, 0.040)          # plain decode steps at batch 16: 40 ms
+    assert cost.model(16) is None           # no verify measured yet
+    for d in (4, 8, 12, 16, 4, 8):
+        cost.observe(16, d, 0.040 + 0.006 + 0.001 * d)  # s = 6 ms, m = 1 ms per draft token
+    c, s, m = cost.model(16)
+    assert abs(c - 0.0025) < 1e-9 and abs(s - 0.006) < 1e-6 and abs(m - 0.001) < 1e-6
+    assert cost.model(12)[1:] == cost.model(16)[1:]  # one bucket for 9..16 (c is per request)
+    assert worth_it((c, s, m), [(0.9, 4, 4)] * 4)       # 4 good drafters pay for the verify
+    assert not worth_it((c, s, m), [(0.2, 1, 1)] * 4)   # 4 poor ones do not
+    a = Acceptance()
+    for _ in range(10):
+        a.update(4, 0)
+    assert a.rate < 0.15
+    assert abs(a.seed(weight=2.0).ok + a.seed(weight=2.0).miss - 2.0) < 1e-9
+
+
+def test_cost_rule_turns_poor_drafters_off_and_keeps_good_ones():
+    """Measured step times where one draft token costs 40% of a decoded token's share of
+    the step: a request accepting nothing stops drafting (probing again after PROBE_EVERY
+    idle steps), one accepting everything keeps drafting."""
+    from lmprog_runtime.scheduler.batch import PlannedDraft, PlannedReq, StepPlan
+    from lmprog_runtime.speculative.base import Draft, DraftSource
+    from lmprog_runtime.speculative.config import SpecConfig
+    from lmprog_runtime.speculative.speculator import PROBE_EVERY, Speculator
+
+    class Fixed(DraftSource):
+        def propose(self, reqs, budgets, prefixes=None):
+            return [Draft([1, 2, 3, 4, 5, 6][:k]) for k in budgets]
+
+    sp = Speculator(SpecConfig("NGRAM", num_draft_tokens=7, num_steps=6), Fixed(), vocab_size=10,
+                    jump_forward=False, stats={}, step_draft_tokens=64)
+    good, poor = _Running("good"), _Running("poor")
+    sp.propose([good, poor])  # no step times yet: the default budget; creates their budgets
+    for _ in range(6):
+        sp.after_verify(good, 4, 4, [1, 2, 3, 4, 5])
+        sp.after_verify(poor, 4, 0, [9])
+
+    def step(drafts: int) -> StepPlan:
+        plan = StepPlan()
+        for i, r in enumerate((good, poor)):
+            d = PlannedDraft([1] * drafts) if drafts and i == 0 else None
+            plan.items.append(PlannedReq(r, 1 + (drafts if d else 0), 10, None, draft=d))
+        return plan
+
+    for _ in range(3):
+        sp.observe_step(step(0), 0.020)                  # c = 10 ms per token at batch 2
+    for d in (2, 4, 6):
+        sp.observe_step(step(d), 0.020 + 0.004 * d)      # m = 4 ms per draft token
+    drafts = sp.propose([good, poor])
+    assert id(poor) not in drafts and len(drafts[id(good)].tokens) >= 4
+    for _ in range(PROBE_EVERY):
+        sp.observe_step(step(0), 0.020)
+    drafts = sp.propose([good, poor])
+    assert len(drafts[id(poor)].tokens) == 1  # a probe
 
 
 def test_stream_interval_is_kept_when_a_step_adds_several_tokens():
