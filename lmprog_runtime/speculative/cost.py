@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import Dict
 
 DECAY = 0.9           # EMA weight of the past per measurement
-MIN_WEIGHT = 2.0      # measurements (EMA weight) a bucket needs before the model speaks
+MIN_PLAIN = 4.0       # plain steps (EMA weight) a bucket needs before the model speaks
+MIN_VERIFY = 6.0      # verify steps (EMA weight) likewise
 PRIOR_SUCCESS = 0.5   # acceptance prior: a = (successes + 0.5) / (successes + failures + 1)
 PRIOR_FAILURE = 0.5
 ACCEPT_DECAY = 0.8    # per verify, for a request's acceptance counts
@@ -53,14 +54,16 @@ class _Fit:
         self.xx, self.xy = d * self.xx + x * x, d * self.xy + x * y
 
     def solve(self):
-        """(s, m), both >= 0; with too little spread in x, all of y is charged to m."""
+        """(s, m), both >= 0; with too little spread in x to tell them apart, all of y is
+        the fixed cost s (a forward's cost grows little with a few more tokens: the premise
+        of speculative decoding; the spread comes as draft lengths change)."""
         mx, my = self.x / self.w, self.y / self.w
         var = self.xx / self.w - mx * mx
         if var > 0.25:
             m = max(0.0, (self.xy / self.w - mx * my) / var)
             s = max(0.0, my - m * mx)
             return s, m
-        return 0.0, max(0.0, my / mx) if mx > 0 else 0.0
+        return max(0.0, my), 0.0
 
 
 class StepCost:
@@ -76,7 +79,7 @@ class StepCost:
             self.plain[b] = [DECAY * w + 1, (DECAY * w * t + seconds) / (DECAY * w + 1)]
             return
         base = self.plain.get(b)
-        if base is None or base[0] < MIN_WEIGHT:
+        if base is None or base[0] < MIN_PLAIN:
             return
         self.fits.setdefault(b, _Fit()).add(drafts, seconds - base[1])
 
@@ -85,7 +88,7 @@ class StepCost:
         cost, seconds per draft token; None until both kinds of step were measured."""
         b = bucket(batch)
         base, fit = self.plain.get(b), self.fits.get(b)
-        if base is None or base[0] < MIN_WEIGHT or fit is None or fit.w < MIN_WEIGHT:
+        if base is None or base[0] < MIN_PLAIN or fit is None or fit.w < MIN_VERIFY:
             return None
         s, m = fit.solve()
         return base[1] / batch, s, m

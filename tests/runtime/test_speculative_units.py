@@ -283,7 +283,7 @@ def test_cost_rule_draft_length_and_fit():
     for _ in range(5):
         cost.observe(16, 0, 0.040)          # plain decode steps at batch 16: 40 ms
     assert cost.model(16) is None           # no verify measured yet
-    for d in (4, 8, 12, 16, 4, 8):
+    for d in (4, 8, 12, 16, 4) * 2:
         cost.observe(16, d, 0.040 + 0.006 + 0.001 * d)  # s = 6 ms, m = 1 ms per draft token
     c, s, m = cost.model(16)
     assert abs(c - 0.0025) < 1e-9 and abs(s - 0.006) < 1e-6 and abs(m - 0.001) < 1e-6
@@ -325,9 +325,9 @@ def test_cost_rule_turns_poor_drafters_off_and_keeps_good_ones():
             plan.items.append(PlannedReq(r, 1 + (drafts if d else 0), 10, None, draft=d))
         return plan
 
-    for _ in range(3):
+    for _ in range(5):
         sp.observe_step(step(0), 0.020)                  # c = 10 ms per token at batch 2
-    for d in (2, 4, 6):
+    for d in (2, 4, 6, 2, 4) * 2:
         sp.observe_step(step(d), 0.020 + 0.004 * d)      # m = 4 ms per draft token
     drafts = sp.propose([good, poor])
     assert id(poor) not in drafts and len(drafts[id(good)].tokens) >= 4
@@ -335,6 +335,37 @@ def test_cost_rule_turns_poor_drafters_off_and_keeps_good_ones():
         sp.observe_step(step(0), 0.020)
     drafts = sp.propose([good, poor])
     assert len(drafts[id(poor)].tokens) == 1  # a probe
+
+
+def test_forced_text_joins_the_ngram_continuation():
+    """Where jump-forward forces text, the draft is the request's own draft if it goes past
+    the forced text, else the forced tokens + the source's continuation after them (chain or
+    tree, the tree hanging below the last forced token)."""
+    from lmprog_runtime.scheduler.batch import PlannedDraft
+    from lmprog_runtime.speculative.base import Draft, DraftSource
+    from lmprog_runtime.speculative.config import SpecConfig
+    from lmprog_runtime.speculative.speculator import Speculator
+
+    class Source(DraftSource):
+        def __init__(self):
+            self.seen = []
+
+        def propose(self, reqs, budgets, prefixes=None):
+            self.seen.append(prefixes)
+            if prefixes:  # continues after the forced text: a small tree
+                return [Draft([7, 8, 9][:k], [-1, -1, 0][:k]) for k in budgets]
+            return [Draft([5][:k]) for k in budgets]  # its own draft: shorter than the forced text
+
+    src = Source()
+    sp = Speculator(SpecConfig("NGRAM", num_draft_tokens=9, num_steps=8, topk=2), src, vocab_size=10,
+                    jump_forward=True, stats={}, step_draft_tokens=64)
+    r = _Running("a")
+    forced = {id(r): PlannedDraft([5, 6], forced=True)}
+    d = sp.propose([r], forced)[id(r)]
+    assert src.seen[-1] == [[5, 6]]
+    assert (d.tokens, d.parents, d.num_forced, d.forced) == ([5, 6, 7, 8, 9], [-1, 0, 1, 1, 2], 2, False)
+    own = sp._choose(r, 6, Draft([5, 6, 1]), forced[id(r)], Draft([7]))
+    assert own.tokens == [5, 6, 1] and own.num_forced == 0  # its own draft spells the forced text and more
 
 
 def test_stream_interval_is_kept_when_a_step_adds_several_tokens():
