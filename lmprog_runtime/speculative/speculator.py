@@ -7,7 +7,12 @@ step), it has reached min_new_tokens, it uses no frequency / presence / repetiti
 penalty (those would change between drafted positions), and at least 2 output tokens
 are left (k drafts produce up to k + 1 tokens; k <= remaining - 1 keeps max_new_tokens).
 
-Turning itself down (per request, `DraftBudget`): the draft length starts at
+Turning itself down, by measured cost (cost.py; docs/speculative.md "Turning itself
+down"): once this batch size's plain and verify step times are measured, a request drafts
+the longest k whose k-th draft token is still worth its cost (a^k * c >= m), a step
+verifies only when its drafts' expected gain beats the verify's cost, and after
+PROBE_EVERY steps without a verify the idled requests probe with one draft. Until then,
+the heuristic (per request, `DraftBudget`): the draft length starts at
 INITIAL_DRAFTS; after a verify that accepted a of k drafts it becomes a + 1 (fewer wasted
 positions next time), and it doubles (up to the maximum) after a fully accepted one.
 After 2 verifies in a row that accepted nothing the request stops drafting for 2 steps,
