@@ -13,6 +13,9 @@
   with the prefix offset.
 - Draft trees (`ForwardBatch.tree_masks`, speculative decoding): a tree request is short;
   its block of the padded mask is the tree mask instead of causal.
+- A batch where some requests verify drafts (several tokens) and the others decode one:
+  the decodes still read K/V in place through the kernel (`_init_ones`); only the
+  verifying requests are gathered and padded.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.short_tokens = None
         self.extends = []  # (slots [s], mask [e, s] or None for plain causal, start, e)
         trees = fb.tree_masks
+        self.ones = self._init_ones(fb, rows, short, seq_lens, extend_lens, starts)
+        if self.ones is not None:  # the one-token decodes go through the kernel, apart
+            short = [i for i in short if extend_lens[i] > 1]
+            self.all_short = False
         if self.all_short:
             self._init_short(rows, seq_lens, extend_lens, starts, trees)
             self._init_paged(fb, short, seq_lens)
@@ -88,6 +95,26 @@ class TorchNativeAttnBackend(AttentionBackend):
             prefix = rows[0, :self.shared] if self.shared else None
         self.paged = self._plan(table, fb.req_pool_indices, fb.seq_lens, max(seq_lens), prefix)
         return True
+
+    def _init_ones(self, fb: ForwardBatch, rows, short: List[int], seq_lens: List[int], extend_lens: List[int],
+                   starts: List[int]):
+        """Beside requests verifying several tokens (drafts), the one-token decodes of the
+        batch read K/V in place through the kernel, as in a pure decode step, instead of
+        joining the padded gather: (plan, flat token rows [n]) or None."""
+        ones = [i for i in short if extend_lens[i] == 1]
+        if not ones or len(ones) == len(short) or fb.req_to_token.device.type != "cpu":
+            return None
+        k = self.kv_pool.k
+        if not (fb.req_to_token.is_contiguous() and paged_decode.available()) or k is None or (
+                k.dtype not in paged_decode.KV_DTYPES or not k.is_contiguous()):
+            return None
+        lens = [seq_lens[i] for i in ones]
+        shared = self._shared_prefix_len(rows[ones], [n - 1 for n in lens])
+        prefix = rows[ones[0], :shared] if shared else None
+        idx = torch.tensor(ones, dtype=torch.int64)
+        plan = self._plan(fb.req_to_token, fb.req_pool_indices.index_select(0, idx),
+                          torch.tensor(lens, dtype=torch.int64), max(lens), prefix)
+        return plan, torch.tensor([starts[i] for i in ones], dtype=torch.int64, device=rows.device)
 
     def _plan(self, table, rows, seq_lens, max_len: int, prefix) -> paged_decode.PagedDecodePlan:
         return paged_decode.PagedDecodePlan(table, rows, seq_lens, self.scaling, self.num_heads, self.num_kv_heads,
@@ -172,6 +199,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
         self._extend(q, k_cache, v_cache, out)
         out[self.short_tokens] = attend(q, k_cache, v_cache)
+        if self.ones is not None:
+            plan, tokens = self.ones
+            out[tokens] = plan.run(q.index_select(0, tokens).float().contiguous(), k_cache, v_cache).to(q.dtype)
         return out.view(T, H * D)
 
     def _queries(self, q: torch.Tensor) -> torch.Tensor:

@@ -117,3 +117,31 @@ def test_tree_sampling_matches_plain_distribution(tiny_model_path):
             b[o["output_ids"][pos]] = b.get(o["output_ids"][pos], 0) + 1
         stat, df = _two_sample_chi2(a, b)
         assert stat < _chi2_critical(df), (pos, stat, df, a, b)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_decodes_beside_verifies_use_the_kernel(page_size):
+    """torch_native, a batch where two requests verify (a tree, a chain) and three decode:
+    the decodes go through the paged-decode kernel apart (`_init_ones`), and every output
+    matches the all-gathered path's."""
+    import torch
+
+    from lmprog_runtime.attention import create_attention_backend, paged_decode
+    from lmprog_runtime.speculative.tree import extend_mask
+    from paged_attention_cases import make_batch
+    if not paged_decode.available():
+        pytest.skip("no C compiler for the paged-decode kernel")
+    extend = [5, 1, 3, 1, 1]
+    pool_a, pool_b, fb, g = make_batch([9, 30, 17, 40, 3], extend, 2, 16, torch.float32, page_size, seed=5)
+    fb.tree_masks = [extend_mask([-1, -1, 0, 1], lead=1), None, None, None, None]
+    kw = dict(num_heads=4, num_kv_heads=2, head_dim=16)
+    split = create_attention_backend("torch_native", token_to_kv_pool=pool_a, **kw)
+    gathered = create_attention_backend("torch_native", token_to_kv_pool=pool_b, **kw)
+    split.init_forward_metadata(fb)
+    gathered._init_ones = lambda *a: None
+    gathered.init_forward_metadata(fb)
+    assert split.ones is not None and gathered.ones is None
+    T = fb.num_tokens
+    q, k, v = (torch.randn(T, h, 16, generator=g) for h in (4, 2, 2))
+    a, b = split.forward(q, k, v, 0, fb), gathered.forward(q, k, v, 0, fb)
+    assert (a - b).abs().max().item() < 1e-5
