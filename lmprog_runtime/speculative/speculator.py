@@ -43,7 +43,7 @@ from lmprog_runtime.scheduler.batch import PlannedDraft
 from lmprog_runtime.scheduler.faults import Stage, fail_request
 from lmprog_runtime.scheduler.jump_forward import grammar_draft
 from lmprog_runtime.speculative.cost import Acceptance, StepCost, draft_length, worth_it
-from lmprog_runtime.speculative.tree import chain_parents, depths, grammar_tree_draft
+from lmprog_runtime.speculative.tree import chain_parents, depths, grammar_tree_draft, well_formed
 
 logger = logging.getLogger(__name__)
 
@@ -191,17 +191,17 @@ class Speculator:
         tokens followed by the source's continuation after them, else None (f stays)."""
         mine = None
         if own is not None and own.tokens:
-            mine = self._trim(r, PlannedDraft(list(own.tokens), parents=own.parents).prefix(k))
+            mine = self._trim(r, _planned(own).prefix(k))
         if f is None:
             return mine
         if mine is not None and len(mine.tokens) > len(f.tokens):
             return mine
         if cont is None or not cont.tokens or r.finished:
             return None
-        nf = len(f.tokens)
+        nf, cont = len(f.tokens), _planned(cont)
         parents = None if cont.parents is None else chain_parents(nf) + [
             p + nf if p >= 0 else nf - 1 for p in cont.parents]
-        joined = self._trim(r, PlannedDraft(f.tokens + list(cont.tokens), parents=parents,
+        joined = self._trim(r, PlannedDraft(f.tokens + cont.tokens, parents=parents,
                                             num_forced=nf).prefix(nf + k))
         return joined if joined is not None and len(joined.tokens) > nf else None
 
@@ -298,6 +298,14 @@ class Speculator:
         return {"avg_spec_accept_length": (s["spec_num_accepted_tokens"] + n) / n if n else 0.0,
                 "spec_accept_rate": (s["spec_num_accepted_tokens"] / s["spec_num_draft_tokens"]
                                      if s["spec_num_draft_tokens"] else 0.0)}
+
+
+def _planned(d) -> PlannedDraft:
+    """A source's Draft as a PlannedDraft (a tree made well-formed: tree.well_formed)."""
+    if d.parents is None:
+        return PlannedDraft(list(d.tokens))
+    tokens, parents = well_formed(list(d.tokens), list(d.parents))
+    return PlannedDraft(tokens, parents=parents)
 
 
 def build_speculator(args, runner, jump_forward: bool, stats: dict, faults=None) -> Optional[Speculator]:

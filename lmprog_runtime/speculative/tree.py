@@ -79,6 +79,19 @@ def keep_nodes(tokens: List[int], parents: List[int], keep: List[bool]):
     return out_t, out_p
 
 
+def well_formed(tokens: List[int], parents: List[int]):
+    """A source's tree with what verification relies on: parents[j] < j and distinct tokens
+    among siblings (tree rejection sampling is exact only then). Offending nodes (and their
+    subtrees) are dropped: (tokens, parents)."""
+    seen = set()
+    keep = []
+    for j, (t, p) in enumerate(zip(tokens, parents)):
+        ok = -1 <= p < j and (p, t) not in seen
+        seen.add((p, t))
+        keep.append(ok)
+    return keep_nodes(tokens, parents, keep)
+
+
 def grammar_tree_draft(g, tokens: List[int], parents: List[int], vocab_size: int, cut_after=None):
     """A tree's version of jump_forward.grammar_draft: (tokens, parents, mask) of the nodes
     the grammar allows (a node only with its parent), cut before a token after which the

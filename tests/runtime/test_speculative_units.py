@@ -114,6 +114,9 @@ def test_tree_shapes():
     assert m[2].tolist() == [True, False, True, False, False, False]  # b: root and itself
     assert keep_nodes([10, 11, 12, 13, 14], parents, [True, True, False, True, True]) == (
         [10, 11, 13], [-1, -1, 0])  # c dropped, so is its child e
+    from lmprog_runtime.speculative.tree import well_formed
+    # a repeated sibling token (node 1 = node 0's) and a forward parent are dropped with their subtrees
+    assert well_formed([10, 10, 12, 13, 14], [-1, -1, 0, 5, 1]) == ([10, 12], [-1, 0])
 
 
 def test_tree_greedy_follows_the_argmax_path():
