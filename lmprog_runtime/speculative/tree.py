@@ -9,7 +9,7 @@ A chain is parents [-1, 0, 1, ...] (or None).
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 import torch
@@ -17,10 +17,6 @@ import torch
 
 def chain_parents(k: int) -> List[int]:
     return list(range(-1, k - 1))
-
-
-def is_chain(parents: Optional[List[int]]) -> bool:
-    return parents is None or all(p == j - 1 for j, p in enumerate(parents))
 
 
 def depths(parents: List[int]) -> List[int]:
