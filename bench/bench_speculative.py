@@ -2,6 +2,11 @@
 
     python bench/bench_speculative.py            # all three workloads, batch 1 / 4 / 16
     python bench/bench_speculative.py --quick    # a few requests per point (a smoke run)
+    python bench/bench_speculative.py --topk 1,4 --repeats 3   # chains and draft trees, 3 rounds
+
+Each point runs the plain engine and the speculative ones (one per --topk) interleaved,
+off then on, --repeats times, so a busy machine slows both alike: the speedups are ratios
+of the mean tokens/s of those interleaved runs.
 
 Workloads: (a) document QA whose answers quote the document, (b) JSON extraction with a
 schema (values copied from the prompt), (c) free chat. For each batch size the requests
@@ -133,7 +138,11 @@ def main():
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--quick", action="store_true", help="few requests per point, short outputs")
     ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--workloads", default="doc_qa,json,chat")
     ap.add_argument("--num-draft-tokens", type=int, default=None, help="--speculative-num-draft-tokens")
+    ap.add_argument("--topk", default="1", help="--speculative-eagle-topk values, e.g. 1,4 (> 1: draft trees); "
+                                                "one speculative engine each")
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved off/on rounds per point")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "speculative.json"))
     ap.add_argument("--llama-spec-types", default="", help="e.g. ngram-simple,ngram-mod: also run llama.cpp")
     ap.add_argument("--llama-server", default=None, help="llama-server binary (default: bench_vs_llamacpp's build)")
@@ -143,35 +152,18 @@ def main():
     batches = [int(b) for b in args.batches.split(",")]
     max_new = 48 if args.quick else 128
     n_for = (lambda b: max(2, b)) if args.quick else (lambda b: max(8, 2 * b))
-
-    from lmprog_runtime import Engine
-
     results = {"config": vars(args), "points": []}
-    raw = {}
-    for spec in (False, True):
-        kw = dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=args.num_draft_tokens) if spec else {}
-        with Engine(model_path=args.model_path, dtype=args.dtype, **kw) as engine:
-            loads = workloads(engine.tokenizer, max([n_for(b) for b in batches] + [args.llama_requests]))
-            for name, (texts, extra) in loads.items():
-                params = {"temperature": 0, "max_new_tokens": max_new, **extra}
-                engine.generate(texts[0], {**params, "max_new_tokens": 4})  # warm-up (grammar compile)
-                for b in batches:
-                    engine.flush_cache()
-                    r = run(engine, texts[:n_for(b)], params, b)
-                    raw[(name, b, spec)] = r
-                    print(f"{name} batch {b} spec={'on' if spec else 'off'}: "
-                          f"{r['output_tokens_per_s']:.1f} tok/s, accept {r['mean_accept_length']}", flush=True)
-            engine.check_integrity()
-    for (name, b, spec), r in raw.items():
-        if not spec:
-            continue
-        off = raw[(name, b, False)]
-        results["points"].append({
-            "workload": name, "batch": b, "requests": r["requests"],
-            "tokens_per_s_off": off["output_tokens_per_s"], "tokens_per_s_on": r["output_tokens_per_s"],
-            "speedup": r["output_tokens_per_s"] / off["output_tokens_per_s"],
-            "mean_accept_length": r["mean_accept_length"],
-            "identical_outputs": r["output_ids"] == off["output_ids"]})
+    with _engines(args) as engines:
+        loads = workloads(engines["off"].tokenizer, max([n_for(b) for b in batches] + [args.llama_requests]))
+        loads = {k: v for k, v in loads.items() if k in args.workloads.split(",")}
+        for name, (texts, extra) in loads.items():
+            params = {"temperature": 0, "max_new_tokens": max_new, **extra}
+            for eng in engines.values():
+                eng.generate(texts[0], {**params, "max_new_tokens": 4})  # warm-up (grammar compile)
+            for b in batches:
+                results["points"].extend(_point(engines, name, texts[:n_for(b)], params, b, args.repeats))
+        for eng in engines.values():
+            eng.check_integrity()
     if args.llama_spec_types:
         results["llama_cpp"] = llama_peer(args, loads, max_new)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -179,9 +171,51 @@ def main():
         json.dump(results, f, indent=1)
     plot(results, args.out.replace(".json", ".png"))
     for p in results["points"]:
-        print(f"{p['workload']:>7} b={p['batch']:<3} off {p['tokens_per_s_off']:7.1f}  on {p['tokens_per_s_on']:7.1f} "
-              f"tok/s  speedup {p['speedup']:.2f}x  accept {p['mean_accept_length'] or 0:.2f}  "
-              f"identical {p['identical_outputs']}")
+        print(f"{p['workload']:>7} b={p['batch']:<3} topk={p['topk']} off {p['tokens_per_s_off']:7.1f}  on "
+              f"{p['tokens_per_s_on']:7.1f} tok/s  speedup {p['speedup']:.2f}x  accept "
+              f"{p['mean_accept_length'] or 0:.2f}  identical {p['identical_outputs']}")
+
+
+class _engines:
+    """The plain engine ("off") and one NGRAM engine per --topk value, alive together so the
+    runs of one point interleave (off, on, off, on...): a busy machine slows both alike."""
+
+    def __init__(self, args):
+        from lmprog_runtime import Engine
+        self.engines = {"off": Engine(model_path=args.model_path, dtype=args.dtype)}
+        for topk in [int(t) for t in args.topk.split(",")]:
+            kw = dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=args.num_draft_tokens,
+                      speculative_eagle_topk=topk if topk > 1 else None)
+            self.engines[topk] = Engine(model_path=args.model_path, dtype=args.dtype, **kw)
+
+    def __enter__(self):
+        return self.engines
+
+    def __exit__(self, *exc):
+        for eng in self.engines.values():
+            eng.shutdown()
+
+
+def _point(engines, name, texts, params, b: int, repeats: int) -> list:
+    """Interleaved off/on runs of one (workload, batch): per topk the ratio of summed tokens/s."""
+    runs = {key: [] for key in engines}
+    for _ in range(repeats):
+        for key, eng in engines.items():
+            eng.flush_cache()
+            runs[key].append(run(eng, texts, params, b))
+    off = runs.pop("off")
+    off_tps = statistics.mean(r["output_tokens_per_s"] for r in off)
+    points = []
+    for topk, rs in runs.items():
+        on_tps = statistics.mean(r["output_tokens_per_s"] for r in rs)
+        accepts = [r["mean_accept_length"] for r in rs if r["mean_accept_length"] is not None]
+        points.append({"workload": name, "batch": b, "topk": topk, "requests": len(texts),
+                       "tokens_per_s_off": off_tps, "tokens_per_s_on": on_tps, "speedup": on_tps / off_tps,
+                       "mean_accept_length": statistics.mean(accepts) if accepts else None,
+                       "identical_outputs": all(r["output_ids"] == off[0]["output_ids"] for r in rs)})
+        print(f"{name} batch {b} topk {topk}: off {off_tps:.1f} on {on_tps:.1f} tok/s "
+              f"({on_tps / off_tps:.2f}x), accept {points[-1]['mean_accept_length']}", flush=True)
+    return points
 
 
 def plot(results, path):
@@ -192,15 +226,22 @@ def plot(results, path):
     names = sorted({p["workload"] for p in results["points"]}, key=["doc_qa", "json", "chat"].index)
     fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.6), squeeze=False)
     for ax, name in zip(axes[0], names):
-        pts = sorted((p for p in results["points"] if p["workload"] == name), key=lambda p: p["batch"])
-        xs = range(len(pts))
-        ax.bar([x - 0.2 for x in xs], [p["tokens_per_s_off"] for p in pts], 0.4, label="off", color="tab:gray")
-        bars = ax.bar([x + 0.2 for x in xs], [p["tokens_per_s_on"] for p in pts], 0.4, label="NGRAM",
-                      color="tab:green")
-        ax.bar_label(bars, labels=[f"{p['speedup']:.2f}x\nacc {p['mean_accept_length'] or 0:.1f}" for p in pts],
-                     fontsize=7)
+        mine = [p for p in results["points"] if p["workload"] == name]
+        topks = sorted({p["topk"] for p in mine})
+        batches = sorted({p["batch"] for p in mine})
+        width = 0.8 / (len(topks) + 1)
+        xs = range(len(batches))
+        first = [next(p for p in mine if p["batch"] == b) for b in batches]
+        ax.bar([x - 0.4 + width / 2 for x in xs], [p["tokens_per_s_off"] for p in first], width, label="off",
+               color="tab:gray")
+        for i, topk in enumerate(topks):
+            pts = [next(p for p in mine if p["batch"] == b and p["topk"] == topk) for b in batches]
+            bars = ax.bar([x - 0.4 + width * (i + 1.5) for x in xs], [p["tokens_per_s_on"] for p in pts], width,
+                          label=f"NGRAM topk {topk}")
+            ax.bar_label(bars, labels=[f"{p['speedup']:.2f}x\nacc {p['mean_accept_length'] or 0:.1f}"
+                                       for p in pts], fontsize=6)
         ax.set_xticks(list(xs))
-        ax.set_xticklabels([f"batch {p['batch']}" for p in pts])
+        ax.set_xticklabels([f"batch {b}" for b in batches])
         ax.set_title(name)
         ax.set_ylabel("output tokens/s")
         ax.legend(fontsize=7)

@@ -172,10 +172,11 @@ def speculative(results_dir: str) -> List[str]:
            "verify step (accepted drafts + 1), the mean of the requests' `meta_info.spec_accept_length`. "
            "Aim: ≥ 1.8x at batch 1 on document QA and JSON extraction, ≥ 0.95x on free chat. "
            f"Weights: `--dtype {d['config'].get('dtype', 'auto')}`.", "",
-           "| workload | batch | requests | off tok/s | on tok/s | speedup | accept length | identical outputs |",
-           "|---|---:|---:|---:|---:|---:|---:|---|"]
+           "| workload | batch | topk | requests | off tok/s | on tok/s | speedup | accept length | identical outputs |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for p in d["points"]:
-        out.append(f"| {p['workload']} | {p['batch']} | {p['requests']} | {_f(p['tokens_per_s_off'], 1)} | "
+        out.append(f"| {p['workload']} | {p['batch']} | {p.get('topk', 1)} | {p['requests']} | "
+                   f"{_f(p['tokens_per_s_off'], 1)} | "
                    f"{_f(p['tokens_per_s_on'], 1)} | **{_f(p['speedup'], 2)}x** | {_f(p['mean_accept_length'], 2)} | "
                    f"{'yes' if p['identical_outputs'] else 'no'} |")
     if d.get("llama_cpp"):

@@ -36,6 +36,7 @@ NGRAM_MATCH_TYPES = ("BFS", "PROB")
 # Tokens one request adds to a verify forward (the last verified token + its drafts) are
 # attended as one short extend by every backend: at most attention/torch_native.SHORT_EXTEND.
 MAX_VERIFY_TOKENS = 16
+MAX_EAGLE_TOPK = 8  # children per node of an NGRAM draft tree (--speculative-eagle-topk)
 # Prefill/decode disaggregation (lmprog_runtime/disaggregation/, docs/disaggregation.md).
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 DISAGGREGATION_TRANSFER_BACKENDS = ("mooncake", "fake")
@@ -296,7 +297,8 @@ FLAG_HELP = {
     "speculative_draft_model_path": "STANDALONE: the draft model (HF folder or .gguf, same tokenizer)",
     "speculative_num_steps": "STANDALONE: autoregressive draft steps per verify (unset: 5, or "
                              "num_draft_tokens - 1)",
-    "speculative_eagle_topk": "branching of the draft tree; only 1 (chain drafts) is supported",
+    "speculative_eagle_topk": "branching of the draft tree: children per node (1: chains; "
+                              f"> 1: NGRAM trees of up to num_draft_tokens nodes, 1..{MAX_EAGLE_TOPK})",
     "speculative_num_draft_tokens": "tokens per request in one verify forward: the last verified token plus "
                                     f"up to this - 1 drafts, 2..{MAX_VERIFY_TOKENS} (unset: NGRAM "
                                     f"{NGRAM_DEFAULT_DRAFT_TOKENS}, STANDALONE num_steps + 1)",

@@ -45,11 +45,13 @@ def make_batch(prefix_lens, extend_lens, kv_heads, head_dim, dtype, page_size, s
 
 
 def compare_to_torch_native(backend, prefix_lens, extend_lens, heads, kv_heads, head_dim, dtype, page_size,
-                            seed=0, device="cpu", check=None, **backend_kwargs) -> float:
+                            seed=0, device="cpu", check=None, tree_masks=None, **backend_kwargs) -> float:
     """Max abs diff of `backend`'s output vs torch_native's over LAYERS layers of one batch;
-    also asserts both wrote the same KV. `check(backend_obj)` runs after init_forward_metadata."""
+    also asserts both wrote the same KV. `check(backend_obj)` runs after init_forward_metadata.
+    `tree_masks`: ForwardBatch.tree_masks (draft trees) for the batch."""
     pool_ref, pool_new, fb, g = make_batch(prefix_lens, extend_lens, kv_heads, head_dim, dtype, page_size,
                                            seed, device)
+    fb.tree_masks = tree_masks
     kw = dict(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
     ref = create_attention_backend("torch_native", token_to_kv_pool=pool_ref, **kw)
     new = create_attention_backend(backend, token_to_kv_pool=pool_new, **kw, **backend_kwargs)

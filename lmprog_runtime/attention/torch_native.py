@@ -11,6 +11,11 @@
   cascade case) is read there once per kv head for the whole batch.
 - Long extends (prefill chunks over a cached prefix): one SDPA per request, causal
   with the prefix offset.
+- Draft trees (`ForwardBatch.tree_masks`, speculative decoding): a tree request is short;
+  its block of the padded mask is the tree mask instead of causal.
+- A batch where some requests verify drafts (several tokens) and the others decode one:
+  the decodes still read K/V in place through the kernel (`_init_ones`); only the
+  verifying requests are gathered and padded.
 """
 
 from __future__ import annotations
@@ -50,13 +55,20 @@ class TorchNativeAttnBackend(AttentionBackend):
             i for i, e in enumerate(extend_lens) if e <= SHORT_EXTEND]
         self.short_tokens = None
         self.extends = []  # (slots [s], mask [e, s] or None for plain causal, start, e)
+        trees = fb.tree_masks
+        self.ones = self._init_ones(fb, rows, short, seq_lens, extend_lens, starts)
+        if self.ones is not None:  # the one-token decodes go through the kernel, apart
+            short = [i for i in short if extend_lens[i] > 1]
+            self.all_short = False
         if self.all_short:
-            self._init_short(rows, seq_lens, extend_lens, starts)
+            self._init_short(rows, seq_lens, extend_lens, starts, trees)
             self._init_paged(fb, short, seq_lens)
             return
+        if trees is not None:
+            assert all(trees[i] is None for i, e in enumerate(extend_lens) if e > SHORT_EXTEND), extend_lens
         if short:
             self._init_short(rows[short], [seq_lens[i] for i in short], [extend_lens[i] for i in short],
-                             [starts[i] for i in short])
+                             [starts[i] for i in short], None if trees is None else [trees[i] for i in short])
             self._init_paged(fb, short, seq_lens)
         for i, (s, e) in enumerate(zip(seq_lens, extend_lens)):
             if e <= SHORT_EXTEND:
@@ -84,11 +96,32 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.paged = self._plan(table, fb.req_pool_indices, fb.seq_lens, max(seq_lens), prefix)
         return True
 
+    def _init_ones(self, fb: ForwardBatch, rows, short: List[int], seq_lens: List[int], extend_lens: List[int],
+                   starts: List[int]):
+        """Beside requests verifying several tokens (drafts), the one-token decodes of the
+        batch read K/V in place through the kernel, as in a pure decode step, instead of
+        joining the padded gather: (plan, flat token rows [n]) or None."""
+        ones = [i for i in short if extend_lens[i] == 1]
+        if not ones or len(ones) == len(short) or fb.req_to_token.device.type != "cpu":
+            return None
+        k = self.kv_pool.k
+        if not (fb.req_to_token.is_contiguous() and paged_decode.available()) or k is None or (
+                k.dtype not in paged_decode.KV_DTYPES or not k.is_contiguous()):
+            return None
+        lens = [seq_lens[i] for i in ones]
+        shared = self._shared_prefix_len(rows[ones], [n - 1 for n in lens])
+        prefix = rows[ones[0], :shared] if shared else None
+        idx = torch.tensor(ones, dtype=torch.int64)
+        plan = self._plan(fb.req_to_token, fb.req_pool_indices.index_select(0, idx),
+                          torch.tensor(lens, dtype=torch.int64), max(lens), prefix)
+        return plan, torch.tensor([starts[i] for i in ones], dtype=torch.int64, device=rows.device)
+
     def _plan(self, table, rows, seq_lens, max_len: int, prefix) -> paged_decode.PagedDecodePlan:
         return paged_decode.PagedDecodePlan(table, rows, seq_lens, self.scaling, self.num_heads, self.num_kv_heads,
                                             self.head_dim, self.kv_pool.k.dtype == torch.bfloat16, prefix, max_len)
 
-    def _init_short(self, rows, seq_lens: List[int], extend_lens: List[int], starts: List[int]) -> None:
+    def _init_short(self, rows, seq_lens: List[int], extend_lens: List[int], starts: List[int],
+                    trees=None) -> None:
         dev = rows.device
         B, E, G = len(seq_lens), max(extend_lens), self.num_heads // self.num_kv_heads
         s = torch.tensor(seq_lens, device=dev)[:, None]
@@ -107,6 +140,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.kv_index = rows[:, P:max_len]  # [B, S] own slots (padding entries are masked out)
         key_pos = P + torch.arange(max_len - P, device=dev)  # [S]
         mask = key_pos[None, None, :] <= q_pos[:, :, None]  # [B, E, S] causal, and within seq_len
+        for b, tree in enumerate(trees or ()):
+            if tree is not None:  # a draft tree: its new tokens see only their ancestors among them
+                e_b, first = extend_lens[b], seq_lens[b] - extend_lens[b] - P
+                mask[b, :e_b, first:first + e_b] = tree.to(dev)
         # rows of the attention are (kv head, group member, position): [B, 1, G*E, S]
         self.mask = mask[:, None, None].expand(B, 1, G, E, mask.shape[-1]).reshape(B, 1, G * E, -1)
 
@@ -162,6 +199,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
         self._extend(q, k_cache, v_cache, out)
         out[self.short_tokens] = attend(q, k_cache, v_cache)
+        if self.ones is not None:
+            plan, tokens = self.ones
+            out[tokens] = plan.run(q.index_select(0, tokens).float().contiguous(), k_cache, v_cache).to(q.dtype)
         return out.view(T, H * D)
 
     def _queries(self, q: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Per batch, `init_forward_metadata` derives what every layer shares (where each request's
 new tokens start, the number of KV splits for decode, the split-K scratch buffers); per
 layer, `forward` stores the new K/V and launches either the decode kernels (every request
-adds one token) or the extend kernel (prefill over a cached prefix, mixed batches too).
+adds one token) or the extend kernel (prefill over a cached prefix, mixed batches too,
+and draft trees through their mask: `ForwardBatch.tree_masks`).
 
 Runs on CUDA tensors; on the CPU only inside Triton's interpreter (`TRITON_INTERPRET=1`,
 slow, for tests), otherwise construction fails with a message that says so.
@@ -71,6 +72,7 @@ class TritonAttnBackend(AttentionBackend):
             self.extend_lens = fb.extend_lens
             self.extend_start = torch.cumsum(fb.extend_lens, 0) - fb.extend_lens  # [B]
             self.max_extend_len = max(extend_lens)
+            self.tree_mask, self.tree_off = _flat_tree_masks(fb.tree_masks, fb.seq_lens.device)
 
     def _num_kv_splits(self, batch: int, max_len: int) -> int:
         """Enough (request, kv head, split) programs to fill the GPU twice over, but no split
@@ -97,5 +99,22 @@ class TritonAttnBackend(AttentionBackend):
             kernels.extend_attention(q, o, k_cache, v_cache, fb.req_to_token, self.req_pool_indices,
                                      self.seq_lens, self.extend_lens, self.extend_start,
                                      self.max_extend_len, self.scaling, block_m=t.block_m,
-                                     block_n=t.block_n, num_warps=t.num_warps)
+                                     block_n=t.block_n, num_warps=t.num_warps,
+                                     tree_mask=self.tree_mask, tree_off=self.tree_off)
         return o.view(q.shape[0], self.num_heads * self.head_dim)
+
+
+def _flat_tree_masks(masks, device):
+    """ForwardBatch.tree_masks → (int8 [sum e*e] row-major masks, int64 [B] offsets, -1 = causal),
+    or (None, None) when no request verifies a tree."""
+    if masks is None or all(m is None for m in masks):
+        return None, None
+    flat, offsets, total = [], [], 0
+    for m in masks:
+        if m is None:
+            offsets.append(-1)
+            continue
+        offsets.append(total)
+        flat.append(m.reshape(-1).to(torch.int8))
+        total += m.numel()
+    return (torch.cat(flat).to(device), torch.tensor(offsets, dtype=torch.int64, device=device))

@@ -68,11 +68,11 @@ def _softmax_step(qk, v, m_i, l_i, acc, UPCAST: tl.constexpr):
 
 @triton.jit
 def _extend_kernel(
-    Q, O, K, V, Req_to_token, Req_pool_idx, Seq_lens, Extend_lens, Extend_start,
+    Q, O, K, V, Req_to_token, Req_pool_idx, Seq_lens, Extend_lens, Extend_start, Tree_mask, Tree_off,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_req, sm_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, HAS_TREE: tl.constexpr,
 ):
     req, head, mblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ext_len = tl.load(Extend_lens + req)
@@ -115,6 +115,13 @@ def _extend_kernel(
                         mask=mask_n[:, None] & mask_d[None, :], other=0.0)
             qk = _mm(q, k, UPCAST) * sm_scale_log2
             visible = mask_n[None, :] & ((prefix + offs_m)[:, None] >= pos[None, :])
+            if HAS_TREE:  # a draft tree: row-major [ext_len, ext_len] int8 at Tree_off (-1: causal)
+                tree_off = tl.load(Tree_off + req)
+                if tree_off >= 0:
+                    in_tree = visible & mask_m[:, None]
+                    seen = tl.load(Tree_mask + tree_off + offs_m[:, None] * ext_len + (pos - prefix)[None, :],
+                                   mask=in_tree, other=0)
+                    visible = in_tree & (seen != 0)
             qk = tl.where(visible, qk, float("-inf"))
             m_i, l_i, acc = _softmax_step(qk, v, m_i, l_i, acc, UPCAST)
 
@@ -204,22 +211,29 @@ def _block_d(head_dim: int) -> int:
 
 def extend_attention(q, o, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, extend_lens,
                      extend_start, max_extend_len: int, scaling: float,
-                     block_m: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 1) -> None:
+                     block_m: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 1,
+                     tree_mask=None, tree_off=None) -> None:
     """o[t] = causal paged attention of new token t; q/o [T, H, D], k/v cache [slots, KV, D].
 
     Request i's new tokens are rows [extend_start[i], extend_start[i] + extend_lens[i]) of q,
-    at positions seq_lens[i] - extend_lens[i] ... seq_lens[i] - 1.
+    at KV indices seq_lens[i] - extend_lens[i] ... seq_lens[i] - 1. With `tree_off` [B] int64,
+    request i with tree_off[i] >= 0 attends its new tokens through the int8 [e, e] row-major
+    mask at tree_mask[tree_off[i]:] (nonzero = visible; a draft tree) instead of causally.
     """
     T, H, D = q.shape
     KV = k_cache.shape[1]
     assert q.stride(-1) == 1 and o.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     grid = (seq_lens.shape[0], H, triton.cdiv(max_extend_len, block_m))
+    has_tree = tree_off is not None
+    if not has_tree:  # never read
+        tree_mask = tree_off = extend_lens
     _extend_kernel[grid](
         q, o, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, extend_lens, extend_start,
+        tree_mask, tree_off,
         q.stride(0), q.stride(1), o.stride(0), o.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0), scaling * LOG2E,
         GROUP=H // KV, HEAD_DIM=D, BLOCK_D=_block_d(D), BLOCK_M=block_m, BLOCK_N=block_n,
-        UPCAST=_upcast(k_cache.dtype), num_warps=num_warps, num_stages=num_stages,
+        UPCAST=_upcast(k_cache.dtype), HAS_TREE=has_tree, num_warps=num_warps, num_stages=num_stages,
     )
 
 

@@ -84,6 +84,12 @@ class TokenToKVPool:
         self.k[layer].index_copy_(0, loc, k.to(self.k.dtype))
         self.v[layer].index_copy_(0, loc, v.to(self.v.dtype))
 
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """K/V of slots `src` [n] to slots `dst` [n] in every layer (all sources read first)."""
+        src, dst = src.to(self.k.device), dst.to(self.k.device)
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()

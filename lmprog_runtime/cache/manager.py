@@ -40,8 +40,10 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 class KVManager:
-    def __init__(self, req_pool: ReqToTokenPool, allocator: TokenSlotAllocator, tree, hicache=None):
+    def __init__(self, req_pool: ReqToTokenPool, allocator: TokenSlotAllocator, tree, hicache=None,
+                 kv_pool=None):
         self.req_pool = req_pool
+        self.kv_pool = kv_pool  # TokenToKVPool: its data moves only for draft trees (keep_path)
         self.allocator = allocator
         self.tree = tree  # RadixCache (HiRadixCache with hicache); tree.disable means no sharing
         self.hicache = hicache
@@ -248,6 +250,20 @@ class KVManager:
         self.tree.dec_lock_ref(req.last_node)
         req.last_node = match.last_node
         req.cache_protected_len = aligned
+
+    def keep_path(self, req, first: int, path) -> None:
+        """A verified draft tree: node path[i]'s KV (position first + path[i] of the request)
+        moves to position first + i, so the accepted tokens' KV lies in order after the root
+        (positions then follow the pages as usual; `truncate` frees the rest). path[i] >= i and
+        increasing, so each source is read before any copy writes it."""
+        moves = [(first + j, first + i) for i, j in enumerate(path) if j != i]
+        if not moves:
+            return
+        assert req.kv_len >= first + path[-1] + 1, (req.kv_len, first, path)
+        row = self.req_pool.table[req.row]
+        src = row[torch.tensor([m[0] for m in moves])]
+        dst = row[torch.tensor([m[1] for m in moves])]
+        self.kv_pool.move(src, dst)
 
     def truncate(self, req, new_kv_len: int) -> None:
         """Drop KV beyond `new_kv_len` (the verify step rejected those draft tokens)."""

@@ -30,6 +30,10 @@ class ForwardBatch:
     # Host copies, so backends need no device sync to loop over requests.
     seq_lens_cpu: List[int] = field(default_factory=list)
     extend_lens_cpu: List[int] = field(default_factory=list)
+    # Draft trees (speculative decoding): per request None (causal) or bool [e, e] on the CPU,
+    # which of its e new tokens each new token sees (all see the cached prefix); None: all causal.
+    # Such a request's new tokens are at most SHORT_EXTEND and their positions are not consecutive.
+    tree_masks: Optional[List[Optional[torch.Tensor]]] = None
 
     @property
     def batch_size(self) -> int:

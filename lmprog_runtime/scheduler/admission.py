@@ -29,8 +29,6 @@ Per step:
 
 from __future__ import annotations
 
-import dataclasses
-
 import logging
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
@@ -174,8 +172,7 @@ class Admission:
         if k == 0:
             return None, 0
         if k < len(draft.tokens):
-            mask = None if draft.mask is None else draft.mask[:k + 1]
-            draft = dataclasses.replace(draft, tokens=draft.tokens[:k], mask=mask)
+            draft = draft.prefix(k)
         return draft, (self.kv.pages_needed(r.kv_len, 1 + k) - base) * p
 
     def _reserved_room(self, running: List) -> float:

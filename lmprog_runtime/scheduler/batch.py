@@ -4,24 +4,39 @@ Also decides which rows of the flat token axis need logits: the last token of ev
 request that reaches the end of its sequence (to sample), plus the prompt positions
 whose input logprobs were asked for. A request verifying a draft (speculative decoding)
 computes its last token and the k drafted tokens after it: its k + 1 rows all get
-logits (`verify_row` is the first), and nothing is sampled from them directly.
+logits (`verify_row` is the first), and nothing is sampled from them directly. A draft
+tree (`PlannedDraft.parents`) puts node j at position `last + depth(j)` and gives the
+batch a tree mask for that request (`ForwardBatch.tree_masks`: each draft sees the
+prefix, the request's verified tokens, its ancestors and itself).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 import torch
 
 from lmprog_runtime.model_executor.forward_batch import ForwardBatch
+from lmprog_runtime.speculative.tree import depths, extend_mask
 
 
 @dataclass
 class PlannedDraft:
     tokens: List[int]                     # k >= 1 drafted tokens after the request's last token
-    mask: Optional[torch.Tensor] = None   # bool [k + 1, vocab] (True = allowed) for constrained requests
+    mask: Optional[torch.Tensor] = None   # bool [k + 1, vocab] (True = allowed) for constrained requests;
+    #                                       row 0: after the last token, row j + 1: after draft j (its path)
     forced: bool = False                  # text the grammar forces (scheduler/jump_forward.py), not a guess
+    parents: Optional[List[int]] = None   # a tree (speculative/tree.py; parents[j] < j); None: a chain
+    num_forced: int = 0                   # a speculative draft's leading tokens that are forced text (a chain)
+
+    def prefix(self, k: int) -> "PlannedDraft":
+        """The first k drafts (still a tree: parents come before their children)."""
+        mask = None if self.mask is None else self.mask[:k + 1]
+        parents = None if self.parents is None else self.parents[:k]
+        return dataclasses.replace(self, tokens=self.tokens[:k], mask=mask, parents=parents,
+                                   num_forced=min(self.num_forced, k))
 
 
 @dataclass
@@ -65,6 +80,7 @@ def build_forward_batch(plan: StepPlan, runner) -> ForwardBatch:
     device = runner.device
     ids, positions, locs, logit_rows = [], [], [], []
     seq_lens, extend_lens, rows = [], [], []
+    tree_masks = None  # [B] bool [e, e] or None per request, when some request verifies a tree
     offset = 0
     for item in plan.items:
         r, n, start = item.req, item.num_tokens, item.start
@@ -72,7 +88,10 @@ def build_forward_batch(plan: StepPlan, runner) -> ForwardBatch:
         ids.extend(fill[start:start + n - k])
         if k:
             ids.extend(item.draft.tokens)
-        positions.append(torch.arange(start, start + n, dtype=torch.int64))
+        positions.append(_positions(start, n, k, item.draft))
+        if k and item.draft.parents is not None:
+            tree_masks = tree_masks or [None] * len(plan.items)
+            tree_masks[len(rows)] = extend_mask(item.draft.parents, n - k)
         locs.append(item.loc)
         end = start + n
         if r.wants_input_logprobs:
@@ -103,4 +122,14 @@ def build_forward_batch(plan: StepPlan, runner) -> ForwardBatch:
         logits_indices=torch.tensor(logit_rows, dtype=torch.int64, device=device),
         seq_lens_cpu=seq_lens,
         extend_lens_cpu=extend_lens,
+        tree_masks=tree_masks,
     )
+
+
+def _positions(start: int, n: int, k: int, draft: Optional[PlannedDraft]) -> torch.Tensor:
+    """[n] positions of a request's new tokens: consecutive, a tree's drafts at root + depth."""
+    if not k or draft.parents is None:
+        return torch.arange(start, start + n, dtype=torch.int64)
+    root = start + n - k - 1
+    return torch.tensor(list(range(start, root + 1)) + [root + d for d in depths(draft.parents)],
+                        dtype=torch.int64)

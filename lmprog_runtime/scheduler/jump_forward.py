@@ -121,8 +121,10 @@ class JumpForward:
 
 
 def forced_drafts(jump: Optional[JumpForward], speculator, running: List) -> Dict[int, object]:
-    """This step's drafts: forced text first; the speculator drafts for the rest."""
+    """This step's drafts: forced text first; the speculator drafts for every request, and
+    where the grammar forces text its draft replaces the forced one only when it goes further
+    (its own draft through the forced text, or the forced tokens + its continuation)."""
     drafts = jump.propose(running) if jump is not None else {}
     if speculator is not None:
-        drafts.update(speculator.propose([r for r in running if id(r) not in drafts]))
+        drafts.update(speculator.propose(running, drafts))
     return drafts

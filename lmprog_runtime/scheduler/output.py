@@ -22,6 +22,7 @@ import torch
 from lmprog_runtime.messages import FinishReason
 from lmprog_runtime.scheduler.faults import Stage, fail_request
 from lmprog_runtime.scheduler.logprobs import record_input_logprobs, record_output_logprob
+from lmprog_runtime.speculative.tree import depths
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,8 @@ class PostProcessor:
     def verify(self, items, logits: torch.Tensor) -> None:
         """Speculative decoding: accept a prefix of each request's draft plus a bonus token
         (verify.py), append them through `on_token`, and free the KV of the rejected
-        drafts at once. A request's KV then covers its tokens but the last, as after any
+        drafts at once (of a draft tree: the accepted path's KV is first moved in order
+        after the root). A request's KV then covers its tokens but the last, as after any
         step; the tree never sees a draft (only `release` / `cache_unfinished` insert, and
         they read kv_len, which covers verified tokens only)."""
         from lmprog_runtime.speculative.verify import verify_rows
@@ -76,17 +78,28 @@ class PostProcessor:
                 if not r.finished:
                     self._check(Stage.SAMPLING, r)
                     rows = logits[item.verify_row:item.verify_row + k + 1].clone()
-                    v = verify_rows(self.sampler, r, rows, item.draft.tokens, item.draft.mask)
+                    v = verify_rows(self.sampler, r, rows, item.draft.tokens, item.draft.mask, item.draft.parents)
+                    if v.path:  # a tree: the accepted nodes' KV moves to the positions after the root
+                        self.kv.keep_path(r, item.start + item.num_tokens - k, v.path)
                     self.stats["num_generated_tokens"] += len(v.tokens)
                     self.on_run(r, v.tokens, v.logprobs)
-                    if item.draft.forced:
-                        self.jump.after_verify(k, v.accepted)
-                    else:
-                        self.speculator.after_verify(r, k, v.accepted, v.tokens)
+                    self._account(r, item.draft, v)
             except Exception as e:
                 fail_request(r, Stage.SAMPLING, e)
             finally:
                 self.kv.truncate(r, min(r.kv_len, r.seq_len - 1))
+
+    def _account(self, r, draft, v) -> None:
+        """Counters: forced text to jump-forward's, the rest to the speculator's."""
+        k = len(draft.tokens)
+        nf = k if draft.forced else draft.num_forced
+        if nf:
+            self.jump.after_verify(nf, min(v.accepted, nf))
+        if draft.forced:
+            return
+        reach = None if draft.parents is None else max(depths(draft.parents)) - nf
+        moved = bool(v.path) and v.path[-1] != len(v.path) - 1
+        self.speculator.after_verify(r, k - nf, max(0, v.accepted - nf), v.tokens, reach, moved)
 
     def on_run(self, r, tokens: List[int], lps: Optional[torch.Tensor]) -> None:
         """Several tokens in one step: each through `on_token`, up to the one that finishes

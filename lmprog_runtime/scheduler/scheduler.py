@@ -129,15 +129,16 @@ class Scheduler:
 
     def _build_kv(self, runner, tree) -> KVManager:
         allocator = TokenSlotAllocator(runner.max_total_num_tokens, self.limits.page_size)
+        pool = getattr(runner, "token_to_kv_pool", None)  # KV data moves for draft trees
         if tree is None and self.args.enable_hierarchical_cache:
             from lmprog_runtime.cache.hicache_setup import build_hicache
             tree, hicache = build_hicache(self.args, runner, allocator, self.limits.page_size)
-            return KVManager(runner.req_to_token_pool, allocator, tree, hicache)
+            return KVManager(runner.req_to_token_pool, allocator, tree, hicache, pool)
         if tree is None:
             from lmprog_runtime.cache.radix import RadixCache
             tree = RadixCache(allocator, page_size=self.limits.page_size,
                               disable=self.args.disable_radix_cache)
-        return KVManager(runner.req_to_token_pool, allocator, tree)
+        return KVManager(runner.req_to_token_pool, allocator, tree, kv_pool=pool)
 
     @staticmethod
     def _overlap_pool(args: ServerArgs, runner):
@@ -365,6 +366,8 @@ class Scheduler:
         self.stats["step_s"] += seconds
         self.steps.record(seconds, *self._step_times, self.stats["mask_s"], len(plan.items),
                           sum(it.num_tokens for it in plan.items))
+        if self.speculator is not None:
+            self.speculator.observe_step(plan, seconds)  # its cost rule learns step times
         self._measure_throughput()
 
     def _measure_throughput(self, window_s: float = 1.0) -> None:

@@ -2,18 +2,20 @@
 what became of them. A new source (an EAGLE-style head, a suffix tree, ...) implements
 these three methods and is added to `create_draft_source`.
 
-    drafts = source.propose(reqs, budgets)   # one Draft (or None) per request
+    drafts = source.propose(reqs, budgets, prefixes=None)   # one Draft (or None) per request
     source.on_verified(req, tokens)          # tokens appended by the verify step
     source.release(req)                      # the request finished: drop its state
     source.check_integrity() / source.flush()  # audit / empty its own memory (when idle)
 
 `propose` sees running requests whose last token is their only pending one: the draft
-continues `req.origin_input_ids + req.output_ids`. `budgets[i]` bounds request i's draft
-(>= 1). A source never changes a request; it reads its tokens.
+continues `req.origin_input_ids + req.output_ids` (+ `prefixes[i]` when given: text the
+request's grammar forces, which the verify step checks first; the draft continues after
+it, and a source that cannot may return None there). `budgets[i]` bounds request i's
+draft (>= 1). A source never changes a request; it reads its tokens.
 
 `Draft.parents` describes a tree (parents[j] = index of token j's parent, -1 = the last
-verified token). Only chains (parents None, each token follows the previous one) are
-verified today; a tree source must fall back to its best chain.
+verified token; parents[j] < j, so every prefix of the draft is a tree too; siblings
+carry distinct tokens). None: a chain (each token follows the previous one).
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ class Draft:
 
 class DraftSource(abc.ABC):
     @abc.abstractmethod
-    def propose(self, reqs: Sequence, budgets: Sequence[int]) -> List[Optional[Draft]]:
-        """One draft (at most budgets[i] tokens) or None per request."""
+    def propose(self, reqs: Sequence, budgets: Sequence[int],
+                prefixes: Optional[Sequence[List[int]]] = None) -> List[Optional[Draft]]:
+        """One draft (at most budgets[i] tokens, continuing after prefixes[i]) or None per request."""
 
     def on_verified(self, req, tokens: List[int], accepted_drafts: int) -> None:
         """`tokens` were appended to `req.output_ids` by a verify step: the first
@@ -52,7 +55,8 @@ def create_draft_source(spec, runner, server_args) -> DraftSource:
     """The source `spec.algorithm` names (imports lazily: STANDALONE loads a second model)."""
     if spec.algorithm == "NGRAM":
         from lmprog_runtime.speculative.ngram import NgramDraftSource
-        return NgramDraftSource(max_depth=spec.ngram_max_trie_depth, capacity=spec.ngram_capacity)
+        return NgramDraftSource(max_depth=spec.ngram_max_trie_depth, capacity=spec.ngram_capacity,
+                                topk=spec.topk)
     if spec.algorithm == "STANDALONE":
         from lmprog_runtime.speculative.standalone import StandaloneDraftSource
         return StandaloneDraftSource(spec, runner, server_args)

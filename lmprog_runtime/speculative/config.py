@@ -3,8 +3,11 @@
 
 Counting follows SGLang: `num_draft_tokens` is what one request adds to a verify forward,
 the last verified token included, so a request drafts at most `num_draft_tokens - 1`
-tokens per step. With `eagle_topk == 1` (chains, the only shape here) a STANDALONE draft
-model runs `num_steps` autoregressive steps and `num_draft_tokens = num_steps + 1`.
+tokens per step. With `eagle_topk == 1` (chains) a STANDALONE draft model runs
+`num_steps` autoregressive steps and `num_draft_tokens = num_steps + 1`. With
+`eagle_topk > 1` (NGRAM only) a draft is a tree: each node has at most `eagle_topk`
+children and `num_draft_tokens` bounds the tree's size (the verified token as its root
+included), as SGLang's NGRAM trees; `num_steps` then plays no part.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from lmprog_runtime.config import (MAX_VERIFY_TOKENS, NGRAM_DEFAULT_DRAFT_TOKENS, NGRAM_MATCH_TYPES,
+from lmprog_runtime.config import (MAX_EAGLE_TOPK, MAX_VERIFY_TOKENS, NGRAM_DEFAULT_DRAFT_TOKENS, NGRAM_MATCH_TYPES,
                                    SPECULATIVE_ALGORITHMS, STANDALONE_DEFAULT_STEPS)
 
 
@@ -25,6 +28,7 @@ class SpecConfig:
     ngram_max_trie_depth: int = 18
     ngram_capacity: int = 1_000_000
     ngram_match_type: str = "BFS"
+    topk: int = 1                  # children per draft-tree node (1: chains)
 
     @property
     def max_drafts(self) -> int:
@@ -48,14 +52,20 @@ def validate_speculative_args(args) -> None:
     if algo == "NGRAM" and args.speculative_draft_model_path:
         raise ValueError("speculative_draft_model_path is only used with speculative_algorithm STANDALONE.")
     topk = args.speculative_eagle_topk
-    if topk is not None and topk != 1:
-        _fail("eagle_topk", "1 (draft trees are not implemented; drafts are chains)", topk)
+    if topk is not None and not 1 <= topk <= MAX_EAGLE_TOPK:
+        _fail("eagle_topk", f"in [1, {MAX_EAGLE_TOPK}] (children per draft-tree node)", topk)
+    tree = topk is not None and topk > 1
+    if tree and algo != "NGRAM":
+        _fail("eagle_topk", "1 with STANDALONE (the draft model drafts chains; trees come from NGRAM)", topk)
+    if tree and args.attention_backend == "flashinfer":
+        _fail("eagle_topk", "1 with attention_backend flashinfer (no tree mask there; use triton or "
+              "torch_native)", topk)
     steps, n = args.speculative_num_steps, args.speculative_num_draft_tokens
     if steps is not None and not 1 <= steps <= MAX_VERIFY_TOKENS - 1:
         _fail("num_steps", f"in [1, {MAX_VERIFY_TOKENS - 1}]", steps)
     if n is not None and not 2 <= n <= MAX_VERIFY_TOKENS:
         _fail("num_draft_tokens", f"in [2, {MAX_VERIFY_TOKENS}] (the verified token + its drafts)", n)
-    if steps is not None and n is not None and n != steps + 1:
+    if not tree and steps is not None and n is not None and n != steps + 1:
         _fail("num_draft_tokens", f"num_steps + 1 = {steps + 1} with eagle_topk 1", n)
     lo, hi = args.speculative_ngram_min_bfs_breadth, args.speculative_ngram_max_bfs_breadth
     if lo < 1:
@@ -76,8 +86,9 @@ def resolve_speculative(args) -> Optional[SpecConfig]:
     if algo is None:
         return None
     steps, n = args.speculative_num_steps, args.speculative_num_draft_tokens
+    topk = args.speculative_eagle_topk or 1
     if n is None:
-        if steps is not None:
+        if steps is not None and topk == 1:
             n = steps + 1
         else:
             n = NGRAM_DEFAULT_DRAFT_TOKENS if algo == "NGRAM" else STANDALONE_DEFAULT_STEPS[2]
@@ -85,4 +96,4 @@ def resolve_speculative(args) -> Optional[SpecConfig]:
                       draft_model_path=args.speculative_draft_model_path,
                       ngram_max_trie_depth=args.speculative_ngram_max_trie_depth,
                       ngram_capacity=args.speculative_ngram_capacity,
-                      ngram_match_type=args.speculative_ngram_match_type)
+                      ngram_match_type=args.speculative_ngram_match_type, topk=topk)

@@ -5,7 +5,10 @@ A path root → ... → node spells an n-gram; `count` is how often it was seen 
 the most frequent next token (ties: the latest seen). A draft continues a request's
 tokens: find the longest suffix of them (at most max_depth - 1 tokens) that is a path
 with a continuation, follow `best` children; at a leaf, match again with the drafted
-tokens appended. Chains only (SGLang builds a BFS tree; see base.py).
+tokens appended. With topk > 1 (`draft_tree`) the draft is a tree: where a node has
+several continuations, up to topk of them (the most frequent first) become children,
+and nodes join the tree best-first by their path's estimated probability (the product
+of count(child) / count(all children) along the path) until the tree holds k nodes.
 
 Memory is bounded by `capacity` nodes in two generations: new n-grams go to the current
 trie; when it holds capacity / 2 nodes it becomes the previous one (the older previous is
@@ -16,7 +19,9 @@ token is max_depth node steps; a draft is at most a few suffix walks of <= max_d
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+import heapq
+import itertools
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from lmprog_runtime.speculative.base import Draft, DraftSource
 
@@ -58,6 +63,7 @@ class NgramCorpus:
         self.previous: Optional[_Node] = None
         self.gen = 0
         self.nodes = 0  # nodes of the current generation
+        self._tie = itertools.count()  # heap tie-breaker: earlier pushes first
 
     # -- insertion ------------------------------------------------------------------------
     def feed(self, state: _SeqState, tokens: Sequence[int]) -> None:
@@ -117,6 +123,35 @@ class NgramCorpus:
                 break
         return out
 
+    def draft_tree(self, tail: List[int], k: int, topk: int) -> Tuple[List[int], List[int]]:
+        """Up to k tree nodes continuing `tail`: (tokens, parents), parents[j] < j the index
+        of node j's parent, -1 = the last token of `tail`. Best-first (see the docstring)."""
+        tokens: List[int] = []
+        parents: List[int] = []
+        paths: List[List[int]] = []  # paths[j]: tokens from the root to node j, inclusive
+        heap: list = []  # (-probability, tie, parent index, token, trie node of the token)
+        self._push_children(heap, self._deepest_match(tail), 1.0, -1, topk)
+        while heap and len(tokens) < k:
+            neg_p, _, parent, token, node = heapq.heappop(heap)
+            j = len(tokens)
+            tokens.append(token)
+            parents.append(parent)
+            paths.append((paths[parent] if parent >= 0 else []) + [token])
+            if node.best < 0:  # a leaf: match again with the path appended
+                node = self._deepest_match(tail + paths[j])
+            self._push_children(heap, node, -neg_p, j, topk)
+        return tokens, parents
+
+    def _push_children(self, heap: list, node: Optional[_Node], prob: float, parent: int, topk: int) -> None:
+        """The topk most frequent children of `node` (its `best` first) under `parent`."""
+        if node is None or node.best < 0:
+            return
+        kids = node.children
+        total = sum(c.count for c in kids.values())
+        top = heapq.nlargest(topk, kids.items(), key=lambda kv: (kv[0] == node.best, kv[1].count))
+        for token, child in top:
+            heapq.heappush(heap, (-prob * child.count / total, next(self._tie), parent, token, child))
+
     def _deepest_match(self, seq: List[int]) -> Optional[_Node]:
         """The node of the longest suffix of `seq` (MIN_MATCH .. max_depth - 1 tokens) that
         has a child."""
@@ -136,21 +171,27 @@ class NgramCorpus:
 
 
 class NgramDraftSource(DraftSource):
-    def __init__(self, max_depth: int = 18, capacity: int = 1_000_000):
+    def __init__(self, max_depth: int = 18, capacity: int = 1_000_000, topk: int = 1):
         self.corpus = NgramCorpus(max_depth, capacity)
+        self.topk = topk  # 1: chains; > 1: trees of up to topk children per node
         self.states: Dict[str, _SeqState] = {}
 
-    def propose(self, reqs: Sequence, budgets: Sequence[int]) -> List[Optional[Draft]]:
+    def propose(self, reqs: Sequence, budgets: Sequence[int], prefixes=None) -> List[Optional[Draft]]:
         out: List[Optional[Draft]] = []
         depth = self.corpus.max_depth
-        for r, k in zip(reqs, budgets):
+        for i, (r, k) in enumerate(zip(reqs, budgets)):
             state = self.states.get(r.rid)
             if state is None:
                 state = self.states[r.rid] = _SeqState(self.corpus.gen)
             tokens = r.origin_input_ids + r.output_ids
-            self.corpus.feed(state, tokens)
-            tokens = self.corpus.draft(tokens[-(depth - 1):], k)
-            out.append(Draft(tokens) if tokens else None)
+            self.corpus.feed(state, tokens)  # verified tokens only: a prefix is not fed
+            tail = (tokens[-(depth - 1):] + list(prefixes[i] if prefixes else ()))[-(depth - 1):]
+            if self.topk == 1:
+                tokens = self.corpus.draft(tail, k)
+                out.append(Draft(tokens) if tokens else None)
+            else:
+                tokens, parents = self.corpus.draft_tree(tail, k, self.topk)
+                out.append(Draft(tokens, parents) if tokens else None)
         return out
 
     def release(self, req) -> None:

@@ -7,7 +7,12 @@ step), it has reached min_new_tokens, it uses no frequency / presence / repetiti
 penalty (those would change between drafted positions), and at least 2 output tokens
 are left (k drafts produce up to k + 1 tokens; k <= remaining - 1 keeps max_new_tokens).
 
-Turning itself down (per request, `DraftBudget`): the draft length starts at
+Turning itself down, by measured cost (cost.py; docs/speculative.md "Turning itself
+down"): once this batch size's plain and verify step times are measured, a request drafts
+the longest k whose k-th draft token is still worth its cost (a^k * c >= m), a step
+verifies only when its drafts' expected gain beats the verify's cost, and after
+PROBE_EVERY steps without a verify the idled requests probe with one draft. Until then,
+the heuristic (per request, `DraftBudget`): the draft length starts at
 INITIAL_DRAFTS; after a verify that accepted a of k drafts it becomes a + 1 (fewer wasted
 positions next time), and it doubles (up to the maximum) after a fully accepted one.
 After 2 verifies in a row that accepted nothing the request stops drafting for 2 steps,
@@ -18,10 +23,15 @@ where a forward of many tokens costs like a prefill); the requests with the best
 acceptance keep theirs first.
 
 Constrained requests: a draft is cut at the first token the grammar forbids, and before
-any token after which the grammar terminates or would jump forward (that token may still
-come as the verify step's bonus token, where `on_token` handles it as a plain step would).
-The mask of every drafted position (and of the bonus position) is written here, with the
-matcher advanced through the draft and rolled back exactly.
+any token after which the grammar terminates (that token may still come as the verify
+step's bonus token, where `on_token` handles it as a plain step would). A draft runs on
+through text the grammar forces (its tokens are the model's own earlier tokenization of
+it, which the model accepts more often than the forced text's canonical tokens). Where
+jump-forward forces text this step, the request's draft is its own one if that goes past
+the forced text, else the forced tokens followed by the source's continuation after them
+(`prefixes`), else the forced text alone. The mask of every drafted position (and of the
+bonus position) is written here, with the matcher advanced through the draft and rolled
+back exactly.
 """
 
 from __future__ import annotations
@@ -29,9 +39,11 @@ from __future__ import annotations
 import logging
 from typing import Dict, List, Optional
 
-from lmprog_runtime.scheduler.batch import PlannedDraft  # noqa: F401 - drafts are planned in batch.py's shape
+from lmprog_runtime.scheduler.batch import PlannedDraft
 from lmprog_runtime.scheduler.faults import Stage, fail_request
 from lmprog_runtime.scheduler.jump_forward import grammar_draft
+from lmprog_runtime.speculative.cost import Acceptance, StepCost, draft_length, worth_it
+from lmprog_runtime.speculative.tree import chain_parents, depths, grammar_tree_draft, well_formed
 
 logger = logging.getLogger(__name__)
 
@@ -45,18 +57,23 @@ CPU_STEP_DRAFT_TOKENS = 48
 GPU_STEP_DRAFT_TOKENS = 1024
 
 
+PROBE_EVERY = 32      # steps without any verify after which requests the cost rule idles probe (1 draft)
+
+
 class DraftBudget:
     """One request's adaptive draft length (see the module docstring)."""
 
-    __slots__ = ("k", "misses", "cooldown", "rate")
+    __slots__ = ("k", "misses", "cooldown", "rate", "acc")
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, acc: Optional[Acceptance] = None):
         self.k = k
         self.misses = 0
         self.cooldown = 0
         self.rate = 0.5  # EMA of accepted / proposed
+        self.acc = acc or Acceptance()  # per-position acceptance, for the cost rule
 
     def update(self, proposed: int, accepted: int, max_k: int) -> None:
+        self.acc.update(proposed, accepted)
         self.rate = RATE_DECAY * self.rate + (1 - RATE_DECAY) * accepted / proposed
         self.k = min(max_k, 2 * self.k) if accepted == proposed else max(1, accepted + 1)
         if accepted:
@@ -82,95 +99,179 @@ class Speculator:
         self.step_draft_tokens = max(step_draft_tokens, spec.max_drafts)  # cap per verify forward
         self.source = source      # DraftSource
         self.vocab_size = vocab_size
-        self.jump_forward = jump_forward  # jump-forward on: drafts stop where it would fire
+        self.jump_forward = jump_forward  # jump-forward on: forced text may start a draft (`_choose`)
         self.stats = stats        # adds spec_num_verify, spec_num_draft_tokens, spec_num_accepted_tokens
         self.faults = faults
         self.budgets: Dict[str, DraftBudget] = {}
-        stats.update(spec_num_verify=0, spec_num_draft_tokens=0, spec_num_accepted_tokens=0)
+        stats.update(spec_num_verify=0, spec_num_draft_tokens=0, spec_num_accepted_tokens=0,
+                     spec_num_tree_moves=0, spec_num_steps_declined=0)
+        self.cost = StepCost()       # measured step times → the cost rule (cost.py)
+        self.accept = Acceptance()   # all requests' acceptance: a new request's prior
+        self.idle_steps = 0          # decode steps since the last one that verified a draft
 
     # -- before admission ---------------------------------------------------------------------
-    def propose(self, running: List) -> Dict[int, PlannedDraft]:
-        """id(req) → its draft, for the running requests that draft this step."""
-        reqs, budgets = [], []
+    def propose(self, running: List, forced: Optional[Dict[int, PlannedDraft]] = None) -> Dict[int, PlannedDraft]:
+        """id(req) → its draft, for the running requests that draft this step. `forced`: the
+        jump-forward drafts of this step (id(req) → forced text); such a request gets a draft
+        here only where it beats the forced text alone (see `_choose`), and it replaces it."""
+        forced = forced or {}
+        reqs, budgets, prefixed = [], [], []
+        model = self.cost.model(sum(not r.finished for r in running))
+        probing = self.idle_steps >= PROBE_EVERY
         for r in running:
             if not eligible(r):
                 continue
-            b = self.budgets.get(r.rid)
-            if b is None:
-                b = self.budgets[r.rid] = DraftBudget(min(self.spec.max_drafts, INITIAL_DRAFTS))
-            if b.cooldown:
-                b.cooldown -= 1
+            depth = self._depth(r, model, probing)
+            if not depth:
                 continue
+            nodes = depth * self.spec.topk  # a tree of depth ~k has room for alternatives at each level
+            k = min(nodes, self.spec.max_drafts, r.max_new_tokens - len(r.output_ids) - 1)
             reqs.append(r)
-            budgets.append(min(b.k, r.max_new_tokens - len(r.output_ids) - 1))
+            budgets.append(k)
+            f = forced.get(id(r))
+            if f is not None and k > len(f.tokens):
+                prefixed.append((r, f, k - len(f.tokens)))
         if not reqs:
             return {}
-        drafts = self._propose(reqs, budgets)
-        found = [(r, list(d.tokens[:k])) for r, k, d in zip(reqs, budgets, drafts)
-                 if d is not None and d.tokens and not r.finished]
-        out = {}
-        for r, tokens in self._cap(found):
-            planned = self._trim(r, tokens)
-            if planned is not None:
-                out[id(r)] = planned
-        return out
+        own = dict(zip(map(id, reqs), self._propose(reqs, budgets)))
+        after = {}
+        if prefixed:
+            conts = self._propose([r for r, _, _ in prefixed], [k for _, _, k in prefixed],
+                                  [f.tokens for _, f, _ in prefixed])
+            after = {id(r): c for (r, _, _), c in zip(prefixed, conts)}
+        found = []
+        for r, k in zip(reqs, budgets):
+            if r.finished:
+                continue
+            draft = self._choose(r, k, own.get(id(r)), forced.get(id(r)), after.get(id(r)))
+            if draft is not None:
+                found.append((r, draft))
+        if model is not None and not probing and not self._pays(model, found):
+            self.stats["spec_num_steps_declined"] += 1
+            return {}
+        return {id(r): d for r, d in self._cap(found)}
+
+    def _depth(self, r, model, probing: bool) -> int:
+        """How deep `r` drafts this step: by the cost rule (cost.py) once the step times of
+        this batch size are known, else by the budget's own heuristic; 0 = not at all."""
+        b = self.budgets.get(r.rid)
+        if b is None:
+            b = self.budgets[r.rid] = DraftBudget(min(self.spec.max_drafts, INITIAL_DRAFTS), self.accept.seed())
+        if model is None:
+            if b.cooldown:
+                b.cooldown -= 1
+                return 0
+            return b.k
+        c, _, m = model
+        depth = draft_length(b.acc.rate, c, m, self.spec.max_drafts)
+        return depth or (1 if probing else 0)
+
+    def _pays(self, model, found: List) -> bool:
+        """The step's drafts together are worth their verify cost (cost.worth_it)."""
+        plans = []
+        for r, d in found:
+            spec = len(d.tokens) - d.num_forced
+            depth = spec if d.parents is None else max(depths(d.parents)) - d.num_forced
+            plans.append((self.budgets[r.rid].acc.rate, depth, spec))
+        return worth_it(model, plans)
+
+    def observe_step(self, plan, seconds: float) -> None:
+        """A finished step's wall time, for the cost model: only steps of decodes and verifies."""
+        drafts = 0
+        for it in plan.items:
+            if it.num_tokens - it.num_draft > 1:
+                return  # a prefill chunk: not a decode-or-verify step
+            drafts += it.num_draft
+        self.idle_steps = 0 if drafts else self.idle_steps + 1
+        self.cost.observe(len(plan.items), drafts, seconds)
+
+    def _choose(self, r, k: int, own, f: Optional[PlannedDraft], cont) -> Optional[PlannedDraft]:
+        """The request's own draft, grammar-trimmed; with forced text `f`: the own draft if it
+        goes past the forced text (it spells it in the model's own tokens), else the forced
+        tokens followed by the source's continuation after them, else None (f stays)."""
+        mine = None
+        if own is not None and own.tokens:
+            mine = self._trim(r, _planned(own).prefix(k))
+        if f is None:
+            return mine
+        if mine is not None and len(mine.tokens) > len(f.tokens):
+            return mine
+        if cont is None or not cont.tokens or r.finished:
+            return None
+        nf, cont = len(f.tokens), _planned(cont)
+        parents = None if cont.parents is None else chain_parents(nf) + [
+            p + nf if p >= 0 else nf - 1 for p in cont.parents]
+        joined = self._trim(r, PlannedDraft(f.tokens + cont.tokens, parents=parents,
+                                            num_forced=nf).prefix(nf + k))
+        return joined if joined is not None and len(joined.tokens) > nf else None
 
     def _cap(self, found: List) -> List:
         """At most `step_draft_tokens` draft tokens in all: the requests whose drafts were
         accepted most often recently get theirs first."""
-        if sum(len(t) for _, t in found) <= self.step_draft_tokens:
+        if sum(len(d.tokens) for _, d in found) <= self.step_draft_tokens:
             return found
-        found = sorted(found, key=lambda rt: -self.budgets[rt[0].rid].rate)
+        found = sorted(found, key=lambda rd: -self.budgets[rd[0].rid].rate)
         left, kept = self.step_draft_tokens, []
-        for r, tokens in found:
+        for r, draft in found:
             if left <= 0:
                 break
-            kept.append((r, tokens[:left]))
-            left -= len(kept[-1][1])
+            kept.append((r, draft.prefix(left)))
+            left -= len(kept[-1][1].tokens)
         return kept
 
-    def _propose(self, reqs: List, budgets: List[int]) -> list:
+    def _propose(self, reqs: List, budgets: List[int], prefixes=None) -> list:
         """The source's drafts; if the batched call fails, each request alone (a request
         whose own call fails finishes with an error)."""
+        extra = {} if prefixes is None else {"prefixes": prefixes}
         try:
             if self.faults is not None:
                 self.faults.check_any(Stage.DRAFT, [r.rid for r in reqs], spend=False)
-            return self.source.propose(reqs, budgets)
+            return self.source.propose(reqs, budgets, **extra)
         except Exception:
             logger.exception("draft source failed for %d requests; retrying one by one", len(reqs))
         drafts = []
-        for r, k in zip(reqs, budgets):
+        for i, (r, k) in enumerate(zip(reqs, budgets)):
             try:
                 if self.faults is not None:
                     self.faults.check(Stage.DRAFT, r.rid)
-                drafts.extend(self.source.propose([r], [k]))
+                one = {} if prefixes is None else {"prefixes": [prefixes[i]]}
+                drafts.extend(self.source.propose([r], [k], **one))
             except Exception as e:
                 fail_request(r, Stage.DRAFT, e)
                 drafts.append(None)
         return drafts
 
-    def _trim(self, r, tokens: List[int]) -> Optional[PlannedDraft]:
+    def _trim(self, r, draft: PlannedDraft) -> Optional[PlannedDraft]:
         if r.grammar is None:
-            return PlannedDraft(tokens)
+            return draft
         try:
-            return self._trim_to_grammar(r, tokens)
+            return self._trim_to_grammar(r, draft)
         except Exception as e:
             fail_request(r, Stage.GRAMMAR_MASK, e)
             return None
 
-    def _trim_to_grammar(self, r, tokens: List[int]) -> Optional[PlannedDraft]:
+    def _trim_to_grammar(self, r, draft: PlannedDraft) -> Optional[PlannedDraft]:
         """Keep the drafts the grammar allows; masks of positions 0..kept (rows)."""
         if self.faults is not None:
             self.faults.check(Stage.GRAMMAR_MASK, r.rid)
-        cut = (lambda g: bool(g.jump_forward_str())) if self.jump_forward else None
-        kept, mask = grammar_draft(r.grammar, tokens, self.vocab_size, cut)
+        nf = draft.num_forced
+        if draft.parents is not None:
+            kept, parents, mask = grammar_tree_draft(r.grammar, draft.tokens, draft.parents, self.vocab_size)
+            nf = min(nf, next((j for j, p in enumerate(parents) if p != j - 1), len(parents)))
+            return PlannedDraft(kept, mask, parents=parents, num_forced=nf) if kept else None
+        kept, mask = grammar_draft(r.grammar, draft.tokens, self.vocab_size)
         if not kept:
             return None
-        return PlannedDraft(kept, mask)
+        return PlannedDraft(kept, mask, num_forced=min(nf, len(kept)))
 
     # -- after the verify step ------------------------------------------------------------------
-    def after_verify(self, r, proposed: int, accepted: int, appended: List[int]) -> None:
+    def after_verify(self, r, proposed: int, accepted: int, appended: List[int],
+                     reach: Optional[int] = None, moved: bool = False) -> None:
+        """`proposed` drafts (tree nodes; forced text not counted), `accepted` of them; `reach`:
+        the most one verify could accept (a tree's depth; default `proposed`), what the budget
+        counts as proposed; `moved`: a tree's accepted path needed its KV moved."""
         self.stats["spec_num_verify"] += 1
+        self.stats["spec_num_tree_moves"] += moved
         self.stats["spec_num_draft_tokens"] += proposed
         self.stats["spec_num_accepted_tokens"] += accepted
         if r.spec is not None:
@@ -178,8 +279,10 @@ class Speculator:
             r.spec.draft_tokens += proposed
             r.spec.accepted_tokens += accepted
         b = self.budgets.get(r.rid)
+        reach = max(1, proposed if reach is None else reach)
+        self.accept.update(reach, accepted)
         if b is not None:
-            b.update(proposed, accepted, self.spec.max_drafts)
+            b.update(reach, accepted, self.spec.max_drafts)
         self.source.on_verified(r, appended, accepted)
 
     def release(self, r) -> None:
@@ -195,6 +298,14 @@ class Speculator:
         return {"avg_spec_accept_length": (s["spec_num_accepted_tokens"] + n) / n if n else 0.0,
                 "spec_accept_rate": (s["spec_num_accepted_tokens"] / s["spec_num_draft_tokens"]
                                      if s["spec_num_draft_tokens"] else 0.0)}
+
+
+def _planned(d) -> PlannedDraft:
+    """A source's Draft as a PlannedDraft (a tree made well-formed: tree.well_formed)."""
+    if d.parents is None:
+        return PlannedDraft(list(d.tokens))
+    tokens, parents = well_formed(list(d.tokens), list(d.parents))
+    return PlannedDraft(tokens, parents=parents)
 
 
 def build_speculator(args, runner, jump_forward: bool, stats: dict, faults=None) -> Optional[Speculator]:

@@ -90,10 +90,12 @@ class StandaloneDraftSource(DraftSource):
         self.seqs: Dict[str, _DraftSeq] = {}
 
     # -- the contract -------------------------------------------------------------------------
-    def propose(self, reqs: Sequence, budgets: Sequence[int]) -> List[Optional[Draft]]:
+    def propose(self, reqs: Sequence, budgets: Sequence[int], prefixes=None) -> List[Optional[Draft]]:
         drafts: List[List[int]] = [[] for _ in reqs]
         active = []
         for i, (r, k) in enumerate(zip(reqs, budgets)):
+            if prefixes and prefixes[i]:  # no drafting after forced text here: the forced text stays alone
+                continue
             s = self._sync(r)
             if s.seq_len + k <= self.max_len:
                 active.append((i, s, k))

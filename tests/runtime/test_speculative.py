@@ -77,6 +77,9 @@ SPEC_CONFIGS = {
     "nocache": dict(BASE, disable_radix_cache=True),
     "page16": dict(BASE, page_size=16),
     "short_drafts": dict(BASE, speculative_num_draft_tokens=3),
+    "tree": dict(BASE, speculative_eagle_topk=3, speculative_num_draft_tokens=10),
+    "tree_page16_nocache": dict(BASE, speculative_eagle_topk=2, speculative_num_draft_tokens=8, page_size=16,
+                                disable_radix_cache=True),
 }
 
 
@@ -141,14 +144,16 @@ def test_abort_during_speculation_keeps_the_audit(spec_engine):
     spec_engine.check_integrity()
 
 
-def test_small_pool_retracts_and_stays_identical(tiny_model_path):
-    """A pool too small for the batch: retraction and draft room both bite."""
+@pytest.mark.parametrize("topk, pool", [(1, 300), (3, 260)])
+def test_small_pool_retracts_and_stays_identical(tiny_model_path, topk, pool):
+    """A pool too small for the batch: retraction and draft room both bite (chains, trees;
+    trees accept more and finish sooner, so their pool is smaller)."""
     params = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
-    small = dict(max_total_tokens=300, chunked_prefill_size=64, schedule_conservativeness=0.05)
+    small = dict(max_total_tokens=pool, chunked_prefill_size=64, schedule_conservativeness=0.05)
     ref_eng = make_engine(tiny_model_path, **small)
     ref = ref_eng.generate(PROMPTS, params)
     ref_eng.shutdown()
-    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", **small)
+    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", speculative_eagle_topk=topk, **small)
     try:
         outs = eng.generate(PROMPTS, params)
         assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
@@ -169,10 +174,11 @@ def test_metrics_report_speculation(spec_engine):
     assert state["spec_num_draft_tokens"] >= state["spec_num_accepted_tokens"] > 0
 
 
-def test_radix_cache_holds_only_verified_tokens(tiny_model_path):
+@pytest.mark.parametrize("topk", [1, 3])
+def test_radix_cache_holds_only_verified_tokens(tiny_model_path, topk):
     """Every path of the tree, after speculative runs, spells a prefix of a finished request's
-    prompt + output: no rejected (or accepted-but-unsent) draft ever reached it."""
-    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", **BASE)
+    prompt + output: no rejected (or accepted-but-unsent) draft ever reached it (chains, trees)."""
+    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", speculative_eagle_topk=topk, **BASE)
     try:
         outs = eng.generate(PROMPTS, {"temperature": 0, "max_new_tokens": 40, "stop": ["3"]},
                             return_prompt_token_ids=True)

@@ -11,7 +11,9 @@ from lmprog_runtime.config import ServerArgs, add_cli_args, from_cli_namespace
 from lmprog_runtime.speculative.config import resolve_speculative
 from lmprog_runtime.speculative.ngram import NgramCorpus, NgramDraftSource
 from lmprog_runtime.speculative.speculator import COOLDOWN_MAX, DraftBudget
-from lmprog_runtime.speculative.verify import _accept_greedy, _accept_sampled
+from lmprog_runtime.speculative.tree import children, depths, extend_mask, keep_nodes, path_to
+from lmprog_runtime.speculative.verify import (_accept_greedy, _accept_sampled, accept_tree_greedy,
+                                               accept_tree_sampled)
 
 
 # -- flags ------------------------------------------------------------------------------------
@@ -35,7 +37,11 @@ def test_flags_parse_and_resolve():
     (dict(speculative_algorithm="EAGLE"), "speculative_algorithm must be one of"),
     (dict(speculative_algorithm="STANDALONE"), "needs speculative_draft_model_path"),
     (dict(speculative_algorithm="NGRAM", speculative_draft_model_path="m"), "only used with"),
-    (dict(speculative_algorithm="NGRAM", speculative_eagle_topk=4), "speculative_eagle_topk must be 1"),
+    (dict(speculative_algorithm="NGRAM", speculative_eagle_topk=9), "speculative_eagle_topk must be in [1, 8]"),
+    (dict(speculative_algorithm="STANDALONE", speculative_draft_model_path="m", speculative_eagle_topk=2),
+     "speculative_eagle_topk must be 1 with STANDALONE"),
+    (dict(speculative_algorithm="NGRAM", speculative_eagle_topk=2, attention_backend="flashinfer"),
+     "1 with attention_backend flashinfer"),
     (dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=17), "in [2, 16]"),
     (dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=1), "in [2, 16]"),
     (dict(speculative_algorithm="NGRAM", speculative_num_steps=3, speculative_num_draft_tokens=8),
@@ -77,6 +83,76 @@ def test_ngram_prefers_frequent_and_longer_contexts():
     assert corpus.draft([7, 2], 1) == [5]      # the longer context "7 2" beats "2" → 4
     assert corpus.draft([99, 98], 3) == []     # never seen: no draft
     assert corpus.draft([3, 2], 1) == []       # only "2" matches: too short a context
+
+
+def test_ngram_tree_branches_best_first_by_count():
+    corpus = NgramCorpus(max_depth=4, capacity=10_000)
+    from lmprog_runtime.speculative.ngram import _SeqState
+    # after "1 2": 4 (three times), 3 (once); after "2 4": 7 twice, 8 once
+    corpus.feed(_SeqState(corpus.gen), [1, 2, 4, 7, 1, 2, 3, 5, 1, 2, 4, 7, 1, 2, 4, 8])
+    tokens, parents = corpus.draft_tree([9, 1, 2], 4, topk=2)
+    assert tokens[:2] == [4, 7] and parents[:2] == [-1, 0]  # the most probable path first
+    assert set(zip(tokens, parents)) >= {(3, -1), (8, 0)} or len(tokens) == 4
+    assert all(p < j for j, p in enumerate(parents))
+    for j in range(len(tokens)):  # siblings carry distinct tokens
+        sib = [tokens[i] for i in range(len(tokens)) if parents[i] == parents[j]]
+        assert len(sib) == len(set(sib))
+    # topk 1 is the chain draft
+    chain, chain_parents = corpus.draft_tree([9, 1, 2], 3, topk=1)
+    assert chain == corpus.draft([9, 1, 2], 3) and chain_parents == [-1, 0, 1]
+    assert corpus.draft_tree([99, 98], 5, topk=3) == ([], [])
+
+
+def test_tree_shapes():
+    parents = [-1, -1, 0, 0, 2]  # root → a(0), b(1); a → c(2), d(3); c → e(4)
+    assert depths(parents) == [1, 1, 2, 2, 3]
+    assert path_to(parents, 4) == [0, 2, 4]
+    assert children(parents) == [[0, 1], [2, 3], [], [4], [], []]
+    m = extend_mask(parents, lead=1)
+    assert m.shape == (6, 6)
+    assert m[5].tolist() == [True, True, False, True, False, True]  # e sees root, a, c, itself
+    assert m[2].tolist() == [True, False, True, False, False, False]  # b: root and itself
+    assert keep_nodes([10, 11, 12, 13, 14], parents, [True, True, False, True, True]) == (
+        [10, 11, 13], [-1, -1, 0])  # c dropped, so is its child e
+    from lmprog_runtime.speculative.tree import well_formed
+    # a repeated sibling token (node 1 = node 0's) and a forward parent are dropped with their subtrees
+    assert well_formed([10, 10, 12, 13, 14], [-1, -1, 0, 5, 1]) == ([10, 12], [-1, 0])
+
+
+def test_tree_greedy_follows_the_argmax_path():
+    parents = [-1, -1, 0, 0, 2]
+    draft = [5, 6, 7, 8, 9]
+    scaled = torch.full((6, 12), -1.0)
+    for row, best in enumerate([6, 1, 2, 3, 4, 11]):  # row 0 picks b (6); b's row picks 2: no child
+        scaled[row, best] = 1.0
+    assert accept_tree_greedy(scaled, draft, parents) == ([6, 2], [1])
+    for row, best in enumerate([5, 7, 1, 4, 3, 11]):  # root → a (5) → c (7) → row of c picks 4, not e (9)
+        scaled[row].fill_(-1.0)
+        scaled[row, best] = 1.0
+    assert accept_tree_greedy(scaled, draft, parents) == ([5, 7, 4], [0, 2])
+
+
+def test_tree_rejection_sampling_emits_the_target_distribution():
+    """The root has two drafted children (tokens 0 and 2), child 0 has one (token 1). The
+    first emitted token must follow p_0 and, after 0 was accepted, the second p_1 (5 sigma)."""
+    p = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.2, 0.5, 0.3, 0.0], [0.1, 0.1, 0.1, 0.7],
+                      [0.25, 0.25, 0.25, 0.25]])
+    draft, parents = [0, 2, 1], [-1, -1, 0]
+    gen = torch.Generator().manual_seed(3)
+    n = 20000
+    first, second = torch.zeros(4), torch.zeros(4)
+    seconds = 0
+    for _ in range(n):
+        tokens, path = accept_tree_sampled(p, draft, parents, gen)
+        assert tokens[:len(path)] == [draft[j] for j in path] and len(tokens) == len(path) + 1
+        first[tokens[0]] += 1
+        if tokens[0] == 0:
+            second[tokens[1]] += 1
+            seconds += 1
+    for freq, probs, m in ((first / n, p[0], n), (second / seconds, p[1], seconds)):
+        for f, q in zip(freq.tolist(), probs.tolist()):
+            assert abs(f - q) <= 5 * math.sqrt(q * (1 - q) / m) + 1e-9, (freq, probs)
+    assert second[3] == 0
 
 
 def test_ngram_shares_between_requests_and_forgets_released_state():
@@ -185,7 +261,7 @@ def test_step_cap_gives_the_best_acceptors_their_drafts_first():
     from lmprog_runtime.speculative.speculator import Speculator
 
     class Fixed(DraftSource):
-        def propose(self, reqs, budgets):
+        def propose(self, reqs, budgets, prefixes=None):
             return [Draft([1, 2, 3, 4][:k]) for k in budgets]
 
     sp = Speculator(SpecConfig("NGRAM", num_draft_tokens=5, num_steps=4), Fixed(), vocab_size=10,
@@ -198,6 +274,101 @@ def test_step_cap_gives_the_best_acceptors_their_drafts_first():
     drafts = sp.propose(reqs)
     assert [len(drafts[id(r)].tokens) if id(r) in drafts else 0 for r in reqs] == [0, 2, 4]
     assert sp.stats["spec_num_verify"] == 2 and sp.stats["spec_num_accepted_tokens"] == 4
+
+
+def test_cost_rule_draft_length_and_fit():
+    from lmprog_runtime.speculative.cost import Acceptance, StepCost, draft_length, worth_it
+    assert draft_length(0.8, c=10.0, m=0.5, limit=15) == 13  # 0.8^13 * 10 = 0.55 >= 0.5 > 0.8^14 * 10
+    assert draft_length(0.3, c=2.5, m=1.0, limit=15) == 0    # even the first draft does not pay
+    assert draft_length(0.9, c=1.0, m=0.0, limit=7) == 7
+    cost = StepCost()
+    assert cost.model(16) is None
+    for _ in range(5):
+        cost.observe(16, 0, 0.040)          # plain decode steps at batch 16: 40 ms
+    assert cost.model(16) is None           # no verify measured yet
+    for d in (4, 8, 12, 16, 4) * 2:
+        cost.observe(16, d, 0.040 + 0.006 + 0.001 * d)  # s = 6 ms, m = 1 ms per draft token
+    c, s, m = cost.model(16)
+    assert abs(c - 0.0025) < 1e-9 and abs(s - 0.006) < 1e-6 and abs(m - 0.001) < 1e-6
+    assert cost.model(12)[1:] == cost.model(16)[1:]  # one bucket for 9..16 (c is per request)
+    assert worth_it((c, s, m), [(0.9, 4, 4)] * 4)       # 4 good drafters pay for the verify
+    assert not worth_it((c, s, m), [(0.2, 1, 1)] * 4)   # 4 poor ones do not
+    a = Acceptance()
+    for _ in range(10):
+        a.update(4, 0)
+    assert a.rate < 0.15
+    assert abs(a.seed(weight=2.0).ok + a.seed(weight=2.0).miss - 2.0) < 1e-9
+
+
+def test_cost_rule_turns_poor_drafters_off_and_keeps_good_ones():
+    """Measured step times where one draft token costs 40% of a decoded token's share of
+    the step: a request accepting nothing stops drafting (probing again after PROBE_EVERY
+    idle steps), one accepting everything keeps drafting."""
+    from lmprog_runtime.scheduler.batch import PlannedDraft, PlannedReq, StepPlan
+    from lmprog_runtime.speculative.base import Draft, DraftSource
+    from lmprog_runtime.speculative.config import SpecConfig
+    from lmprog_runtime.speculative.speculator import PROBE_EVERY, Speculator
+
+    class Fixed(DraftSource):
+        def propose(self, reqs, budgets, prefixes=None):
+            return [Draft([1, 2, 3, 4, 5, 6][:k]) for k in budgets]
+
+    sp = Speculator(SpecConfig("NGRAM", num_draft_tokens=7, num_steps=6), Fixed(), vocab_size=10,
+                    jump_forward=False, stats={}, step_draft_tokens=64)
+    good, poor = _Running("good"), _Running("poor")
+    sp.propose([good, poor])  # no step times yet: the default budget; creates their budgets
+    for _ in range(6):
+        sp.after_verify(good, 4, 4, [1, 2, 3, 4, 5])
+        sp.after_verify(poor, 4, 0, [9])
+
+    def step(drafts: int) -> StepPlan:
+        plan = StepPlan()
+        for i, r in enumerate((good, poor)):
+            d = PlannedDraft([1] * drafts) if drafts and i == 0 else None
+            plan.items.append(PlannedReq(r, 1 + (drafts if d else 0), 10, None, draft=d))
+        return plan
+
+    for _ in range(5):
+        sp.observe_step(step(0), 0.020)                  # c = 10 ms per token at batch 2
+    for d in (2, 4, 6, 2, 4) * 2:
+        sp.observe_step(step(d), 0.020 + 0.004 * d)      # m = 4 ms per draft token
+    drafts = sp.propose([good, poor])
+    assert id(poor) not in drafts and len(drafts[id(good)].tokens) >= 4
+    for _ in range(PROBE_EVERY):
+        sp.observe_step(step(0), 0.020)
+    drafts = sp.propose([good, poor])
+    assert len(drafts[id(poor)].tokens) == 1  # a probe
+
+
+def test_forced_text_joins_the_ngram_continuation():
+    """Where jump-forward forces text, the draft is the request's own draft if it goes past
+    the forced text, else the forced tokens + the source's continuation after them (chain or
+    tree, the tree hanging below the last forced token)."""
+    from lmprog_runtime.scheduler.batch import PlannedDraft
+    from lmprog_runtime.speculative.base import Draft, DraftSource
+    from lmprog_runtime.speculative.config import SpecConfig
+    from lmprog_runtime.speculative.speculator import Speculator
+
+    class Source(DraftSource):
+        def __init__(self):
+            self.seen = []
+
+        def propose(self, reqs, budgets, prefixes=None):
+            self.seen.append(prefixes)
+            if prefixes:  # continues after the forced text: a small tree
+                return [Draft([7, 8, 9][:k], [-1, -1, 0][:k]) for k in budgets]
+            return [Draft([5][:k]) for k in budgets]  # its own draft: shorter than the forced text
+
+    src = Source()
+    sp = Speculator(SpecConfig("NGRAM", num_draft_tokens=9, num_steps=8, topk=2), src, vocab_size=10,
+                    jump_forward=True, stats={}, step_draft_tokens=64)
+    r = _Running("a")
+    forced = {id(r): PlannedDraft([5, 6], forced=True)}
+    d = sp.propose([r], forced)[id(r)]
+    assert src.seen[-1] == [[5, 6]]
+    assert (d.tokens, d.parents, d.num_forced, d.forced) == ([5, 6, 7, 8, 9], [-1, 0, 1, 1, 2], 2, False)
+    own = sp._choose(r, 6, Draft([5, 6, 1]), forced[id(r)], Draft([7]))
+    assert own.tokens == [5, 6, 1] and own.num_forced == 0  # its own draft spells the forced text and more
 
 
 def test_stream_interval_is_kept_when_a_step_adds_several_tokens():

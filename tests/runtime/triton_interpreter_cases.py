@@ -70,15 +70,32 @@ def test_speculative_verify_batch(page_size):
     assert diff < TOL[torch.float32]
 
 
-def test_speculative_engine_through_triton(tiny_model_path):
-    """NGRAM speculation on the triton backend gives torch_native's plain greedy tokens."""
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_speculative_tree_verify_batch(page_size):
+    """Draft trees: requests whose new tokens attend through a tree mask (the verified token,
+    then drafts that see only their ancestors), beside a causal chain verify and a decode."""
+    from lmprog_runtime.speculative.tree import extend_mask
+    trees = [extend_mask([-1, -1, 0, 0, 2, 1, 5, -1, 3, 8, 4], lead=1), None,
+             extend_mask([-1, 0, -1], lead=1), None]
+    diff = compare_to_torch_native("triton", [5, 30, 17, 40], [12, 3, 4, 1], heads=4, kv_heads=2,
+                                   head_dim=16, dtype=torch.float32, page_size=page_size, seed=7,
+                                   tuning=TINY, tree_masks=trees)
+    assert diff < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_speculative_engine_through_triton(tiny_model_path, tree):
+    """NGRAM speculation (chains, and trees) on the triton backend gives torch_native's plain
+    greedy tokens."""
     from lmprog_runtime import Engine
 
     prompts = ["1 2 3 4 1 2 3 4 1 2", "The cat sat on the mat. The cat sat on the"]
     params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
     outs = {}
-    for name, kw in (("plain", dict(attention_backend="torch_native")),
-                     ("spec", dict(attention_backend="triton", speculative_algorithm="NGRAM"))):
+    spec = dict(attention_backend="triton", speculative_algorithm="NGRAM")
+    if tree:
+        spec.update(speculative_eagle_topk=2, speculative_num_draft_tokens=6)
+    for name, kw in (("plain", dict(attention_backend="torch_native")), ("spec", spec)):
         eng = Engine(model_path=tiny_model_path, dtype="float32", max_total_tokens=1024, **kw)
         try:
             outs[name] = [o["output_ids"] for o in eng.generate(prompts, params)]

@@ -31,6 +31,6 @@ def test_ngram_server_reports_speculation(tiny_model_path, tmp_path):
 
 def test_bad_speculative_flag_fails_the_start():
     proc = subprocess.run([sys.executable, "-m", "lmprog_runtime", "serve", "--speculative-algorithm", "NGRAM",
-                           "--speculative-eagle-topk", "4"], capture_output=True, text=True, timeout=120)
+                           "--speculative-eagle-topk", "9"], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert "speculative_eagle_topk must be 1" in proc.stdout + proc.stderr
+    assert "speculative_eagle_topk must be in [1, 8]" in proc.stdout + proc.stderr

@@ -1,0 +1,142 @@
+"""What a draft costs and what it is worth, from measured step times (the rule by which
+speculation turns itself down).
+
+Measured: the wall time of every scheduler step whose requests all decode or verify (no
+prefill chunk in it), per batch-size bucket B:
+  - plain steps (no drafts): P(B), the time of a decode step, an EMA;
+  - verify steps with D draft tokens in all: y = t - P(B), the extra time, fitted online
+    as y = s + m * D (weighted least squares over recent steps, EMA weights): `m` is the
+    seconds one more draft token adds to the step, `s` the fixed cost of verifying at all
+    (the gathered attention path instead of the paged decode kernel, per-request verify).
+
+Worth: an accepted draft token saves one plain decode step's share of a token,
+c = P(B) / B seconds. A request whose drafts are accepted position after position with
+probability a (its `Acceptance`) gains a^j expected tokens from its j-th draft token, so
+its draft length is the largest k with a^k * c >= m (`draft_length`): 0 where even the
+first draft does not pay. A step verifies only when the gain of all its drafts together,
+c * sum_i sum_j a_i^j, exceeds s + m * D (`worth_it`); otherwise it runs as a plain decode.
+
+Until a bucket has both kinds of measurement the model abstains (None) and the caller
+falls back to its default budget. At batch 1 on any device m << c, so drafts stay long;
+at large batch on a CPU m approaches c and only well-accepted drafts remain.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+DECAY = 0.9           # EMA weight of the past per measurement
+MIN_PLAIN = 4.0       # plain steps (EMA weight) a bucket needs before the model speaks
+MIN_VERIFY = 6.0      # verify steps (EMA weight) likewise
+PRIOR_SUCCESS = 0.5   # acceptance prior: a = (successes + 0.5) / (successes + failures + 1)
+PRIOR_FAILURE = 0.5
+ACCEPT_DECAY = 0.8    # per verify, for a request's acceptance counts
+
+
+def bucket(batch: int) -> int:
+    """Batch sizes 1..8 exactly, then powers of two (16, 32, ...)."""
+    if batch <= 8:
+        return batch
+    return 1 << (batch - 1).bit_length()
+
+
+class _Fit:
+    """EMA-weighted sums for y = s + m * x."""
+
+    __slots__ = ("w", "x", "y", "xx", "xy")
+
+    def __init__(self):
+        self.w = self.x = self.y = self.xx = self.xy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = DECAY
+        self.w, self.x, self.y = d * self.w + 1, d * self.x + x, d * self.y + y
+        self.xx, self.xy = d * self.xx + x * x, d * self.xy + x * y
+
+    def solve(self):
+        """(s, m), both >= 0; with too little spread in x to tell them apart, all of y is
+        the fixed cost s (a forward's cost grows little with a few more tokens: the premise
+        of speculative decoding; the spread comes as draft lengths change)."""
+        mx, my = self.x / self.w, self.y / self.w
+        var = self.xx / self.w - mx * mx
+        if var > 0.25:
+            m = max(0.0, (self.xy / self.w - mx * my) / var)
+            s = max(0.0, my - m * mx)
+            return s, m
+        return max(0.0, my), 0.0
+
+
+class StepCost:
+    def __init__(self):
+        self.plain: Dict[int, list] = {}  # bucket -> [EMA weight, EMA of step seconds]
+        self.fits: Dict[int, _Fit] = {}
+
+    def observe(self, batch: int, drafts: int, seconds: float) -> None:
+        """One step of `batch` decoding / verifying requests with `drafts` draft tokens in all."""
+        b = bucket(batch)
+        if drafts == 0:
+            w, t = self.plain.get(b, (0.0, 0.0))
+            self.plain[b] = [DECAY * w + 1, (DECAY * w * t + seconds) / (DECAY * w + 1)]
+            return
+        base = self.plain.get(b)
+        if base is None or base[0] < MIN_PLAIN:
+            return
+        self.fits.setdefault(b, _Fit()).add(drafts, seconds - base[1])
+
+    def model(self, batch: int):
+        """(c, s, m) for this batch size: seconds per plain-decoded token, fixed verify
+        cost, seconds per draft token; None until both kinds of step were measured."""
+        b = bucket(batch)
+        base, fit = self.plain.get(b), self.fits.get(b)
+        if base is None or base[0] < MIN_PLAIN or fit is None or fit.w < MIN_VERIFY:
+            return None
+        s, m = fit.solve()
+        return base[1] / batch, s, m
+
+
+class Acceptance:
+    """A request's chance that a draft position is accepted given the previous one was:
+    successes = accepted drafts, failures = verifies that stopped before the draft's end."""
+
+    __slots__ = ("ok", "miss")
+
+    def __init__(self, ok: float = 0.0, miss: float = 0.0):
+        self.ok, self.miss = ok, miss
+
+    def seed(self, weight: float = 2.0) -> "Acceptance":
+        """A new request's start: this (global) estimate, with at most `weight` verifies' say."""
+        n = self.ok + self.miss
+        f = min(1.0, weight / n) if n else 0.0
+        return Acceptance(self.ok * f, self.miss * f)
+
+    def update(self, reach: int, accepted: int) -> None:
+        self.ok = ACCEPT_DECAY * self.ok + accepted
+        self.miss = ACCEPT_DECAY * self.miss + (1.0 if accepted < reach else 0.0)
+
+    @property
+    def rate(self) -> float:
+        return (self.ok + PRIOR_SUCCESS) / (self.ok + self.miss + PRIOR_SUCCESS + PRIOR_FAILURE)
+
+
+def draft_length(a: float, c: float, m: float, limit: int) -> int:
+    """Largest k <= limit with a^k * c >= m (0: no draft pays)."""
+    k, gain = 0, 1.0
+    while k < limit:
+        gain *= a
+        if gain * c < m:
+            break
+        k += 1
+    return k
+
+
+def expected_gain(a: float, k: int) -> float:
+    """Expected accepted drafts of a k-token chain: a + a^2 + ... + a^k."""
+    return sum(a ** j for j in range(1, k + 1))
+
+
+def worth_it(model, plans) -> bool:
+    """`plans`: (acceptance rate, draft length, draft tokens incl. tree alternatives) per
+    request that drafts: does the step's expected gain exceed its verify cost?"""
+    c, s, m = model
+    gain = c * sum(expected_gain(a, k) for a, k, _ in plans)
+    return gain > s + m * sum(n for _, _, n in plans)
