@@ -6,8 +6,10 @@ Tolerances, stated once:
   (native, forced AVX2, forced portable C) agrees to float32 rounding: 1e-5 of sum |x| |w|;
 - against the unrounded activations the error is the rounding's: per input <= dx / 2, so
   |y - x @ W.T| <= sum_k |w_k| max|x_block(k)| / 254 (+ float rounding);
-- the tiny model's logits with int8 activations vs its float32 self: within 0.2 absolute (int4)
-  and 0.1 (int8) on logits of magnitude ~1-3, and the same top-1 token for >= 90% of positions.
+- the tiny model's logits with int8 activations vs its float32 self: the float32-activation
+  kernels' tolerances (test_quant.py), 0.15 absolute (int4; measured 0.09) and 0.05 (int8;
+  measured 0.01) on logits of magnitude ~1-3, the same top-1 token for >= 90% of positions;
+- SmolLM2 (slow): max |logit - fp32| <= 3 on logits spanning ~[-20, 40], top-1 >= 85%.
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ def _int8_act_runner(tiny_model_path, fmt, monkeypatch):
     return ModelRunner(ServerArgs(quantization=fmt, **args)), ModelRunner(ServerArgs(quantization="none", **args))
 
 
-@pytest.mark.parametrize("fmt,atol", [("int8", 0.1), ("int4", 0.2)])
+@pytest.mark.parametrize("fmt,atol", [("int8", 0.05), ("int4", 0.15)])
 def test_tiny_model_logits_with_int8_activations(tiny_model_path, fmt, atol, monkeypatch):
     from test_quant import _teacher_forced_logits
 
