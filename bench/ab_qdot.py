@@ -7,8 +7,8 @@ the median of the per-pair time ratios (new / old) means something even on a bus
 - step: a whole batch-1 decode step of the embedded GGUF, one runner per kernel (int4 layers,
   int8 head, float32 dense), formats forced instead of probed.
 
-    python bench/ab_qdot.py [--quick]
-Writes bench/results/ab_qdot.json and bench/results/ab_qdot.png.
+    python bench/ab_qdot.py [--quick] [--num-threads 1]
+Writes bench/results/ab_qdot_t<threads>.json and .png.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def kernel_ab(pairs: int):
     return rows
 
 
-def runner_with(act: str):
+def runner_with(act: str, threads=None):
     """A runner on the embedded GGUF, int4 layers, its probe replaced by 'act is fastest'."""
     from lmprog_runtime.model_executor.runner import ModelRunner
 
@@ -78,16 +78,16 @@ def runner_with(act: str):
     probe.measure_cached = lambda config, formats: {
         f: {b: (0.5 if f[1] == act else 1.0) * b for b in probe.PROBE_BATCHES} for f in formats}
     try:
-        return ModelRunner(ServerArgs(model_path="default", dtype="float32", quantization="int4",
+        return ModelRunner(ServerArgs(model_path="default", dtype="float32", quantization="int4", num_threads=threads,
                                       max_total_tokens=2 * 200, max_running_requests=2, context_length=1024))
     finally:
         probe.measure_cached = real
 
 
-def step_ab(pairs: int):
+def step_ab(pairs: int, threads=None):
     from bench.one_batch import Batches
 
-    runners = {act: runner_with(act) for act in ("float32", "int8")}
+    runners = {act: runner_with(act, threads) for act in ("float32", "int8")}
     batches = {act: Batches(r, 200) for act, r in runners.items()}
     assert runners["int8"].formats.act_dtype == torch.int8 and runners["float32"].formats.act_dtype == torch.float32
     fb = {act: batches[act].make(1, 128, 1) for act in runners}
@@ -120,19 +120,22 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pairs", type=int, default=200)
     ap.add_argument("--quick", action="store_true", help="40 pairs")
+    ap.add_argument("--num-threads", type=int, default=None, help="default: the runtime's (--num-threads)")
     ap.add_argument("--results-dir", default=RESULTS)
     args = ap.parse_args()
     if args.quick:
         args.pairs = 40
     if not qgemm.dot_available():
         sys.exit("qdot.c is not built here (no C compiler?)")
-    rows, step = kernel_ab(args.pairs), step_ab(args.pairs)
+    step = step_ab(args.pairs, args.num_threads)  # its runner sets torch's threads for the kernels too
+    rows = kernel_ab(args.pairs)
     result = {"isa": qgemm.dot_isa(), "threads": torch.get_num_threads(), "pairs": args.pairs,
               "kernels": rows, "step_b1": step}
     os.makedirs(args.results_dir, exist_ok=True)
-    with open(os.path.join(args.results_dir, "ab_qdot.json"), "w") as f:
+    stem = os.path.join(args.results_dir, f"ab_qdot_t{torch.get_num_threads()}")
+    with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=2)
-    plot(rows, step, os.path.join(args.results_dir, "ab_qdot.png"))
+    plot(rows, step, stem + ".png")
 
 
 if __name__ == "__main__":
