@@ -4,13 +4,14 @@
  * Each call quantizes every activation row once, in blocks of 32 inputs (qx = round(x / dx),
  * dx = max|x| / 127, |qx| <= 127), then per weight block multiplies bytes with integer SIMD and
  * applies the scales in float:
- *   int4 (w = q * s + m, q in 0..15, the (scale, zmin) pairs of qgemm.c's layout):
+ *   int4 (w = q * s + m, q in 0..15; qgemm.c's nibble order, (s, m) as float16 pairs: GGUF
+ *   Q4_1's own d and m, 20 bytes a block of 32 as in the file, where qgemm.c reads 24):
  *     y[t, n] = sum_g s[n,g] * dx[t,g] * (q[n,g] . qx[t,g]) + m[n,g] * dx[t,g] * sum(qx[t,g])
  *   int8 (w = q * scale[n], q in -127..127):
  *     y[t, n] = scale[n] * sum_g dx[t,g] * (q[n,g] . qx[t,g])
  * The integer dot products are exact; only the per-block float sums round. A row's result
  * depends on that row alone, in a fixed order, whatever T or the thread count (what
- * --enable-deterministic-inference needs). Weights keep qgemm.c's layouts (no repacking).
+ * --enable-deterministic-inference needs). int8 weights keep qgemm.c's layout.
  *
  * The inner loop is picked at compile time (native.py builds with -march=native):
  *   __AVX512VNNI__ (and BW/VL): vpdpbusd on 64 bytes = two blocks per instruction;
@@ -35,6 +36,41 @@
 #endif
 
 #define QB 32          /* inputs per block */
+
+/* IEEE half -> float (normals, subnormals, zeros, inf/nan), for the builds without F16C. */
+static inline float h2f(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 31, man = h & 1023;
+    uint32_t bits;
+    if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else {
+        float f = (float)man * (1.0f / 16777216.0f);  /* man * 2^-24 */
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* (s, m) of block g from float16 pairs sm [G, 2] */
+#if defined(__F16C__) && !defined(LM_QDOT_PORTABLE)
+#include <immintrin.h>
+static inline void sm_at(const uint16_t *sm, int g, float *s, float *m) {
+    uint32_t two;
+    memcpy(&two, sm + 2 * g, 4);
+    const __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128((int)two));
+    *s = _mm_cvtss_f32(v);
+    *m = _mm_cvtss_f32(_mm_movehdup_ps(v));
+}
+#else
+static inline void sm_at(const uint16_t *sm, int g, float *s, float *m) {
+    *s = h2f(sm[2 * g]);
+    *m = h2f(sm[2 * g + 1]);
+}
+#endif
 #define T_CHUNK 64     /* activation rows per pass over the weights (their int8 copy stays in L2) */
 
 /* Per-call activation scratch: qx int8 [T, K], aux float [T, G, 2] = (dx, dx * sum(qx)) per
@@ -90,19 +126,20 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-static inline __m512 q4_pair(const uint8_t *qn, const float *szn, const int8_t *xt, const float *at, int g,
+static inline __m512 q4_pair(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int g,
                              __m128 *macc) {
     const __m512i shifts = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
     const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
     __m512i w = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qn + g * 16)));
     w = _mm512_and_si512(_mm512_srlv_epi64(w, shifts), _mm512_set1_epi8(15));
     const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xt + g * QB));
-    const __m128 p = _mm_mul_ps(_mm_loadu_ps(szn + 2 * g), _mm_loadu_ps(at + 2 * g));  /* s*dx, m*dx*sum */
+    const __m128 sm = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(szn + 2 * g)));  /* s, m, s', m' */
+    const __m128 p = _mm_mul_ps(sm, _mm_loadu_ps(at + 2 * g));  /* s*dx, m*dx*sum, ... */
     *macc = _mm_add_ps(*macc, p);
     return _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(p)));
 }
 
-static float q4_dot(const uint8_t *qn, const float *szn, const int8_t *xt, const float *at, int G) {
+static float q4_dot(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int G) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     __m128 m0 = _mm_setzero_ps(), m1 = _mm_setzero_ps();
     int g = 0;
@@ -120,7 +157,9 @@ static float q4_dot(const uint8_t *qn, const float *szn, const int8_t *xt, const
         const __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
         const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
         const __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, _mm256_loadu_si256((const __m256i *)(xt + g * QB)));
-        r += hsum256(_mm256_cvtepi32_ps(d)) * (szn[2 * g] * at[2 * g]) + szn[2 * g + 1] * at[2 * g + 1];
+        float sc, mn;
+        sm_at(szn, g, &sc, &mn);
+        r += hsum256(_mm256_cvtepi32_ps(d)) * (sc * at[2 * g]) + mn * at[2 * g + 1];
     }
     return r;
 }
@@ -141,16 +180,18 @@ static inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #endif
 }
 
-static inline __m256 q4_block(const uint8_t *qn, const float *szn, const int8_t *xt, const float *at, int g,
+static inline __m256 q4_block(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int g,
                               float *zs) {
     const __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
     const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
     const __m256i d = dot_u8s8(w, _mm256_loadu_si256((const __m256i *)(xt + g * QB)));
-    *zs += szn[2 * g + 1] * at[2 * g + 1];
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(szn[2 * g] * at[2 * g]));
+    float sc, mn;
+    sm_at(szn, g, &sc, &mn);
+    *zs += mn * at[2 * g + 1];
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(sc * at[2 * g]));
 }
 
-static float q4_dot(const uint8_t *qn, const float *szn, const int8_t *xt, const float *at, int G) {
+static float q4_dot(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int G) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     float z0 = 0.f, z1 = 0.f;
     int g = 0;
@@ -162,14 +203,16 @@ static float q4_dot(const uint8_t *qn, const float *szn, const int8_t *xt, const
     return hsum256(_mm256_add_ps(a0, a1)) + (z0 + z1);
 }
 #else
-static float q4_dot(const uint8_t *qn, const float *szn, const int8_t *xt, const float *at, int G) {
+static float q4_dot(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int G) {
     float r = 0.f;
     for (int g = 0; g < G; g++) {
         const uint8_t *b = qn + g * 16;
         const int8_t *xg = xt + g * QB;
         int32_t d = 0;
         for (int j = 0; j < 16; j++) d += (b[j] & 15) * xg[j] + (b[j] >> 4) * xg[j + 16];
-        r += (float)d * (szn[2 * g] * at[2 * g]) + szn[2 * g + 1] * at[2 * g + 1];
+        float sc, mn;
+        sm_at(szn, g, &sc, &mn);
+        r += (float)d * (sc * at[2 * g]) + mn * at[2 * g + 1];
     }
     return r;
 }
@@ -273,9 +316,9 @@ int lm_qdot_isa(void) {
 #endif
 }
 
-/* x float32 [T, K], q uint8 [N, K/2], sz float32 [N, K/32, 2] (qgemm.c's int4 layout) -> y [T, N].
- * Returns 0, or -1 when scratch could not be allocated (y untouched). */
-int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const float *sz, int64_t N, float *y,
+/* x float32 [T, K], q uint8 [N, K/2] (qgemm.c's nibble order), sz float16 [N, K/32, 2] (s, m)
+ * -> y [T, N]. Returns 0, or -1 when scratch could not be allocated (y untouched). */
+int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t *sz, int64_t N, float *y,
                  int nthreads) {
     const int G = K / QB;
     act_t a;
@@ -289,7 +332,7 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const float *sz
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++) {
             const uint8_t *qn = q + n * (K / 2);
-            const float *szn = sz + n * 2 * G;
+            const uint16_t *szn = sz + n * 2 * G;
             for (int t = t0; t < t1; t++)
                 y[(int64_t)t * N + n] = q4_dot(qn, szn, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, G);
         }

@@ -1,12 +1,13 @@
 """lmprog's own weight-only int8 and int4 matmuls for the CPU, used by `QuantLinear`:
 `q8_matmul(x, q, scale)` = x @ (q * scale[:, None]).T, and
 `q4_matmul(x, *pack_q4(q, scale, zero))` = x @ dequantize_int4((q, scale, zero)).T.
-Two kernels per format on the same weight buffers:
+Two kernels per format:
 - qgemm.c, float32 activations: widens each weight to float and multiplies in float;
-- qdot.c, int8 activations (`q8x8_matmul`, `q4x8_matmul`): quantizes each activation row in
-  blocks of 32 (scale max|x| / 127) and multiplies bytes with integer SIMD (AVX-512 VNNI, AVX2,
-  or portable C, chosen when compiled). Faster where float work bounds the step; adds the
-  activation rounding (relative error <= 1/254 per input). The probe picks by measurement.
+- qdot.c, int8 activations (`dot_matmul`): quantizes each activation row in blocks of 32
+  (scale max|x| / 127) and multiplies bytes with integer SIMD (AVX-512 VNNI, AVX2, or portable
+  C, chosen when compiled). Same int8 buffers; int4 keeps the nibbles and stores the scales as
+  float16 (s, m) pairs (`pack_q4_f16`: GGUF Q4_1's own 20 bytes a block, not 24). Adds the
+  activation rounding (error <= max|x_block| / 254 per input). The probe picks by measurement.
 
 torch's `_weight_int8pack_mm` is fast only with bfloat16 activations on some CPUs (measured
 5x slower than the dense float32 GEMM with float32 ones on an AVX-512 Xeon); this kernel
@@ -87,6 +88,18 @@ def pack_q4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
     return packed.contiguous(), sz.contiguous()
 
 
+def pack_q4_f16(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+    """int4 blocks -> (packed uint8 [N, K/2] as pack_q4, sm float16 [N, K/32, 2] = (s, m) with
+    w = q * s + m): qdot.c's int4 layout. GGUF Q4_1 blocks (d, m float16; zero = m + 8 d) get
+    their own d and m back (exact whenever |m| >= 2^-13 |8 d|, as for any block whose
+    minimum is its m); other weights round s and m to float16 (relative 2^-11)."""
+    packed, sz = pack_q4(q, scale, zero)
+    sm = sz.to(torch.float16).contiguous()
+    if not torch.isfinite(sm).all():
+        raise ValueError("int4 scales or minimums beyond float16's range (|x| > 65504)")
+    return packed, sm
+
+
 def q4_matmul(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
     """x float32 [T, K], packed uint8 [N, K/2], sz float32 [N, K/32, 2] -> y float32 [T, N]."""
     assert available() and x.dtype == sz.dtype == torch.float32 and packed.dtype == torch.uint8
@@ -124,8 +137,10 @@ def dot_fn(fmt: str, variant: str = "native"):
 
 
 def dot_matmul(fmt: str, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, variant: str = "native"):
-    """`q8_matmul` / `q4_matmul` with int8 activations; x float32 [T, K], K % 32 == 0."""
-    assert dot_available() and x.dtype == scales.dtype == torch.float32 and x.shape[1] % 32 == 0
+    """`q8_matmul` (scales float32 [N]) / `q4_matmul` on `pack_q4_f16`'s buffers (scales float16
+    [N, K/32, 2]) with int8 activations; x float32 [T, K], K % 32 == 0."""
+    want = torch.float32 if fmt == "int8" else torch.float16
+    assert dot_available() and x.dtype == torch.float32 and scales.dtype == want and x.shape[1] % 32 == 0
     assert q.is_contiguous() and scales.is_contiguous() and x.shape[1] == q.shape[1] * (1 if fmt == "int8" else 2)
     x = x.contiguous()
     T, K = x.shape

@@ -92,7 +92,8 @@ class QuantLinear(nn.Module):
     int8: qweight int8 [N, K], scales act_dtype [N] (float32 for int8 activations);
     int4: qweight uint8 [N, K/2] (torch's CPU packing), scale_zeros act_dtype [K/32, N, 2];
       with float32 or int8 activations and qgemm.c built (`native4`): qweight in qgemm.c's
-      nibble order, scale_zeros float32 [N, K/32, 2] (scale, zero - 8 * scale);
+      nibble order, scale_zeros float32 [N, K/32, 2] (scale, zero - 8 * scale); with int8
+      activations (qdot.c) scale_mins float16 [N, K/32, 2] instead, the same pairs;
     dense (optional): the weight the kernel stands for, dequantized, [N, K], used when
       T >= dense_rows.
     """
@@ -114,6 +115,9 @@ class QuantLinear(nn.Module):
         if fmt == "int8":
             self.register_buffer("qweight", torch.empty(n, k, dtype=torch.int8))
             self.register_buffer("scales", torch.empty(n, dtype=torch.float32 if int8_act else act_dtype))
+        elif self._c_kernel == "int4x8":
+            self.register_buffer("qweight", torch.empty(n, k // 2, dtype=torch.uint8))
+            self.register_buffer("scale_mins", torch.empty(n, k // INT4_GROUP, 2, dtype=torch.float16))
         elif self.native4:
             self.register_buffer("qweight", torch.empty(n, k // 2, dtype=torch.uint8))
             self.register_buffer("scale_zeros", torch.empty(n, k // INT4_GROUP, 2, dtype=torch.float32))
@@ -137,9 +141,10 @@ class QuantLinear(nn.Module):
             stored = q.float() * self.scales.float()[:, None]
         elif self.native4:
             blocks = int4 if int4 is not None else quantize_int4(w)
-            packed, sz = qgemm.pack_q4(*blocks)
+            f16 = self._c_kernel == "int4x8"
+            packed, sz = (qgemm.pack_q4_f16 if f16 else qgemm.pack_q4)(*blocks)
+            (self.scale_mins if f16 else self.scale_zeros).copy_(sz)
             self.qweight.copy_(packed)
-            self.scale_zeros.copy_(sz)
             stored = blocks[0].float() * _per_input(sz[..., 0]) + _per_input(sz[..., 1])
         else:
             q, scale, zero = int4 if int4 is not None else quantize_int4(w)
@@ -173,7 +178,8 @@ class QuantLinear(nn.Module):
             xa = xa.contiguous()
         T, N = xa.shape[0], self.out_features
         y = torch.empty(T, N, dtype=torch.float32)
-        scales = self.scales if self.fmt == "int8" else self.scale_zeros
+        scales = self.scales if self.fmt == "int8" else (
+            self.scale_mins if self._c_kernel == "int4x8" else self.scale_zeros)
         if qgemm.c_fn(self._c_kernel)(xa.data_ptr(), T, self.in_features, self.qweight.data_ptr(),
                                       scales.data_ptr(), N, y.data_ptr(), torch.get_num_threads()):
             raise MemoryError(f"{self._c_kernel}: no memory for the activation scratch")

@@ -14,6 +14,7 @@ Tolerances, stated once:
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,8 +46,17 @@ def weights(fmt: str, n: int, k: int, seed: int):
     if fmt == "int8":
         q, scale = quantize_int8(w)
         return (q, scale), q.double() * scale.double()[:, None]
-    blocks = quantize_int4(w)
-    return qgemm.pack_q4(*blocks), dequantize_int4(blocks).double()
+    packed, sm = qgemm.pack_q4_f16(*quantize_int4(w))
+    q = _unpack(packed)
+    smd = sm.double().repeat_interleave(32, dim=1)  # [N, K, 2]
+    return (packed, sm), q.double() * smd[..., 0] + smd[..., 1]
+
+
+def _unpack(packed: torch.Tensor) -> torch.Tensor:
+    """pack_q4's nibbles back to q [N, K]: byte j of a block holds q[j] low, q[j + 16] high."""
+    n = packed.shape[0]
+    b = packed.reshape(n, -1, 16).to(torch.int32)
+    return torch.cat([b & 15, b >> 4], dim=-1).reshape(n, -1)
 
 
 def test_variants_are_the_inner_loops_they_name():
@@ -114,8 +124,11 @@ def test_quant_linear_with_int8_activations(fmt):
         m.set_weight(w)
         m.bias.copy_(bias)
     assert lin._c_kernel == fmt + "x8" and ref._c_kernel == fmt
-    for a, b in zip(lin.state_dict().values(), ref.state_dict().values()):
-        assert torch.equal(a, b)  # one layout: a cached model loads under either kernel
+    assert torch.equal(lin.qweight, ref.qweight)
+    if fmt == "int8":
+        assert torch.equal(lin.scales, ref.scales)
+    else:  # the float32 (scale, zero - 8 scale) pairs, stored as float16
+        assert lin.scale_mins.dtype == torch.float16 and torch.equal(lin.scale_mins, ref.scale_zeros.half())
     x = torch.randn(6, 96)
     got, want = lin(x), ref(x)
     assert got.dtype == torch.float32
@@ -123,6 +136,23 @@ def test_quant_linear_with_int8_activations(fmt):
     xb = x.to(torch.bfloat16)
     assert lin(xb).dtype == torch.bfloat16
     torch.testing.assert_close(lin(xb).float(), lin(xb.float()), rtol=1e-2, atol=1e-2)
+
+
+def test_gguf_q4_1_scales_survive_the_float16_layout():
+    """Q4_1 blocks (d, m float16, w = q d + m) come back as their own d and m, bit for bit, for
+    minimums of the size a block's minimum has (|m| within 2^-3..2^4 of 8 d)."""
+    from lmprog_runtime.model_executor.quant import gguf_q4_blocks
+
+    rng = np.random.default_rng(0)
+    rows, k = 64, 256
+    raw = rng.integers(0, 256, size=(rows, k // 32, 20), dtype=np.uint8)
+    d = rng.uniform(1e-4, 1e-1, size=(rows, k // 32)).astype(np.float16)
+    m = (-8 * d.astype(np.float32) * rng.uniform(2 ** -3, 2 ** 4, size=d.shape)).astype(np.float16)
+    raw[..., 0:2] = d.view(np.uint8).reshape(rows, k // 32, 2)
+    raw[..., 2:4] = m.view(np.uint8).reshape(rows, k // 32, 2)
+    _, sm = qgemm.pack_q4_f16(*gguf_q4_blocks(raw.reshape(rows, -1), "Q4_1"))
+    assert np.array_equal(sm[..., 0].numpy().view(np.uint16), d.view(np.uint16))
+    assert np.array_equal(sm[..., 1].numpy().view(np.uint16), m.view(np.uint16))
 
 
 def test_deterministic_mode_times_float32_kernels_only():
