@@ -60,11 +60,16 @@ def kernel_ab(pairs: int):
     rows = []
     for name, fmt, n, k in SHAPES:
         w = torch.randn(n, k) * 0.05
-        bufs = quantize_int8(w) if fmt == "int8" else qgemm.pack_q4(*quantize_int4(w))
+        if fmt == "int8":
+            old_bufs = new_bufs = quantize_int8(w)
+        else:  # the same nibbles; the float kernel reads float32 scale pairs, qdot.c float16 ones
+            blocks = quantize_int4(w)
+            old_bufs, new_bufs = qgemm.pack_q4(*blocks), qgemm.pack_q4_f16(*blocks)
         old_fn = qgemm.q8_matmul if fmt == "int8" else qgemm.q4_matmul
         for T in (1, 4, 16):
             x = torch.randn(T, k)
-            got = summary(interleaved(lambda: old_fn(x, *bufs), lambda: qgemm.dot_matmul(fmt, x, *bufs), pairs))
+            got = summary(interleaved(lambda: old_fn(x, *old_bufs), lambda: qgemm.dot_matmul(fmt, x, *new_bufs),
+                                      pairs))
             rows.append({"name": name, "fmt": fmt, "N": n, "K": k, "T": T, **got})
             print(f"{name:>8} {fmt} {n}x{k} T={T:<3} new/old {got['median_ratio_new_over_old']:.3f}")
     return rows

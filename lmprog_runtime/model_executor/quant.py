@@ -112,6 +112,7 @@ class QuantLinear(nn.Module):
             raise ValueError("int8 activations run on lmprog's C kernels, which are not built here")
         self.native4 = fmt == "int4" and (act_dtype == torch.float32 or int8_act) and qgemm.available()
         self._c_kernel = _c_kernel_name(fmt, act_dtype, in_features)  # None: torch's kernels
+        self._c_bound = None  # _bind_c's arguments for the C kernel
         if fmt == "int8":
             self.register_buffer("qweight", torch.empty(n, k, dtype=torch.int8))
             self.register_buffer("scales", torch.empty(n, dtype=torch.float32 if int8_act else act_dtype))
@@ -158,9 +159,9 @@ class QuantLinear(nn.Module):
             self.dense.copy_(stored)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dense is not None and x.shape[0] >= self.dense_rows:
+        if self.dense_rows is not None and x.shape[0] >= self.dense_rows:  # dense exists iff dense_rows
             return nn.functional.linear(x, self.dense.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
-        if self._c_kernel is not None and x.device.type == "cpu":
+        if self._c_kernel is not None and x.is_cpu:
             return self._c_forward(x)
         xa = x.to(self.act_dtype)
         if self.fmt == "int8":
@@ -172,20 +173,35 @@ class QuantLinear(nn.Module):
 
     def _c_forward(self, x: torch.Tensor) -> torch.Tensor:
         """qgemm.c / qdot.c called directly: the decode path's ~120 calls a step pay no checks
-        (shapes were fixed at construction) and one allocation, the output [T, N] float32."""
+        (shapes were fixed at construction), no module attribute lookups (the kernel's
+        arguments are bound once per buffer object) and one allocation, the output [T, N]."""
         xa = x if x.dtype == torch.float32 else x.float()
         if not xa.is_contiguous():
             xa = xa.contiguous()
-        T, N = xa.shape[0], self.out_features
+        bound, bufs = self._c_bound, self._buffers
+        if bound is None or bufs["qweight"] is not bound[0] or bufs[bound[1]] is not bound[2]:
+            bound = self._bind_c()
+        fn, K, N, q_ptr, s_ptr = bound[3:]
+        T = xa.shape[0]
         y = torch.empty(T, N, dtype=torch.float32)
-        scales = self.scales if self.fmt == "int8" else (
-            self.scale_mins if self._c_kernel == "int4x8" else self.scale_zeros)
-        if qgemm.c_fn(self._c_kernel)(xa.data_ptr(), T, self.in_features, self.qweight.data_ptr(),
-                                      scales.data_ptr(), N, y.data_ptr(), torch.get_num_threads()):
+        if fn(xa.data_ptr(), T, K, q_ptr, s_ptr, N, y.data_ptr(), torch.get_num_threads()):
             raise MemoryError(f"{self._c_kernel}: no memory for the activation scratch")
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
-        return y if self.bias is None else y + self.bias.to(x.dtype)
+        bias = self._buffers["bias"]
+        return y if bias is None else y + bias.to(x.dtype)
+
+    def _bind_c(self):
+        """(qweight, scales' name, scales, C function, K, N, weight pointer, scales pointer) for
+        `_c_forward`; rebound whenever a buffer object changes (state-dict loads with assign,
+        `.to()`), while in-place copies (`set_weight`, plain loads) keep the pointers. Holding
+        the two tensors keeps the pointers' storage alive."""
+        name = "scales" if self.fmt == "int8" else ("scale_mins" if self._c_kernel == "int4x8" else "scale_zeros")
+        q, scales = self.qweight, getattr(self, name)
+        assert q.is_contiguous() and scales.is_contiguous() and scales.dtype in (torch.float32, torch.float16)
+        self._c_bound = (q, name, scales, qgemm.c_fn(self._c_kernel), self.in_features, self.out_features,
+                         q.data_ptr(), scales.data_ptr())
+        return self._c_bound
 
     def extra_repr(self) -> str:
         return (f"{self.fmt}, in={self.in_features}, out={self.out_features}, act={self.act_dtype}, "
