@@ -326,10 +326,9 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t 
     if (!act_alloc(&a, T, K, 0)) { act_free(&a); return -1; }
     for (int t = 0; t < T; t++)
         quantize_row(x + (int64_t)t * K, K, Q4_PAIRS, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, NULL);
-#pragma omp parallel num_threads(nthreads)
-    for (int t0 = 0; t0 < T; t0 += T_CHUNK) {
+    for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one parallel region (one join) per chunk */
         const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
-#pragma omp for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(nthreads)
         for (int64_t n = 0; n < N; n++) {
             const uint8_t *qn = q + n * (K / 2);
             const uint16_t *szn = sz + n * 2 * G;
@@ -351,10 +350,9 @@ int lm_q8x8_gemm(const float *x, int T, int K, const int8_t *q, const float *sca
     for (int t = 0; t < T; t++)
         quantize_row(x + (int64_t)t * K, K, 0, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G,
                      Q8_CORR ? a.corr + (int64_t)t * (K / 4) : NULL);
-#pragma omp parallel num_threads(nthreads)
-    for (int t0 = 0; t0 < T; t0 += T_CHUNK) {
+    for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one parallel region (one join) per chunk */
         const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
-#pragma omp for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(nthreads)
         for (int64_t n = 0; n < N; n++) {
             const int8_t *qn = q + n * K;
             for (int t = t0; t < t1; t++) {
