@@ -38,7 +38,8 @@ PROBE_RETRIES = 2  # re-measurements when the machine was visibly busy during th
 PROBE_LAYERS = 4  # distinct weights per format: enough to overflow caches like the real model
 # A quantized format replaces the dense float32 weights only when its batch-1 step is at least
 # this much faster: near-ties flip with timing noise from one start to the next, and dense
-# float32 is the exact path.
+# float32 is the exact path. Likewise int8 activations replace float ones only by this margin
+# (they agree less with float32 greedy: bench/greedy_agreement.py).
 QUANT_MARGIN = 0.10
 Format = Tuple[str, str]  # (weights "none" | "int8" | "int4", kernel dtype name)
 
@@ -131,6 +132,11 @@ def choose(timings: Dict[Format, Dict[int, float]], require_quant: bool = False)
     dense_dtype = _dtype(min(dense, key=lambda f: sum(dense[f].values()))[1])
     pool = [f for f in timings if f[0] != "none"] if require_quant else list(timings)
     best = min(pool, key=lambda f: timings[f][1])
+    float_act = [f for f in pool if f[0] != "none" and f[1] != "int8"]
+    if best[1] == "int8" and float_act:  # int8 activations cost greedy agreement: only when clearly faster
+        best_float = min(float_act, key=lambda f: timings[f][1])
+        if timings[best][1] > (1 - QUANT_MARGIN) * timings[best_float][1]:
+            best = best_float
     best_dense = min(dense, key=lambda f: dense[f][1])
     if not require_quant and best[0] != "none" and timings[best][1] > (1 - QUANT_MARGIN) * dense[best_dense][1]:
         best = best_dense  # not clearly faster than dense weights

@@ -155,6 +155,16 @@ def test_gguf_q4_1_scales_survive_the_float16_layout():
     assert np.array_equal(sm[..., 1].numpy().view(np.uint16), m.view(np.uint16))
 
 
+def test_int8_activations_win_only_by_the_margin():
+    t = {("none", "float32"): {1: 40, 4: 70}, ("int4", "float32"): {1: 20, 4: 30},
+         ("int4", "int8"): {1: 19, 4: 25}}
+    assert probe.choose(t).act_dtype == torch.float32  # 5% faster: a near-tie keeps float activations
+    t[("int4", "int8")] = {1: 15, 4: 25}
+    c = probe.choose(t)
+    assert (c.quant, c.act_dtype, c.dense_rows) == ("int4", torch.int8, None)
+    assert probe.choose({("none", "float32"): {1: 40}, ("int8", "int8"): {1: 19}}).act_dtype == torch.int8
+
+
 def test_deterministic_mode_times_float32_kernels_only():
     assert probe._kernel_dtypes(True) == ("float32",)
     assert "int8" in probe._kernel_dtypes(False)
