@@ -95,8 +95,13 @@ static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *au
     for (int g = 0; g < G; g++) {
         const float *xg = x + g * QB;
         float amax = 0.f;
-        for (int j = 0; j < QB; j++) amax = fmaxf(amax, fabsf(xg[j]));
-        const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        int finite = 1;
+        for (int j = 0; j < QB; j++) {
+            amax = fmaxf(amax, fabsf(xg[j]));
+            finite &= isfinite(xg[j]) != 0;
+        }
+        /* a non-finite input makes its row's outputs NaN, as the float kernels would (qx = 0) */
+        const float d = finite ? amax / 127.f : NAN, inv = finite && amax > 0.f ? 127.f / amax : 0.f;
         int8_t q[QB];
         int sum = 0;
         for (int j = 0; j < QB; j++) {

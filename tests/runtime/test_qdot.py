@@ -107,6 +107,16 @@ def test_results_ignore_the_thread_count(fmt):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_non_finite_inputs_poison_their_row_only(variant, fmt):
+    bufs, _ = weights(fmt, 40, 96, seed=3)
+    x = torch.randn(3, 96)
+    x[1, 50] = float("inf")
+    y = qgemm.dot_matmul(fmt, x, *bufs, variant=variant)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()
+
+
 def test_zero_rows_and_no_rows():
     bufs, _ = weights("int4", 32, 64, seed=2)
     assert torch.equal(qgemm.dot_matmul("int4", torch.zeros(2, 64), *bufs), torch.zeros(2, 32))
