@@ -2,7 +2,8 @@
 
 A format is (weights, kernel dtype): ("none", float32 | bfloat16) for dense weights, or
 ("int8" | "int4", float32 | bfloat16 | int8) for `QuantLinear` (int8: the integer-dot kernels,
-qdot.c, offered where they are built; never chosen by ISA, only when they time fastest). Which is fastest depends on the CPU
+qdot.c, offered where they are built; never chosen by ISA, only when they time fastest, by
+QUANT_MARGIN over float activations). Which is fastest depends on the CPU
 (AVX2 vs AVX-512 vs AMX) and on the batch: torch's quantized CPU kernels win when a step is
 bound by reading weights (small batches) and can lose to the dense GEMM at large ones. So the
 probe times every allowed format at several batch sizes and returns

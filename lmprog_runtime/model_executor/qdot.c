@@ -161,7 +161,8 @@ static float q4_dot(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, co
     if (g < G) {  /* an odd last block, in natural order */
         const __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
         const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
-        const __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, _mm256_loadu_si256((const __m256i *)(xt + g * QB)));
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(xt + g * QB));
+        const __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
         float sc, mn;
         sm_at(szn, g, &sc, &mn);
         r += hsum256(_mm256_cvtepi32_ps(d)) * (sc * at[2 * g]) + mn * at[2 * g + 1];
@@ -248,7 +249,8 @@ static float q8_dot(const int8_t *qn, const int8_t *xt, const float *at, const i
     }
     float r = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
     if (g < G) {
-        const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qn + g * QB)), _mm256_set1_epi8((char)0x80));
+        const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qn + g * QB)),
+                                           _mm256_set1_epi8((char)0x80));
         const __m256i d = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(ct + g * 8)), w,
                                               _mm256_loadu_si256((const __m256i *)(xt + g * QB)));
         r += hsum256(_mm256_cvtepi32_ps(d)) * at[2 * g];
