@@ -77,7 +77,7 @@ def step_weight_bytes(model: torch.nn.Module, batch: int) -> int:
     for mod in model.modules():
         if isinstance(mod, QuantLinear):
             use_dense = mod.dense is not None and batch >= mod.dense_rows
-            names = ["dense"] if use_dense else [n for n in ("qweight", "scales", "scale_zeros") if hasattr(mod, n)]
+            names = ["dense"] if use_dense else [n for n in ("qweight", "scales", "scale_zeros", "scale_mins") if hasattr(mod, n)]
             bufs = [getattr(mod, n) for n in names] + ([mod.bias] if mod.bias is not None else [])
             total += sum(b.numel() * b.element_size() for b in bufs)
             seen.update(id(b) for b in mod.buffers())

@@ -73,6 +73,8 @@ class Kernel:
         self._lock = threading.Lock()
 
     def lib(self) -> Optional[ctypes.CDLL]:
+        if self._lib is not None:  # loaded (or failed) once: no lock on the per-call path
+            return self._lib or None
         with self._lock:
             if self._lib is None:
                 lib = build(self.source, self.flags, self.cpu_specific)

@@ -1,7 +1,9 @@
 """Choose the CPU weight format by measuring this model's decode-step matmuls on this machine.
 
 A format is (weights, kernel dtype): ("none", float32 | bfloat16) for dense weights, or
-("int8" | "int4", float32 | bfloat16) for `QuantLinear`. Which is fastest depends on the CPU
+("int8" | "int4", float32 | bfloat16 | int8) for `QuantLinear` (int8: the integer-dot kernels,
+qdot.c, offered where they are built; never chosen by ISA, only when they time fastest, by
+QUANT_MARGIN over float activations). Which is fastest depends on the CPU
 (AVX2 vs AVX-512 vs AMX) and on the batch: torch's quantized CPU kernels win when a step is
 bound by reading weights (small batches) and can lose to the dense GEMM at large ones. So the
 probe times every allowed format at several batch sizes and returns
@@ -26,17 +28,19 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from lmprog_runtime.model_executor import qgemm
 from lmprog_runtime.model_executor.quant import QUANT_FORMATS, QuantLinear
 
 logger = logging.getLogger(__name__)
 
 PROBE_BATCHES = (1, 4, 16, 32, 64)
-PROBE_VERSION = 2  # bump when a format's kernel changes (cached timings then no longer hold)
+PROBE_VERSION = 3  # bump when a format's kernel changes (cached timings then no longer hold)
 PROBE_RETRIES = 2  # re-measurements when the machine was visibly busy during the probe
 PROBE_LAYERS = 4  # distinct weights per format: enough to overflow caches like the real model
 # A quantized format replaces the dense float32 weights only when its batch-1 step is at least
 # this much faster: near-ties flip with timing noise from one start to the next, and dense
-# float32 is the exact path.
+# float32 is the exact path. Likewise int8 activations replace float ones only by this margin
+# (they agree less with float32 greedy: bench/greedy_agreement.py).
 QUANT_MARGIN = 0.10
 Format = Tuple[str, str]  # (weights "none" | "int8" | "int4", kernel dtype name)
 
@@ -45,7 +49,7 @@ Format = Tuple[str, str]  # (weights "none" | "int8" | "int4", kernel dtype name
 class FormatChoice:
     dense_dtype: torch.dtype  # activations, KV, and dense weights
     quant: Optional[str]  # None | "int8" | "int4"
-    act_dtype: torch.dtype  # the quantized kernels' input dtype
+    act_dtype: torch.dtype  # the quantized kernels' input dtype (int8: quantized per call, qdot.c)
     dense_rows: Optional[int]  # batches of at least this many rows use kept dense weights
 
 
@@ -129,6 +133,11 @@ def choose(timings: Dict[Format, Dict[int, float]], require_quant: bool = False)
     dense_dtype = _dtype(min(dense, key=lambda f: sum(dense[f].values()))[1])
     pool = [f for f in timings if f[0] != "none"] if require_quant else list(timings)
     best = min(pool, key=lambda f: timings[f][1])
+    float_act = [f for f in pool if f[0] != "none" and f[1] != "int8"]
+    if best[1] == "int8" and float_act:  # int8 activations cost greedy agreement: only when clearly faster
+        best_float = min(float_act, key=lambda f: timings[f][1])
+        if timings[best][1] > (1 - QUANT_MARGIN) * timings[best_float][1]:
+            best = best_float
     best_dense = min(dense, key=lambda f: dense[f][1])
     if not require_quant and best[0] != "none" and timings[best][1] > (1 - QUANT_MARGIN) * dense[best_dense][1]:
         best = best_dense  # not clearly faster than dense weights
@@ -162,7 +171,7 @@ def select_formats(dtype: str, quantization: str, device: torch.device, config,
     quants = []
     if explicit_quant or (quantization == "auto" and dtype == "auto" and source_quantized):
         quants = [(q, d) for q in ([quantization] if explicit_quant else list(QUANT_FORMATS))
-                  for d in (("float32",) if deterministic else ("float32", "bfloat16"))]
+                  for d in _kernel_dtypes(deterministic)]
     if len(dense) == 1 and not quants:
         return FormatChoice(_dtype(dense[0][1]), None, torch.float32, None)
     timings = measure_cached(config, dense + quants)
@@ -171,6 +180,15 @@ def select_formats(dtype: str, quantization: str, device: torch.device, config,
         choice = dataclasses.replace(choice, dense_rows=None)
     logger.info("weight formats (decode-step matmuls): %s -> %s", describe(timings), choice)
     return choice
+
+
+def _kernel_dtypes(deterministic: bool) -> Tuple[str, ...]:
+    """Quantized kernels' activation dtypes to time. Deterministic mode keeps float32 only: int8
+    activations are quantized per row (batch-invariant themselves) but, like bfloat16, would
+    turn attention's 1e-7 batch-dependent differences into whole rounding steps."""
+    if deterministic:
+        return ("float32",)
+    return ("float32", "bfloat16") + (("int8",) if qgemm.dot_available() else ())
 
 
 def probe_key(config, formats: List[Format]) -> str:

@@ -6,6 +6,7 @@
  * All tensors are row-major and contiguous; K is a multiple of 32 (callers check).
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef float v16f __attribute__((vector_size(64)));
@@ -106,8 +107,10 @@ static void q4_row(const float *x, int T, int K, const uint8_t *qn, const float 
 }
 
 void lm_q4_gemm(const float *x, int T, int K, const uint8_t *q, const float *sz, int64_t N, float *y,
-                float *xsum, int nthreads) {
+                int nthreads) {
     const int G = K / 32;
+    float *xsum = malloc(sizeof(float) * (size_t)T * G);
+    if (xsum == NULL) return;  /* callers check K and shapes; out of memory leaves y untouched */
     for (int t = 0; t < T; t++)
         for (int g = 0; g < G; g++) {
             const float *xg = x + (int64_t)t * K + g * 32;
@@ -118,4 +121,5 @@ void lm_q4_gemm(const float *x, int T, int K, const uint8_t *q, const float *sz,
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t n = 0; n < N; n++)
         q4_row(x, T, K, q + n * (K / 2), sz + n * 2 * G, xsum, N, n, y);
+    free(xsum);
 }

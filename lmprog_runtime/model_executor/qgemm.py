@@ -1,6 +1,13 @@
-"""lmprog's own weight-only int8 and int4 matmuls for the CPU (qgemm.c), used by `QuantLinear`
-with float32 activations: `q8_matmul(x, q, scale)` = x @ (q * scale[:, None]).T, and
+"""lmprog's own weight-only int8 and int4 matmuls for the CPU, used by `QuantLinear`:
+`q8_matmul(x, q, scale)` = x @ (q * scale[:, None]).T, and
 `q4_matmul(x, *pack_q4(q, scale, zero))` = x @ dequantize_int4((q, scale, zero)).T.
+Two kernels per format:
+- qgemm.c, float32 activations: widens each weight to float and multiplies in float;
+- qdot.c, int8 activations (`dot_matmul`): quantizes each activation row in blocks of 32
+  (scale max|x| / 127) and multiplies bytes with integer SIMD (AVX-512 VNNI, AVX2, or portable
+  C, chosen when compiled). Same int8 buffers; int4 keeps the nibbles and stores the scales as
+  float16 (s, m) pairs (`pack_q4_f16`: GGUF Q4_1's own 20 bytes a block, not 24). Adds the
+  activation rounding (error <= max|x_block| / 254 per input). The probe picks by measurement.
 
 torch's `_weight_int8pack_mm` is fast only with bfloat16 activations on some CPUs (measured
 5x slower than the dense float32 GEMM with float32 ones on an AVX-512 Xeon); this kernel
@@ -23,16 +30,39 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     lib.lm_q8_gemm.argtypes = [p, i32, i32, p, p, i64, p, i32]
     lib.lm_q8_gemm.restype = None
-    lib.lm_q4_gemm.argtypes = [p, i32, i32, p, p, i64, p, p, i32]
+    lib.lm_q4_gemm.argtypes = [p, i32, i32, p, p, i64, p, i32]
     lib.lm_q4_gemm.restype = None
 
 
-_KERNEL = native.Kernel(pathlib.Path(__file__).with_name("qgemm.c"), native.NATIVE_FLAGS, True, _declare)
-enabled = True  # tests switch the kernel off to compare against torch's
+def _declare_dot(lib: ctypes.CDLL) -> None:
+    p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    for name in ("lm_q8x8_gemm", "lm_q4x8_gemm"):
+        getattr(lib, name).argtypes = [p, i32, i32, p, p, i64, p, i32]
+        getattr(lib, name).restype = ctypes.c_int
+    lib.lm_qdot_isa.argtypes, lib.lm_qdot_isa.restype = [], ctypes.c_int
+
+
+_HERE = pathlib.Path(__file__).parent
+_KERNEL = native.Kernel(_HERE / "qgemm.c", native.NATIVE_FLAGS, True, _declare)
+# qdot.c builds: "native" as -march=native selects; the others force a slower inner loop (tests)
+DOT_VARIANTS = {"native": (), "avx2": ("-DLM_QDOT_NO_AVX512",), "portable": ("-DLM_QDOT_PORTABLE",)}
+_DOT = {v: native.Kernel(_HERE / "qdot.c", native.NATIVE_FLAGS + d, True, _declare_dot)
+        for v, d in DOT_VARIANTS.items()}
+enabled = True  # tests switch the kernels off to compare against torch's
 
 
 def available() -> bool:
     return enabled and _KERNEL.lib() is not None
+
+
+def dot_available() -> bool:
+    """The int8-activation kernels (qdot.c) are built; they need the float ones too (same layouts)."""
+    return available() and _DOT["native"].lib() is not None
+
+
+def dot_isa(variant: str = "native") -> int:
+    """512 (AVX-512 VNNI), 256 (AVX2 / AVX-VNNI) or 0 (portable C): the inner loop `variant` got."""
+    return _DOT[variant].lib().lm_qdot_isa()
 
 
 def q8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -58,6 +88,18 @@ def pack_q4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
     return packed.contiguous(), sz.contiguous()
 
 
+def pack_q4_f16(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+    """int4 blocks -> (packed uint8 [N, K/2] as pack_q4, sm float16 [N, K/32, 2] = (s, m) with
+    w = q * s + m): qdot.c's int4 layout. GGUF Q4_1 blocks (d, m float16; zero = m + 8 d) get
+    their own d and m back (exact whenever |m| >= 2^-13 |8 d|, as for any block whose
+    minimum is its m); other weights round s and m to float16 (relative 2^-11)."""
+    packed, sz = pack_q4(q, scale, zero)
+    sm = sz.to(torch.float16).contiguous()
+    if not torch.isfinite(sm).all():
+        raise ValueError("int4 scales or minimums beyond float16's range (|x| > 65504)")
+    return packed, sm
+
+
 def q4_matmul(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
     """x float32 [T, K], packed uint8 [N, K/2], sz float32 [N, K/32, 2] -> y float32 [T, N]."""
     assert available() and x.dtype == sz.dtype == torch.float32 and packed.dtype == torch.uint8
@@ -65,7 +107,45 @@ def q4_matmul(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor) -> torch.
     x = x.contiguous()
     T, K = x.shape
     y = torch.empty(T, packed.shape[0], dtype=torch.float32)
-    xsum = torch.empty(T, K // 32, dtype=torch.float32)
     _KERNEL.lib().lm_q4_gemm(x.data_ptr(), T, K, packed.data_ptr(), sz.data_ptr(), packed.shape[0], y.data_ptr(),
-                    xsum.data_ptr(), torch.get_num_threads())
+                             torch.get_num_threads())
+    return y
+
+
+_C_FNS = {}
+
+
+def c_fn(name: str):
+    """The C entry point for "int8" | "int4" (qgemm.c, float32 activations) or "int8x8" |
+    "int4x8" (qdot.c, int8 ones): f(x, T, K, q, scales, N, y, threads), pointers to float32
+    x [T, K], the weight buffers q8_matmul / q4_matmul take and float32 y [T, N]; returns
+    nonzero when out of memory. Unchecked: callers fix the shapes once (QuantLinear)."""
+    fn = _C_FNS.get(name)
+    if fn is None:
+        lib = _KERNEL.lib() if name in ("int8", "int4") else _DOT["native"].lib()
+        fn = _C_FNS[name] = getattr(lib, {"int8": "lm_q8_gemm", "int4": "lm_q4_gemm", "int8x8": "lm_q8x8_gemm",
+                                          "int4x8": "lm_q4x8_gemm"}[name])
+    return fn
+
+
+def dot_fn(fmt: str, variant: str = "native"):
+    """The C entry point of qdot.c for `fmt` ("int8" | "int4"): f(x, T, K, q, scales, N, y,
+    threads) -> 0 (or -1: out of memory), pointers to float32 x [T, K] and y [T, N] and to the
+    weight buffers `q8_matmul` / `q4_matmul` take. QuantLinear calls it directly (no checks
+    per call: it checked the shapes once)."""
+    return getattr(_DOT[variant].lib(), "lm_q8x8_gemm" if fmt == "int8" else "lm_q4x8_gemm")
+
+
+def dot_matmul(fmt: str, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, variant: str = "native"):
+    """`q8_matmul` (scales float32 [N]) / `q4_matmul` on `pack_q4_f16`'s buffers (scales float16
+    [N, K/32, 2]) with int8 activations; x float32 [T, K], K % 32 == 0."""
+    want = torch.float32 if fmt == "int8" else torch.float16
+    assert dot_available() and x.dtype == torch.float32 and scales.dtype == want and x.shape[1] % 32 == 0
+    assert q.is_contiguous() and scales.is_contiguous() and x.shape[1] == q.shape[1] * (1 if fmt == "int8" else 2)
+    x = x.contiguous()
+    T, K = x.shape
+    y = torch.empty(T, q.shape[0], dtype=torch.float32)
+    if dot_fn(fmt, variant)(x.data_ptr(), T, K, q.data_ptr(), scales.data_ptr(), q.shape[0], y.data_ptr(),
+                            torch.get_num_threads()) != 0:
+        raise MemoryError("qdot.c: no memory for the activation scratch")
     return y

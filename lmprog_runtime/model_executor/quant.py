@@ -14,7 +14,9 @@ A `QuantLinear` may also keep the dense weight: batches of at least `dense_rows`
 large decode batches) are faster through the dense GEMM on CPUs whose quantized kernels are
 built for latency, and the runner's probe decides where that crossover lies.
 Activations enter and leave in the model dtype; the kernel runs in `act_dtype` (the probe picks
-float32 or bfloat16: torch's quantized CPU kernels are fast only for some dtypes on some CPUs).
+float32 or bfloat16: torch's quantized CPU kernels are fast only for some dtypes on some CPUs;
+or torch.int8: lmprog's integer-dot kernels, qdot.c, which quantize each activation row per
+call in blocks of 32 and keep the float32 kernels' weight buffers).
 """
 
 from __future__ import annotations
@@ -87,10 +89,11 @@ class QuantLinear(nn.Module):
     """`y = x @ W.T + b` with W stored as `fmt` ("int8" | "int4"); x [T, K] -> y [T, N], x's dtype.
 
     Buffers (all saved in the state dict, so a converted model reloads from safetensors):
-    int8: qweight int8 [N, K], scales act_dtype [N];
+    int8: qweight int8 [N, K], scales act_dtype [N] (float32 for int8 activations);
     int4: qweight uint8 [N, K/2] (torch's CPU packing), scale_zeros act_dtype [K/32, N, 2];
-      with float32 activations and qgemm.c built (`native4`): qweight in qgemm.c's nibble order,
-      scale_zeros float32 [N, K/32, 2] (scale, zero - 8 * scale);
+      with float32 or int8 activations and qgemm.c built (`native4`): qweight in qgemm.c's
+      nibble order, scale_zeros float32 [N, K/32, 2] (scale, zero - 8 * scale); with int8
+      activations (qdot.c) scale_mins float16 [N, K/32, 2] instead, the same pairs;
     dense (optional): the weight the kernel stands for, dequantized, [N, K], used when
       T >= dense_rows.
     """
@@ -102,11 +105,20 @@ class QuantLinear(nn.Module):
         self.fmt, self.act_dtype, self.dense_rows = fmt, act_dtype, dense_rows
         self.out_features, self.in_features = out_features, in_features
         n, k = out_features, in_features
-        # float32 int4 runs on qgemm.c, in its own layout (torch's float32 int4 kernel is slow)
-        self.native4 = fmt == "int4" and act_dtype == torch.float32 and qgemm.available()
+        # float32 int4 runs on qgemm.c, in its own layout (torch's float32 int4 kernel is slow);
+        # int8 activations (qdot.c) share that layout and the float32 one of int8 weights
+        int8_act = act_dtype == torch.int8
+        if int8_act and not qgemm.available():
+            raise ValueError("int8 activations run on lmprog's C kernels, which are not built here")
+        self.native4 = fmt == "int4" and (act_dtype == torch.float32 or int8_act) and qgemm.available()
+        self._c_kernel = _c_kernel_name(fmt, act_dtype, in_features)  # None: torch's kernels
+        self._c_bound = None  # _bind_c's arguments for the C kernel
         if fmt == "int8":
             self.register_buffer("qweight", torch.empty(n, k, dtype=torch.int8))
-            self.register_buffer("scales", torch.empty(n, dtype=act_dtype))
+            self.register_buffer("scales", torch.empty(n, dtype=torch.float32 if int8_act else act_dtype))
+        elif self._c_kernel == "int4x8":
+            self.register_buffer("qweight", torch.empty(n, k // 2, dtype=torch.uint8))
+            self.register_buffer("scale_mins", torch.empty(n, k // INT4_GROUP, 2, dtype=torch.float16))
         elif self.native4:
             self.register_buffer("qweight", torch.empty(n, k // 2, dtype=torch.uint8))
             self.register_buffer("scale_zeros", torch.empty(n, k // INT4_GROUP, 2, dtype=torch.float32))
@@ -130,9 +142,10 @@ class QuantLinear(nn.Module):
             stored = q.float() * self.scales.float()[:, None]
         elif self.native4:
             blocks = int4 if int4 is not None else quantize_int4(w)
-            packed, sz = qgemm.pack_q4(*blocks)
+            f16 = self._c_kernel == "int4x8"
+            packed, sz = (qgemm.pack_q4_f16 if f16 else qgemm.pack_q4)(*blocks)
+            (self.scale_mins if f16 else self.scale_zeros).copy_(sz)
             self.qweight.copy_(packed)
-            self.scale_zeros.copy_(sz)
             stored = blocks[0].float() * _per_input(sz[..., 0]) + _per_input(sz[..., 1])
         else:
             q, scale, zero = int4 if int4 is not None else quantize_int4(w)
@@ -146,23 +159,63 @@ class QuantLinear(nn.Module):
             self.dense.copy_(stored)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dense is not None and x.shape[0] >= self.dense_rows:
+        if self.dense_rows is not None and x.shape[0] >= self.dense_rows:  # dense exists iff dense_rows
             return nn.functional.linear(x, self.dense.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        if self._c_kernel is not None and x.is_cpu:
+            return self._c_forward(x)
         xa = x.to(self.act_dtype)
-        if self.fmt == "int8" and xa.dtype == torch.float32 and xa.device.type == "cpu" and qgemm.available():
-            y = qgemm.q8_matmul(xa, self.qweight, self.scales)
-        elif self.fmt == "int8":
+        if self.fmt == "int8":
             y = torch.ops.aten._weight_int8pack_mm(xa, self.qweight, self.scales)
-        elif self.native4:
-            y = qgemm.q4_matmul(xa, self.qweight, self.scale_zeros)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xa, self.qweight, INT4_GROUP, self.scale_zeros)
         y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
+    def _c_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """qgemm.c / qdot.c called directly: the decode path's ~120 calls a step pay no checks
+        (shapes were fixed at construction), no module attribute lookups (the kernel's
+        arguments are bound once per buffer object) and one allocation, the output [T, N]."""
+        xa = x if x.dtype == torch.float32 else x.float()
+        if not xa.is_contiguous():
+            xa = xa.contiguous()
+        bound, bufs = self._c_bound, self._buffers
+        if bound is None or bufs["qweight"] is not bound[0] or bufs[bound[1]] is not bound[2]:
+            bound = self._bind_c()
+        fn, K, N, q_ptr, s_ptr = bound[3:]
+        T = xa.shape[0]
+        y = torch.empty(T, N, dtype=torch.float32)
+        if fn(xa.data_ptr(), T, K, q_ptr, s_ptr, N, y.data_ptr(), torch.get_num_threads()):
+            raise MemoryError(f"{self._c_kernel}: no memory for the activation scratch")
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        bias = self._buffers["bias"]
+        return y if bias is None else y + bias.to(x.dtype)
+
+    def _bind_c(self):
+        """(qweight, scales' name, scales, C function, K, N, weight pointer, scales pointer) for
+        `_c_forward`; rebound whenever a buffer object changes (state-dict loads with assign,
+        `.to()`), while in-place copies (`set_weight`, plain loads) keep the pointers. Holding
+        the two tensors keeps the pointers' storage alive."""
+        name = "scales" if self.fmt == "int8" else ("scale_mins" if self._c_kernel == "int4x8" else "scale_zeros")
+        q, scales = self.qweight, getattr(self, name)
+        assert q.is_contiguous() and scales.is_contiguous() and scales.dtype in (torch.float32, torch.float16)
+        self._c_bound = (q, name, scales, qgemm.c_fn(self._c_kernel), self.in_features, self.out_features,
+                         q.data_ptr(), scales.data_ptr())
+        return self._c_bound
+
     def extra_repr(self) -> str:
         return (f"{self.fmt}, in={self.in_features}, out={self.out_features}, act={self.act_dtype}, "
                 f"dense_rows={self.dense_rows}")
+
+
+def _c_kernel_name(fmt: str, act_dtype: torch.dtype, in_features: int) -> Optional[str]:
+    """qgemm.py's name of the C kernel a layer runs (None: torch's). int8 activations fall back
+    to the float32 kernel (same buffers) where qdot.c is not built or K is no multiple of 32."""
+    if act_dtype not in (torch.float32, torch.int8) or not qgemm.available():
+        return None
+    if act_dtype == torch.int8 and in_features % INT4_GROUP == 0 and qgemm.dot_available():
+        return fmt + "x8"
+    return fmt
 
 
 def _per_input(per_group: torch.Tensor) -> torch.Tensor:

@@ -66,8 +66,11 @@ def test_native_int8_kernel_matches_torch_int8_kernel(rows, monkeypatch):
     lin = QuantLinear("int8", 97, 160, torch.float32)
     lin.set_weight(w)
     native = lin(x)
-    monkeypatch.setattr(qgemm, "enabled", False)
-    reference = lin(x)
+    monkeypatch.setattr(qgemm, "enabled", False)  # a layer built now takes torch's kernel
+    torch_lin = QuantLinear("int8", 97, 160, torch.float32)
+    torch_lin.set_weight(w)
+    assert torch_lin._c_kernel is None and lin._c_kernel == "int8"
+    reference = torch_lin(x)
     torch.testing.assert_close(native, reference, rtol=1e-4, atol=1e-5)
 
 
