@@ -27,7 +27,8 @@ import numpy as np
 from lmprog_runtime import native
 from lmprog_runtime.constrained.cfg.strings import FREE
 
-UNKNOWN, DEAD, PYTHON = -1, -2, -3  # table_walk.c's markers
+UNKNOWN, DEAD, PYTHON = -1, -2, -3  # table_walk.c's transition markers
+IN_PYTHON = 3  # liveness that reads the output text (table_walk.c stops there: a Python subtree)
 SOFT_STATES = 4096
 HARD_STATES = 16384
 _SOURCE = pathlib.Path(__file__).with_name("table_walk.c")
@@ -55,6 +56,9 @@ def canonical(state: tuple) -> tuple:
     that quote, which `_derive` leaves to the Python walk (PYTHON)."""
     out = None
     for k, st in enumerate(state):
+        if _captures(st):
+            out = list(state) if out is None else out
+            out[k] = st = _unplace(st)
         top = st[0]
         if type(top) is not tuple or top[0] != "S":
             continue
@@ -71,22 +75,36 @@ def canonical(state: tuple) -> tuple:
     return state if out is None else tuple(dict.fromkeys(out))
 
 
+def _captures(st) -> bool:
+    while st is not None:
+        frame = st[0]
+        if type(frame) is tuple and frame and frame[0] in ("C", "U"):
+            return True
+        st = st[1]
+    return False
+
+
+def _unplace(st):
+    """A stack with its C / U frames' start offsets set to -1 (read only through ctx)."""
+    frames = []
+    while st is not None:
+        frames.append(st[0])
+        st = st[1]
+    out = None
+    for f in reversed(frames):
+        if f[0] == "C":
+            f = ("C", f[1], -1)
+        elif f[0] == "U":
+            f = ("U", -1)
+        out = (f, out)
+    return out
+
+
 def _has_free(state: tuple) -> bool:
     for st in state:
         top = st[0]
         if type(top) is tuple and top[0] == "S" and top[7] is FREE:
             return True
-    return False
-
-
-def captures(state: tuple) -> bool:
-    """Some stack of `state` holds a C or U frame (a check that reads the output text)."""
-    for st in state:
-        while st is not None:
-            frame = st[0]
-            if type(frame) is tuple and frame and frame[0] in ("C", "U"):
-                return True
-            st = st[1]
     return False
 
 
@@ -144,8 +162,6 @@ class TableWalker:
     def walk(self, state: tuple, hist: bytes, trie, lists) -> np.ndarray:
         """bool [n_slots]: the tokens of `trie` allowed from `state` (the Python walk's result)."""
         eng, tab = self.engine, self.table
-        if captures(state):
-            return eng._walk_py(state, hist, trie, lists)
         if len(tab.states) > SOFT_STATES:
             tab.reset()
         root = tab.intern(canonical(state))
@@ -164,7 +180,7 @@ class TableWalker:
             d = lists[1][i]
             if code == 1:
                 self._derive(int(stack[d - 1]), lists[0][i], hist, trie, i, d)
-            elif code == 3:
+            elif code == 3 and tab.lives[stack[d]] != IN_PYTHON:
                 self._liveness(int(stack[d]), hist, trie, i, d)
             else:  # PYTHON: the subtree below node i, from the (concrete) state above it
                 prefix = _path(trie, i)[:-1]
@@ -184,20 +200,23 @@ class TableWalker:
         if b == 0x22 and _has_free(st):  # the quote closing a string whose text was abstracted
             tab.trans[s * 256 + b] = PYTHON
             return
-        nxt = self.engine.machine.advance(st, b, len(hist) + d - 1, _lazy_ctx(hist, trie, i))
-        if not nxt:
-            t = DEAD
-        elif captures(nxt):
-            t = PYTHON
-        else:
-            t = tab.intern(canonical(nxt))
+        try:
+            nxt = self.engine.machine.advance(st, b, len(hist) + d - 1, _no_ctx)
+        except _NeedsText:  # a captured value completes: its check reads the text
+            tab.trans[s * 256 + b] = PYTHON
+            return
+        t = tab.intern(canonical(nxt)) if nxt else DEAD
         tab.trans[s * 256 + b] = t
 
     def _liveness(self, t: int, hist: bytes, trie, i: int, d: int) -> None:
         tab = self.table
-        path = bytearray(_path(trie, i)) + b"\x00"
-        ctx = _ctx(hist, path)
-        tab.lives[t] = 1 if self.engine._lives(tab.states[t], len(hist) + d, ctx, path, d) else 2
+        path = bytearray(d + 1)
+        try:
+            lives = self.engine._lives(tab.states[t], len(hist) + d, _no_ctx, path, d)
+        except _NeedsText:  # the lookahead completes a captured value: per node, in Python
+            tab.lives[t] = IN_PYTHON
+            return
+        tab.lives[t] = 1 if lives else 2
 
 
 def _replay(machine, state: tuple, hist: bytes, prefix: bytes) -> tuple:
@@ -208,11 +227,12 @@ def _replay(machine, state: tuple, hist: bytes, prefix: bytes) -> tuple:
     return state
 
 
-def _lazy_ctx(hist: bytes, trie, i: int):
-    """ctx over the output and the path to node i, the path found only if ctx is read."""
-    def ctx(start: int, end: int) -> bytes:
-        return _ctx(hist, _path(trie, i))(start, end)
-    return ctx
+class _NeedsText(Exception):
+    """A table derivation read the output text: the result is not a function of the state."""
+
+
+def _no_ctx(start: int, end: int) -> bytes:
+    raise _NeedsText
 
 
 def _path(trie, i: int) -> bytes:

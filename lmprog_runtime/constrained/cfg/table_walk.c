@@ -7,7 +7,8 @@
  *         yet) or PYTHON (-3: the next state reads the output text; Python walks that
  *         subtree).
  * lives:  uint8 [n_states]: 0 unknown, 1 a token may end in this state (one byte of
- *         lookahead has a continuation), 2 it may not.
+ *         lookahead has a continuation), 2 it may not, 3 it depends on the output text
+ *         (the caller decides at each such node).
  * nodes:  the trie in preorder (the root is implicit), as in trie_walk.c.
  * stack:  int32 [257]: stack[d] = the state after the first d bytes of the current path;
  *         stack[0] is the walk's start state. Kept by the caller between calls.
@@ -44,7 +45,7 @@ int32_t cfg_table_walk(const int32_t *trans, const uint8_t *lives, const lm_node
         stack[nd.depth] = s;
         if (nd.tok != sink) {
             uint8_t l = lives[s];
-            if (l == 0) {
+            if (l != 1 && l != 2) {
                 *at = i;
                 return 3;
             }

@@ -1,0 +1,79 @@
+"""The C table walk of cfg masks (cfg/table.py, table_walk.c) against the Python walk as
+oracle: bit-identical masks on every state reached by the valid and invalid instances of
+dev-corpus and JSON-Schema-Test-Suite schemas (token by token, SmolLM2 tokenizer), and on
+schemas built to hit the abstracted parts (keys of open objects, residual checks that
+capture text, uniqueItems items, patterns, bounded strings, anyOf alternatives)."""
+import json
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+from lmprog_runtime.constrained.base import GrammarError
+from lmprog_runtime.constrained.cfg.backend import CfgBackend
+from lmprog_runtime.constrained.cfg.mask import MaskEngine
+from lmprog_runtime.constrained.cfg.table import c_table_walker
+from tiny_model import smollm2_tokenizer
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_grammar import compact, load_cases  # noqa: E402
+
+HANDWRITTEN = [
+    ({"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+                                       "kind": {"not": {"const": "x"}, "type": "string", "maxLength": 4}},
+      "required": ["ids"]},
+     [{"ids": [1, 2, 3], "kind": "ab"}, {"ids": [1, 1]}, {"ids": [], "kind": "x"}, {"ids": [2], "other": {"a": [1]}}]),
+    ({"type": "object", "additionalProperties": {"type": "string", "pattern": "^[a-z]+[0-9]*$", "minLength": 2}},
+     [{"name": "john7", "city": "oslo"}, {"a": "b"}, {"key with spaces": "zz9", "\u00e9t\u00e9": "ete"}]),
+    ({"anyOf": [{"type": "number", "minimum": 1.5, "maximum": 99}, {"type": "string", "enum": ["a\u00e9", "bc"]},
+                {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}]},
+     [12.25, 1, "a\u00e9", "bc", "zz", [True, False], [True, True, True], None]),
+    ({"type": "object", "properties": {"if": {"if": {"type": "integer"}, "then": {"minimum": 3}}}},
+     [{"if": 4}, {"if": 1}, {"if": "s"}, {}]),
+]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    if c_table_walker() is None:
+        pytest.skip("no C compiler: the cfg masks take the Python walk (nothing to compare)")
+    tok = smollm2_tokenizer()
+    return tok, CfgBackend(tok, len(tok), [tok.eos_token_id])
+
+
+def _compare(tok, be, schema, instances) -> int:
+    """Masks compared along each instance; returns how many (0 when the schema is refused)."""
+    try:
+        g0 = be.compile("json", json.dumps(schema))
+    except GrammarError:
+        return 0
+    sh = g0._shared
+    oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
+    n = 0
+    for inst in instances:
+        g = g0.copy()
+        for tid in tok.encode(compact(inst), add_special_tokens=False):
+            hist = bytes(g._hist)
+            got, want = sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)
+            assert np.array_equal(got, want), (schema, hist, np.nonzero(got != want)[0][:8])
+            n += 1
+            if not want[tid]:
+                break
+            g.accept_token(tid)
+    assert sh.engine._tw, "the C table walk was not used"
+    return n
+
+
+@pytest.mark.parametrize("corpus,limit", [("dev", 24), ("suite", 60)])
+def test_table_walk_masks_equal_python_walk_on_corpora(backend, corpus, limit):
+    tok, be = backend
+    n = sum(_compare(tok, be, case["schema"], [t["data"] for t in case["tests"]])
+            for case in load_cases(corpus)[:limit])
+    assert n > 200
+
+
+def test_table_walk_masks_equal_python_walk_on_abstracted_states(backend):
+    tok, be = backend
+    assert sum(_compare(tok, be, schema, instances) for schema, instances in HANDWRITTEN) > 100
