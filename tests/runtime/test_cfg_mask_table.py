@@ -77,3 +77,26 @@ def test_table_walk_masks_equal_python_walk_on_corpora(backend, corpus, limit):
 def test_table_walk_masks_equal_python_walk_on_abstracted_states(backend):
     tok, be = backend
     assert sum(_compare(tok, be, schema, instances) for schema, instances in HANDWRITTEN) > 100
+
+
+def test_table_walk_masks_equal_python_walk_on_ebnf_and_regex(backend):
+    tok, be = backend
+    cases = [("ebnf", 'root ::= "The capital is " city "." [ ]*\ncity ::= "Paris" | "Rome" | [A-Z][a-z]+',
+              ["The capital is Oslo.", "The capital is Rome.  "]),
+             ("regex", r"[a-z]{3,8}@example\.com( [0-9]+)?", ["abc@example.com", "johnny@example.com 42"])]
+    n = 0
+    for kind, spec, texts in cases:
+        g0 = be.compile(kind, spec)
+        sh = g0._shared
+        oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
+        for text in texts:
+            g = g0.copy()
+            for tid in tok.encode(text, add_special_tokens=False):
+                hist = bytes(g._hist)
+                got, want = sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)
+                assert np.array_equal(got, want), (kind, hist)
+                assert want[tid], (kind, hist, tid)
+                g.accept_token(tid)
+                n += 1
+        assert sh.engine._tw
+    assert n > 10

@@ -25,6 +25,7 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime import native
+from lmprog_runtime.constrained.cfg.machine import Machine
 from lmprog_runtime.constrained.cfg.strings import FREE
 
 UNKNOWN, DEAD, PYTHON = -1, -2, -3  # table_walk.c's transition markers
@@ -56,6 +57,8 @@ def canonical(state: tuple) -> tuple:
     that quote, which `_derive` leaves to the Python walk (PYTHON)."""
     out = None
     for k, st in enumerate(state):
+        if st is None:
+            continue
         if _captures(st):
             out = list(state) if out is None else out
             out[k] = st = _unplace(st)
@@ -102,7 +105,7 @@ def _unplace(st):
 
 def _has_free(state: tuple) -> bool:
     for st in state:
-        top = st[0]
+        top = st[0] if st is not None else None
         if type(top) is tuple and top[0] == "S" and top[7] is FREE:
             return True
     return False
@@ -156,6 +159,9 @@ class TableWalker:
     def __init__(self, engine, lib: ctypes.CDLL):
         self.engine, self.lib = engine, lib
         self.table = StateTable(engine.machine)
+        # JSON / regex states are canonicalized; EBNF states (ebnf.py) are pure as they are
+        self._json = isinstance(engine.machine, Machine)
+        self._canon = canonical if self._json else (lambda state: state)
         self._stack = np.zeros(257, dtype=np.int32)
         self._at = np.zeros(1, dtype=np.int32)
 
@@ -164,7 +170,7 @@ class TableWalker:
         eng, tab = self.engine, self.table
         if len(tab.states) > SOFT_STATES:
             tab.reset()
-        root = tab.intern(canonical(state))
+        root = tab.intern(self._canon(state))
         if root == PYTHON:
             return eng._walk_py(state, hist, trie, lists)
         out = np.zeros(eng.vocab.n_slots, dtype=np.uint8)
@@ -197,7 +203,7 @@ class TableWalker:
     def _derive(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
         tab = self.table
         st = tab.states[s]
-        if b == 0x22 and _has_free(st):  # the quote closing a string whose text was abstracted
+        if b == 0x22 and self._json and _has_free(st):  # the quote closing a string whose text was abstracted
             tab.trans[s * 256 + b] = PYTHON
             return
         try:
@@ -205,7 +211,7 @@ class TableWalker:
         except _NeedsText:  # a captured value completes: its check reads the text
             tab.trans[s * 256 + b] = PYTHON
             return
-        t = tab.intern(canonical(nxt)) if nxt else DEAD
+        t = tab.intern(self._canon(nxt)) if nxt else DEAD
         tab.trans[s * 256 + b] = t
 
     def _liveness(self, t: int, hist: bytes, trie, i: int, d: int) -> None:
