@@ -25,7 +25,7 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime import native
-from lmprog_runtime.constrained.cfg.machine import Machine
+from lmprog_runtime.constrained.cfg.machine import _NUM, Machine
 from lmprog_runtime.constrained.cfg.strings import FREE
 
 UNKNOWN, DEAD, PYTHON = -1, -2, -3  # table_walk.c's transition markers
@@ -65,16 +65,18 @@ def canonical(state: tuple) -> tuple:
         top = st[0]
         if type(top) is not tuple or top[0] != "S":
             continue
-        node, count, text = top[1], top[2], top[7]
+        node, count, utf, text = top[1], top[2], top[3], top[7]
         if node.enum is not None:
             continue
         if node.max_len is None and count > node.min_len:
             count = node.min_len
         if text is not None:
             text = FREE
-        if count != top[2] or text is not top[7]:
+        if utf and not top[6] and utf[1:5:3] != (0, b""):  # the partial character's bits are read
+            utf = (utf[0], 0, utf[2], utf[3], b"")  # only by patterns and enums (and text: FREE)
+        if count != top[2] or text is not top[7] or utf is not top[3]:
             out = list(state) if out is None else out
-            out[k] = ((top[0], node, count) + top[3:7] + (text,), st[1])
+            out[k] = ((top[0], node, count, utf) + top[4:7] + (text,), st[1])
     return state if out is None else tuple(dict.fromkeys(out))
 
 
@@ -111,15 +113,37 @@ def _has_free(state: tuple) -> bool:
     return False
 
 
+_ALL = np.ones(256, dtype=np.bool_)
+_NONE = np.zeros(256, dtype=np.bool_)
+_QUOTE = _NONE.copy()
+_QUOTE[0x22] = True
+_NUM_EXITS = [~np.isin(np.arange(256), list(d)) for d in _NUM]
+_EXITS = ("S", "N", "L")  # lexemes: frames whose steps touch the stack below only at their end
+
+
+def _exits(top) -> np.ndarray:
+    """bool [256]: the bytes on which lexeme frame `top` may end (and read the stack below):
+    a string's closing quote (outside an escape or a UTF-8 sequence), a number's first
+    non-number byte, any byte at a literal's last character."""
+    kind = top[0]
+    if kind == "S":
+        return _NONE if top[3] or top[4] else _QUOTE
+    if kind == "N":
+        return _NUM_EXITS[top[3]]
+    return _ALL if top[2] + 1 == len(top[1]) else _NONE
+
+
 class StateTable:
     """Interned pure states of one grammar, their transitions and liveness."""
 
-    def __init__(self, machine):
-        self.machine = machine
+    def __init__(self, machine, lexemes: bool):
+        """lexemes: share rows between states in the same lexeme (JSON machines only)."""
+        self.machine, self.lexemes = machine, lexemes
         self._rows: dict = {}  # candidates frozenset -> its initial table row
         self.reset()
 
     def reset(self) -> None:
+        self.lex: dict = {}  # a lexeme's top frame -> the first state id interned with it
         self.ids: dict = {}
         self.states: list = []
         self.trans = np.full(64 * 256, UNKNOWN, dtype=np.int32)
@@ -142,14 +166,40 @@ class StateTable:
         self.ids[state] = n
         self.states.append(state)
         cands = self.machine.candidates(state)
-        if cands is not None:
+        if cands is None:
+            self.lives[n] = 1  # (MaskEngine._lives: a state taking any byte lets a token end)
+        else:
             cands = frozenset(cands)
             row = self._rows.get(cands)
             if row is None:
                 row = self._rows[cands] = np.full(256, DEAD, dtype=np.int32)
                 row[list(cands)] = UNKNOWN
             self.trans[n * 256:(n + 1) * 256] = row
+        if self.lexemes and len(state) == 1 and state[0][0][0] in _EXITS:
+            rep = self.lex.setdefault(state[0][0], n)
+            if rep != n:  # a byte the lexeme itself refuses is refused whatever lies below it
+                inside = ~_exits(state[0][0])
+                rows = self.trans.reshape(-1, 256)
+                rows[n, inside & (rows[rep] == DEAD)] = DEAD
         return n
+
+    def inside_step(self, s: int, b: int) -> Optional[int]:
+        """The transition of state s on byte b read off another state of its lexeme, when b
+        stays inside the lexeme (it does not read what lies below) and that one knows it."""
+        state = self.states[s]
+        if not self.lexemes or len(state) != 1:
+            return None
+        top = state[0][0]
+        rep = self.lex.get(top)
+        if rep is None or rep == s or _exits(top)[b]:
+            return None
+        t = int(self.trans[rep * 256 + b])
+        if t == UNKNOWN:  # derived on the lexeme's first state, for every later one to share
+            nxt = self.machine.advance(self.states[rep], b, 0, _no_ctx)
+            t = self.trans[rep * 256 + b] = self.intern(canonical(nxt)) if nxt else DEAD
+        if t < 0:
+            return t if t == DEAD else None
+        return self.intern(((self.states[t][0][0], state[0][1]),))
 
 
 class TableWalker:
@@ -158,9 +208,9 @@ class TableWalker:
 
     def __init__(self, engine, lib: ctypes.CDLL):
         self.engine, self.lib = engine, lib
-        self.table = StateTable(engine.machine)
         # JSON / regex states are canonicalized; EBNF states (ebnf.py) are pure as they are
         self._json = isinstance(engine.machine, Machine)
+        self.table = StateTable(engine.machine, self._json)
         self._canon = canonical if self._json else (lambda state: state)
         self._stack = np.zeros(257, dtype=np.int32)
         self._at = np.zeros(1, dtype=np.int32)
@@ -188,23 +238,48 @@ class TableWalker:
                 self._derive(int(stack[d - 1]), lists[0][i], hist, trie, i, d)
             elif code == 3 and tab.lives[stack[d]] != IN_PYTHON:
                 self._liveness(int(stack[d]), hist, trie, i, d)
-            else:  # PYTHON: the subtree below node i, from the (concrete) state above it
-                prefix = _path(trie, i)[:-1]
-                parent = _replay(eng.machine, state, hist, prefix)
-                hits = eng._walk_hits(parent, hist, lists, trie.sink, i, lists[2][i], prefix)
-                if hits:
-                    out[hits] = 1
-                at[0] = lists[2][i]
+            else:  # node i's step (code 2) or its token's liveness (3) reads the output text
+                at[0] = self._concrete(state, hist, trie, lists, i, d, code == 2, out)
         got = out.view(np.bool_)  # (the C walk never writes the trie's sink slot)
         if len(trie.dup_tok):
             got[trie.dup_tok] = got[trie.dup_src]
         return got
+
+    def _concrete(self, root: tuple, hist: bytes, trie, lists, i: int, d: int, step: bool, out) -> int:
+        """Node i from the concrete state (replayed from the walk's root along the path):
+        its step if `step`, its token's liveness; returns the node the C walk resumes at
+        (its subtree continues in C from the canonical state reached)."""
+        eng, tab = self.engine, self.table
+        path = bytearray(_path(trie, i)) + b"\x00"
+        ctx = _ctx(hist, path)
+        state = root
+        for k in range(d):
+            state = eng.machine.advance(state, path[k], len(hist) + k, ctx)
+            if not state:
+                return lists[2][i]
+        if step:
+            t = tab.intern(self._canon(state))
+            if t == PYTHON:  # the table is full: the whole subtree in Python
+                parent = _replay(eng.machine, root, hist, bytes(path[:d - 1]))
+                hits = eng._walk_hits(parent, hist, lists, trie.sink, i, lists[2][i], bytes(path[:d - 1]))
+                if hits:
+                    out[hits] = 1
+                return lists[2][i]
+            self._stack[d] = t
+        tok = lists[3][i]
+        if tok != trie.sink and eng._lives(state, len(hist) + d, ctx, path, d):
+            out[tok] = 1
+        return i + 1
 
     def _derive(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
         tab = self.table
         st = tab.states[s]
         if b == 0x22 and self._json and _has_free(st):  # the quote closing a string whose text was abstracted
             tab.trans[s * 256 + b] = PYTHON
+            return
+        got = tab.inside_step(s, b)
+        if got is not None:
+            tab.trans[s * 256 + b] = got
             return
         try:
             nxt = self.engine.machine.advance(st, b, len(hist) + d - 1, _no_ctx)
