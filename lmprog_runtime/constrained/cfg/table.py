@@ -144,6 +144,7 @@ class StateTable:
 
     def reset(self) -> None:
         self.lex: dict = {}  # a lexeme's top frame -> the first state id interned with it
+        self.closes: dict = {}  # (state id inside a key, key text) -> the id after its closing quote
         self.ids: dict = {}
         self.states: list = []
         self.trans = np.full(64 * 256, UNKNOWN, dtype=np.int32)
@@ -252,24 +253,53 @@ class TableWalker:
         eng, tab = self.engine, self.table
         path = bytearray(_path(trie, i)) + b"\x00"
         ctx = _ctx(hist, path)
-        state = root
-        for k in range(d):
-            state = eng.machine.advance(state, path[k], len(hist) + k, ctx)
+        t = self._key_close(root, hist, trie, path, i, d) if step and self._json else None
+        if t == DEAD:
+            return lists[2][i]
+        state = None
+        if t is not None and t >= 0 and (tab.lives[t] in (1, 2) or lists[3][i] == trie.sink):
+            state = tab.states[t]  # canonical: only its id and its table liveness are read
+        else:
+            state = _replay(eng.machine, root, hist, bytes(path[:d]), ctx)
             if not state:
                 return lists[2][i]
         if step:
-            t = tab.intern(self._canon(state))
+            t = tab.intern(self._canon(state)) if t is None or t < 0 else t
             if t == PYTHON:  # the table is full: the whole subtree in Python
-                parent = _replay(eng.machine, root, hist, bytes(path[:d - 1]))
-                hits = eng._walk_hits(parent, hist, lists, trie.sink, i, lists[2][i], bytes(path[:d - 1]))
-                if hits:
-                    out[hits] = 1
-                return lists[2][i]
+                return self._python_subtree(root, hist, lists, trie, i, bytes(path[:d - 1]), out)
             self._stack[d] = t
         tok = lists[3][i]
-        if tok != trie.sink and eng._lives(state, len(hist) + d, ctx, path, d):
-            out[tok] = 1
+        if tok != trie.sink:
+            lives = tab.lives[t] if t is not None and tab.lives[t] in (1, 2) else None
+            if lives is None:
+                lives = 1 if eng._lives(state, len(hist) + d, ctx, path, d) else 2
+            if lives == 1:
+                out[tok] = 1
         return i + 1
+
+    def _key_close(self, root: tuple, hist: bytes, trie, path: bytearray, i: int, d: int) -> Optional[int]:
+        """The table id after node i when it is the quote closing a key whose text the path
+        spells (memoized per state and text, its liveness derived), DEAD, or None (replay)."""
+        tab = self.table
+        p = int(self._stack[d - 1])
+        parent = _key_parent(root, tab.states[p], path, d)
+        if parent is None:
+            return None
+        key = (p, parent[0][0][7])
+        t = tab.closes.get(key)
+        if t is None:
+            got = self.engine.machine.advance(parent, 0x22, len(hist) + d - 1, _ctx(hist, path))
+            t = tab.closes[key] = tab.intern(self._canon(got)) if got else DEAD
+        if t >= 0 and tab.lives[t] == 0:
+            self._liveness(t, hist, trie, i, d)
+        return t
+
+    def _python_subtree(self, root, hist, lists, trie, i: int, prefix: bytes, out) -> int:
+        parent = _replay(self.engine.machine, root, hist, prefix, _ctx(hist, prefix))
+        hits = self.engine._walk_hits(parent, hist, lists, trie.sink, i, lists[2][i], prefix)
+        if hits:
+            out[hits] = 1
+        return lists[2][i]
 
     def _derive(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
         tab = self.table
@@ -300,11 +330,41 @@ class TableWalker:
         tab.lives[t] = 1 if lives else 2
 
 
-def _replay(machine, state: tuple, hist: bytes, prefix: bytes) -> tuple:
-    """The concrete state after `prefix` from `state` (table states are canonical)."""
-    ctx = _ctx(hist, prefix)
+def _key_parent(root: tuple, canon: tuple, path: bytearray, d: int) -> Optional[tuple]:
+    """The concrete state before node d-1 of `path` when it is inside a key string with
+    FREE text (`canon`, its canonical form) and the key's text can be read off the path:
+    that state with the text put back; None when it cannot be (escapes, a partial
+    character, several stacks), then the caller replays the path."""
+    if len(canon) != 1 or path[d - 1] != 0x22:
+        return None
+    top, rest = canon[0]
+    if top[0] != "S" or top[7] is not FREE or top[3] or top[4] or top[5]:
+        return None
+    inside = bytes(path[:d - 1])
+    if 0x5C in inside:
+        return None
+    q = inside.rfind(b'"')
+    if q >= 0:  # the key opened on the path (no escape: its last quote opened it)
+        head, inside = "", inside[q + 1:]
+    else:  # it opened before the walk's root, which is inside it
+        rtop = root[0][0] if len(root) == 1 else None
+        if rtop is None or rtop[0] != "S" or type(rtop[7]) is not str or rtop[3] or rtop[4] or rtop[5]:
+            return None
+        head = rtop[7]
+    try:
+        text = head + inside.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return ((top[:7] + (text,), rest),)
+
+
+def _replay(machine, state: tuple, hist: bytes, prefix: bytes, ctx) -> tuple:
+    """The concrete state after `prefix` from `state` (table states are canonical); ()
+    when it dies."""
     for k, b in enumerate(prefix):
         state = machine.advance(state, b, len(hist) + k, ctx)
+        if not state:
+            return ()
     return state
 
 
