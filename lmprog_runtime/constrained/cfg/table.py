@@ -177,11 +177,7 @@ class StateTable:
                 row[list(cands)] = UNKNOWN
             self.trans[n * 256:(n + 1) * 256] = row
         if self.lexemes and len(state) == 1 and state[0][0][0] in _EXITS:
-            rep = self.lex.setdefault(state[0][0], n)
-            if rep != n:  # a byte the lexeme itself refuses is refused whatever lies below it
-                inside = ~_exits(state[0][0])
-                rows = self.trans.reshape(-1, 256)
-                rows[n, inside & (rows[rep] == DEAD)] = DEAD
+            self.lex.setdefault(state[0][0], n)  # (most states are never stepped from: shared lazily)
         return n
 
     def inside_step(self, s: int, b: int) -> Optional[int]:
