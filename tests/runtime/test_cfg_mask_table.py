@@ -100,3 +100,40 @@ def test_table_walk_masks_equal_python_walk_on_ebnf_and_regex(backend):
                 n += 1
         assert sh.engine._tw
     assert n > 10
+
+
+def test_key_closes_read_in_c_match_python_walk(backend):
+    """Roots inside a key already walked from its opening quote: the C walk finds the
+    closing quote's state from the key text (root text + path) registered earlier."""
+    tok, be = backend
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "names": {"type": "integer"},
+                                               "id": {"type": "boolean"}}, "additionalProperties": {"type": "null"}}
+    g0 = be.compile("json", json.dumps(schema))
+    sh = g0._shared
+    oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
+    for prefix in ('{"', '{"na', '{"nam', '{"name', '{"x', '{"id', '{"i'):
+        g = g0.copy()
+        for tid in tok.encode(prefix, add_special_tokens=False):
+            g.accept_token(tid)
+        hist = bytes(g._hist)
+        assert np.array_equal(sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)), prefix
+    assert sh.engine._tw.table.keys.n > 0
+
+
+def test_key_close_table_keeps_entries_when_it_grows():
+    from lmprog_runtime.constrained.cfg.keycloses import KeyCloses, key_hash
+
+    keys = KeyCloses()
+    entries = [(s % 7, f"key{s}".encode(), s) for s in range(3000)]
+    for s, text, t in entries:
+        keys.add(s, text, t)
+    assert keys.cap >= 4096
+    for s, text, t in entries:  # the probe table_walk.c makes
+        slot = key_hash(s, text) & (keys.cap - 1)
+        while True:
+            h, value, off, n = keys.table[slot].tolist()
+            assert n >= 0, (s, text)
+            if (h & (2 ** 64 - 1)) == key_hash(s, text) and bytes(keys.pool[off:off + n]) == text and value >> 32 == s:
+                assert value & 0xFFFFFFFF == t
+                break
+            slot = (slot + 1) & (keys.cap - 1)

@@ -25,6 +25,7 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime import native
+from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
 from lmprog_runtime.constrained.cfg.machine import _NUM, Machine
 from lmprog_runtime.constrained.cfg.strings import FREE
 
@@ -37,7 +38,7 @@ _SOURCE = pathlib.Path(__file__).with_name("table_walk.c")
 
 def _declare(lib: ctypes.CDLL) -> None:
     ptr, i32 = ctypes.c_void_p, ctypes.c_int32
-    lib.cfg_table_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, ptr]
+    lib.cfg_table_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr]
     lib.cfg_table_walk.restype = i32
 
 
@@ -140,16 +141,21 @@ class StateTable:
         """lexemes: share rows between states in the same lexeme (JSON machines only)."""
         self.machine, self.lexemes = machine, lexemes
         self._rows: dict = {}  # candidates frozenset -> its initial table row
+        self.keys = KeyCloses()
         self.reset()
 
     def reset(self) -> None:
         self.lex: dict = {}  # a lexeme's top frame -> the first state id interned with it
         self.closes: dict = {}  # (state id inside a key, key text) -> the id after its closing quote
+        # (mirrored into self.keys for the C walk)
         self.ids: dict = {}
         self.states: list = []
         self.trans = np.full(64 * 256, UNKNOWN, dtype=np.int32)
         self.lives = np.zeros(64, dtype=np.uint8)
+        self.inside = np.zeros(64, dtype=np.uint8)  # 1: inside a key with FREE text, plain mode
         self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
+        self.keys.clear()
+        self.keys.set_inside(self.inside)
 
     def intern(self, state: tuple) -> int:
         """The id of a pure state (interned on first sight, dead bytes filled in);
@@ -163,7 +169,9 @@ class StateTable:
         if n == len(self.lives):
             self.trans = np.concatenate([self.trans, np.full(n * 256, UNKNOWN, dtype=np.int32)])
             self.lives = np.concatenate([self.lives, np.zeros(n, dtype=np.uint8)])
+            self.inside = np.concatenate([self.inside, np.zeros(n, dtype=np.uint8)])
             self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
+            self.keys.set_inside(self.inside)
         self.ids[state] = n
         self.states.append(state)
         cands = self.machine.candidates(state)
@@ -177,7 +185,10 @@ class StateTable:
                 row[list(cands)] = UNKNOWN
             self.trans[n * 256:(n + 1) * 256] = row
         if self.lexemes and len(state) == 1 and state[0][0][0] in _EXITS:
-            self.lex.setdefault(state[0][0], n)  # (most states are never stepped from: shared lazily)
+            top = state[0][0]
+            self.lex.setdefault(top, n)  # (most states are never stepped from: shared lazily)
+            if top[0] == "S" and top[7] is FREE and not (top[3] or top[4] or top[5]):
+                self.inside[n] = 1
         return n
 
     def inside_step(self, s: int, b: int) -> Optional[int]:
@@ -211,11 +222,12 @@ class TableWalker:
         self._canon = canonical if self._json else (lambda state: state)
         self._stack = np.zeros(257, dtype=np.int32)
         self._at = np.zeros(1, dtype=np.int32)
+        self._path = np.zeros(258, dtype=np.uint8)  # the C walk's current path
 
     def walk(self, state: tuple, hist: bytes, trie, lists) -> np.ndarray:
         """bool [n_slots]: the tokens of `trie` allowed from `state` (the Python walk's result)."""
         eng, tab = self.engine, self.table
-        if len(tab.states) > SOFT_STATES:
+        if len(tab.states) > SOFT_STATES or len(tab.closes) > 4 * SOFT_STATES:
             tab.reset()
         root = tab.intern(self._canon(state))
         if root == PYTHON:
@@ -223,7 +235,9 @@ class TableWalker:
         out = np.zeros(eng.vocab.n_slots, dtype=np.uint8)
         stack, at = self._stack, self._at
         stack[0], at[0] = root, 0
-        args = (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data)
+        tab.keys.set_head(_root_key(state) if self._json else None)
+        args = (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
+                ctypes.addressof(tab.keys.struct), self._path.ctypes.data)
         fn = self.lib.cfg_table_walk
         while True:
             code = fn(*tab.addr, *args)
@@ -286,6 +300,8 @@ class TableWalker:
         if t is None:
             got = self.engine.machine.advance(parent, 0x22, len(hist) + d - 1, _ctx(hist, path))
             t = tab.closes[key] = tab.intern(self._canon(got)) if got else DEAD
+            if t != PYTHON:
+                tab.keys.add(p, key[1].encode("utf-8"), t)
         if t >= 0 and tab.lives[t] == 0:
             self._liveness(t, hist, trie, i, d)
         return t
@@ -324,6 +340,14 @@ class TableWalker:
             tab.lives[t] = IN_PYTHON
             return
         tab.lives[t] = 1 if lives else 2
+
+
+def _root_key(root: tuple) -> Optional[bytes]:
+    """The text (UTF-8) of the key the walk's root is inside, when it is in plain mode."""
+    top = root[0][0] if len(root) == 1 and root[0] is not None else None
+    if top is None or top[0] != "S" or type(top[7]) is not str or top[1].enum is not None or top[3] or top[4] or top[5]:
+        return None
+    return top[7].encode("utf-8")
 
 
 def _key_parent(root: tuple, canon: tuple, path: bytearray, d: int) -> Optional[tuple]:
