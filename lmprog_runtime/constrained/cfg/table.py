@@ -1,20 +1,22 @@
 """Masks walked in C against a lazily filled transition table of interned matcher states.
 
-A matcher state with no pending capture (no C / U frame: nothing reads the output text or
-its position) is a pure function of itself: from it, byte b always leads to the same next
-state, and whether a token may end in it (the one-byte lookahead of `MaskEngine._lives`)
-is fixed. Such states are interned (tuple -> int id) and their transitions kept in an
-int32 table [states x 256], filled on demand: the C walk (table_walk.c) runs over the
-trie until it meets a transition or a liveness not derived yet, returns to Python to
-derive it (`Machine.advance`, once per state and byte, ever), and resumes. Bytes outside
-`Machine.candidates` are dead when a state is interned, so structural states cost a few
-derivations. A transition into a state that does capture (a residual check, a
-uniqueItems item) is marked PYTHON: that subtree is walked by the Python walk of mask.py
-(`MaskEngine._walk_py`, also the oracle of the tests and the path where no C compiler
-exists). The table is per grammar: it outlives masks, so a state met in a new context
-(the same string body at another count, the same object after another member) reuses
-what earlier walks derived. Memory: 1 KB per state; past SOFT_STATES the table is
-emptied before the next walk, past HARD_STATES a walk marks new transitions PYTHON.
+A matcher state in canonical form (canonical.py: a key's text FREE, counts clamped where
+only a bound reads them, capture offsets dropped) is, for every byte whose step does not
+read the output text, a function of itself: byte b always leads to the same next state,
+and whether a token may end in it (`MaskEngine._lives`' one byte of lookahead) is fixed.
+States are interned (tuple -> int id) and their transitions kept in an int32 table
+[states x 256], filled on demand: the C walk (table_walk.c) runs over the trie until it
+meets a transition or a liveness not derived yet, returns to Python to derive it
+(`Machine.advance`, once per state and byte), and resumes. Bytes outside
+`Machine.candidates` are dead when a state is interned; a lexeme frame's inside steps
+are read off the first state with the same frame (`StateTable.inside_step`). A step
+that reads the text (a captured value's check, a key's closing quote) is PYTHON: that
+node is stepped from the concrete state (replayed from the walk's root, or for a key,
+the key text read off the path and the step registered in keycloses.py, which the C walk
+probes next time) and the walk continues below it in C. The Python walk of mask.py is
+the path where no C compiler exists and the tests' oracle. The table is per grammar and
+outlives masks. Memory: 1 KB per state; past SOFT_STATES the table is emptied before the
+next walk, past HARD_STATES a walk leaves new transitions to Python.
 """
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime import native
+from lmprog_runtime.constrained.cfg.canonical import EXITS, canonical, exits, has_free, key_parent, root_key
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
-from lmprog_runtime.constrained.cfg.machine import _NUM, Machine
+from lmprog_runtime.constrained.cfg.machine import Machine
 from lmprog_runtime.constrained.cfg.strings import FREE
 
 UNKNOWN, DEAD, PYTHON = -1, -2, -3  # table_walk.c's transition markers
@@ -48,90 +51,6 @@ _KERNEL = native.Kernel(_SOURCE, ("-O2",), False, _declare)
 def c_table_walker() -> Optional[ctypes.CDLL]:
     """The C walk, built once per source version; None where it cannot be built."""
     return _KERNEL.lib()
-
-
-def canonical(state: tuple) -> tuple:
-    """`state` with what no transition but a string's closing quote reads abstracted away:
-    a string body's text (kept for keys; enum strings keep theirs) becomes FREE, and with
-    no maxLength its character count is clamped at minLength (only `count < minLength`
-    is ever read). The table's transitions from such a state are exact for every byte but
-    that quote, which `_derive` leaves to the Python walk (PYTHON)."""
-    out = None
-    for k, st in enumerate(state):
-        if st is None:
-            continue
-        if _captures(st):
-            out = list(state) if out is None else out
-            out[k] = st = _unplace(st)
-        top = st[0]
-        if type(top) is not tuple or top[0] != "S":
-            continue
-        node, count, utf, text = top[1], top[2], top[3], top[7]
-        if node.enum is not None:
-            continue
-        if node.max_len is None and count > node.min_len:
-            count = node.min_len
-        if text is not None:
-            text = FREE
-        if utf and not top[6] and utf[1:5:3] != (0, b""):  # the partial character's bits are read
-            utf = (utf[0], 0, utf[2], utf[3], b"")  # only by patterns and enums (and text: FREE)
-        if count != top[2] or text is not top[7] or utf is not top[3]:
-            out = list(state) if out is None else out
-            out[k] = ((top[0], node, count, utf) + top[4:7] + (text,), st[1])
-    return state if out is None else tuple(dict.fromkeys(out))
-
-
-def _captures(st) -> bool:
-    while st is not None:
-        frame = st[0]
-        if type(frame) is tuple and frame and frame[0] in ("C", "U"):
-            return True
-        st = st[1]
-    return False
-
-
-def _unplace(st):
-    """A stack with its C / U frames' start offsets set to -1 (read only through ctx)."""
-    frames = []
-    while st is not None:
-        frames.append(st[0])
-        st = st[1]
-    out = None
-    for f in reversed(frames):
-        if f[0] == "C":
-            f = ("C", f[1], -1)
-        elif f[0] == "U":
-            f = ("U", -1)
-        out = (f, out)
-    return out
-
-
-def _has_free(state: tuple) -> bool:
-    for st in state:
-        top = st[0] if st is not None else None
-        if type(top) is tuple and top[0] == "S" and top[7] is FREE:
-            return True
-    return False
-
-
-_ALL = np.ones(256, dtype=np.bool_)
-_NONE = np.zeros(256, dtype=np.bool_)
-_QUOTE = _NONE.copy()
-_QUOTE[0x22] = True
-_NUM_EXITS = [~np.isin(np.arange(256), list(d)) for d in _NUM]
-_EXITS = ("S", "N", "L")  # lexemes: frames whose steps touch the stack below only at their end
-
-
-def _exits(top) -> np.ndarray:
-    """bool [256]: the bytes on which lexeme frame `top` may end (and read the stack below):
-    a string's closing quote (outside an escape or a UTF-8 sequence), a number's first
-    non-number byte, any byte at a literal's last character."""
-    kind = top[0]
-    if kind == "S":
-        return _NONE if top[3] or top[4] else _QUOTE
-    if kind == "N":
-        return _NUM_EXITS[top[3]]
-    return _ALL if top[2] + 1 == len(top[1]) else _NONE
 
 
 class StateTable:
@@ -184,7 +103,7 @@ class StateTable:
                 row = self._rows[cands] = np.full(256, DEAD, dtype=np.int32)
                 row[list(cands)] = UNKNOWN
             self.trans[n * 256:(n + 1) * 256] = row
-        if self.lexemes and len(state) == 1 and state[0][0][0] in _EXITS:
+        if self.lexemes and len(state) == 1 and state[0][0][0] in EXITS:
             top = state[0][0]
             self.lex.setdefault(top, n)  # (most states are never stepped from: shared lazily)
             if top[0] == "S" and top[7] is FREE and not (top[3] or top[4] or top[5]):
@@ -199,7 +118,7 @@ class StateTable:
             return None
         top = state[0][0]
         rep = self.lex.get(top)
-        if rep is None or rep == s or _exits(top)[b]:
+        if rep is None or rep == s or exits(top)[b]:
             return None
         t = int(self.trans[rep * 256 + b])
         if t == UNKNOWN:  # derived on the lexeme's first state, for every later one to share
@@ -235,7 +154,7 @@ class TableWalker:
         out = np.zeros(eng.vocab.n_slots, dtype=np.uint8)
         stack, at = self._stack, self._at
         stack[0], at[0] = root, 0
-        tab.keys.set_head(_root_key(state) if self._json else None)
+        tab.keys.set_head(root_key(state) if self._json else None)
         args = (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
                 ctypes.addressof(tab.keys.struct), self._path.ctypes.data)
         fn = self.lib.cfg_table_walk
@@ -292,7 +211,7 @@ class TableWalker:
         spells (memoized per state and text, its liveness derived), DEAD, or None (replay)."""
         tab = self.table
         p = int(self._stack[d - 1])
-        parent = _key_parent(root, tab.states[p], path, d)
+        parent = key_parent(root, tab.states[p], path, d)
         if parent is None:
             return None
         key = (p, parent[0][0][7])
@@ -316,7 +235,7 @@ class TableWalker:
     def _derive(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
         tab = self.table
         st = tab.states[s]
-        if b == 0x22 and self._json and _has_free(st):  # the quote closing a string whose text was abstracted
+        if b == 0x22 and self._json and has_free(st):  # the quote closing a string whose text was abstracted
             tab.trans[s * 256 + b] = PYTHON
             return
         got = tab.inside_step(s, b)
@@ -340,42 +259,6 @@ class TableWalker:
             tab.lives[t] = IN_PYTHON
             return
         tab.lives[t] = 1 if lives else 2
-
-
-def _root_key(root: tuple) -> Optional[bytes]:
-    """The text (UTF-8) of the key the walk's root is inside, when it is in plain mode."""
-    top = root[0][0] if len(root) == 1 and root[0] is not None else None
-    if top is None or top[0] != "S" or type(top[7]) is not str or top[1].enum is not None or top[3] or top[4] or top[5]:
-        return None
-    return top[7].encode("utf-8")
-
-
-def _key_parent(root: tuple, canon: tuple, path: bytearray, d: int) -> Optional[tuple]:
-    """The concrete state before node d-1 of `path` when it is inside a key string with
-    FREE text (`canon`, its canonical form) and the key's text can be read off the path:
-    that state with the text put back; None when it cannot be (escapes, a partial
-    character, several stacks), then the caller replays the path."""
-    if len(canon) != 1 or path[d - 1] != 0x22:
-        return None
-    top, rest = canon[0]
-    if top[0] != "S" or top[7] is not FREE or top[3] or top[4] or top[5]:
-        return None
-    inside = bytes(path[:d - 1])
-    if 0x5C in inside:
-        return None
-    q = inside.rfind(b'"')
-    if q >= 0:  # the key opened on the path (no escape: its last quote opened it)
-        head, inside = "", inside[q + 1:]
-    else:  # it opened before the walk's root, which is inside it
-        rtop = root[0][0] if len(root) == 1 else None
-        if rtop is None or rtop[0] != "S" or type(rtop[7]) is not str or rtop[3] or rtop[4] or rtop[5]:
-            return None
-        head = rtop[7]
-    try:
-        text = head + inside.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    return ((top[:7] + (text,), rest),)
 
 
 def _replay(machine, state: tuple, hist: bytes, prefix: bytes, ctx) -> tuple:
