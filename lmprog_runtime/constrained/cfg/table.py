@@ -164,8 +164,12 @@ class TableWalker:
                 break
             i = int(at[0])
             d = lists[1][i]
-            if code == 1:
-                self._derive(int(stack[d - 1]), lists[0][i], hist, trie, i, d)
+            if code == 1:  # node i and its later siblings (the walk meets them next): one stop
+                s, j, n = int(stack[d - 1]), i, trie.n_nodes
+                while j < n and lists[1][j] == d:
+                    if tab.trans[s * 256 + lists[0][j]] == UNKNOWN:
+                        self._derive(s, lists[0][j], hist, trie, j, d)
+                    j = lists[2][j]
             elif code == 3 and tab.lives[stack[d]] != IN_PYTHON:
                 self._liveness(int(stack[d]), hist, trie, i, d)
             else:  # node i's step (code 2) or its token's liveness (3) reads the output text
