@@ -137,3 +137,14 @@ def test_key_close_table_keeps_entries_when_it_grows():
                 assert value & 0xFFFFFFFF == t
                 break
             slot = (slot + 1) & (keys.cap - 1)
+
+
+def test_full_table_leaves_the_rest_to_python(backend, monkeypatch):
+    """Past HARD_STATES new steps go to the Python walk, past SOFT_STATES the table is
+    emptied before a walk: the masks stay those of the Python walk."""
+    from lmprog_runtime.constrained.cfg import table
+
+    monkeypatch.setattr(table, "HARD_STATES", 40)
+    monkeypatch.setattr(table, "SOFT_STATES", 25)
+    tok, be = backend
+    assert sum(_compare(tok, be, schema, instances) for schema, instances in HANDWRITTEN[:2]) > 50
