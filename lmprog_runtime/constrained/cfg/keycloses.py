@@ -65,7 +65,7 @@ class KeyCloses:
         if self.used + len(text) > len(self.pool):
             self.pool = np.concatenate([self.pool, np.zeros(max(len(self.pool), len(text)), dtype=np.uint8)])
             self.struct.pool = self.pool.ctypes.data
-        self.pool[self.used:self.used + len(text)] = np.frombuffer(text, dtype=np.uint8)
+        memoryview(self.pool)[self.used:self.used + len(text)] = text
         self._put(key_hash(state, text), (state << 32) | (t & 0xFFFFFFFF), self.used, len(text))
         self.used += len(text)
         self.n += 1

@@ -66,7 +66,7 @@ class StateTable:
     def reset(self) -> None:
         self.lex: dict = {}  # a lexeme's top frame -> the first state id interned with it
         self.closes: dict = {}  # (state id inside a key, key text) -> the id after its closing quote
-        # (mirrored into self.keys for the C walk)
+        self.in_c: set = set()  # the closes registered in self.keys (those met twice)
         self.ids: dict = {}
         self.states: list = []
         self.trans = np.full(64 * 256, UNKNOWN, dtype=np.int32)
@@ -184,7 +184,7 @@ class TableWalker:
         its step if `step`, its token's liveness; returns the node the C walk resumes at
         (its subtree continues in C from the canonical state reached)."""
         eng, tab = self.engine, self.table
-        path = bytearray(_path(trie, i)) + b"\x00"
+        path = bytearray(self._path[:d].tobytes()) + b"\x00"  # (the C walk wrote the path to node i)
         ctx = _ctx(hist, path)
         t = self._key_close(root, hist, trie, path, i, d) if step and self._json else None
         if t == DEAD:
@@ -223,8 +223,9 @@ class TableWalker:
         if t is None:
             got = self.engine.machine.advance(parent, 0x22, len(hist) + d - 1, _ctx(hist, path))
             t = tab.closes[key] = tab.intern(self._canon(got)) if got else DEAD
-            if t != PYTHON:
-                tab.keys.add(p, key[1].encode("utf-8"), t)
+        elif t != PYTHON and key not in tab.in_c:  # met again: from now on the C walk finds it
+            tab.in_c.add(key)
+            tab.keys.add(p, key[1].encode("utf-8"), t)
         if t >= 0 and tab.lives[t] == 0:
             self._liveness(t, hist, trie, i, d)
         return t
