@@ -126,7 +126,10 @@ class StateTable:
             t = self.trans[rep * 256 + b] = self.intern(canonical(nxt)) if nxt else DEAD
         if t < 0:
             return t if t == DEAD else None
-        return self.intern(((self.states[t][0][0], state[0][1]),))
+        nxt = self.states[t]
+        if len(nxt) != 1 or nxt[0][1] != self.states[rep][0][1]:
+            return None  # (not a step inside the lexeme after all: derived on its own)
+        return self.intern(((nxt[0][0], state[0][1]),))
 
 
 class TableWalker:
