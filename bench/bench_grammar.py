@@ -10,7 +10,7 @@ token by token (its compact JSON, SmolLM2 tokenizer): each token must be in the 
 accepted, then EOS.
 
     HF_HUB_OFFLINE=1 python bench/bench_grammar.py [--quick] [--corpus dev,suite]
-        [--backends cfg,outlines,llguidance,xgrammar] [--limit N]
+        [--backends cfg,outlines,llguidance,xgrammar] [--limit N] [--cfg-python-walk] [--warm]
 Writes bench/results/grammar.json and bench/results/grammar.png; prints a markdown table.
 Timings are only meaningful on a quiet machine.
 """
@@ -84,7 +84,11 @@ def walk(g, ids, eos, vocab, times=None):
     return True
 
 
-def bench_backend(name, tok, cases, timeout, remotes=()):
+def bench_backend(name, tok, cases, timeout, remotes=(), python_walk=False, warm=False):
+    """remotes: (base URI, folder) pairs of the local schema registry; python_walk: cfg's
+    Python trie walk instead of the C table walk (A/B); warm: time each instance's second
+    walk, the mask LRU emptied in between (states recur up to their canonical form, as for a
+    server answering many requests of one schema)."""
     config = GrammarBackendConfig(schema_remotes=remotes)
     be = create_grammar_backend(name, tok, len(tok), [tok.eos_token_id], config=config)
     r = {"schemas": len(cases), "compiled": 0, "fully_correct": 0, "valid": 0, "valid_ok": 0, "invalid": 0,
@@ -104,6 +108,13 @@ def bench_backend(name, tok, cases, timeout, remotes=()):
             continue
         compile_s.append(time.perf_counter() - t0)
         r["compiled"] += 1
+        engine = getattr(getattr(g0, "_shared", None), "engine", None)
+        if engine is not None and python_walk:
+            engine.use_c = False  # read at the first mask
+        if warm and engine is not None:
+            for t in case["tests"]:
+                walk(g0.copy(), tok.encode(compact(t["data"]), add_special_tokens=False), tok.eos_token_id, len(tok))
+            engine._memo.clear()
         all_ok = True
         for t in case["tests"]:
             ids = tok.encode(compact(t["data"]), add_special_tokens=False)
@@ -178,10 +189,13 @@ def main():
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per schema compile")
     ap.add_argument("--out", default=str(OUT / "grammar.json"))
     ap.add_argument("--note", default="", help="a sentence stored with the results (e.g. the machine's load)")
+    ap.add_argument("--cfg-python-walk", action="store_true", help="cfg masks by the Python walk (A/B with the C walk)")
+    ap.add_argument("--warm", action="store_true", help="time the second walk of each instance (cfg: mask LRU emptied)")
     args = ap.parse_args()
     limit = args.limit or (40 if args.quick else 0)
     tok = load_tokenizer()
-    results = {"tokenizer": "SmolLM2-135M", "limit": limit, "note": args.note, "corpora": {}}
+    results = {"tokenizer": "SmolLM2-135M", "limit": limit, "note": args.note, "corpora": {},
+               "cfg_walk": "python" if args.cfg_python_walk else "c", "warm": args.warm}
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for corpus in args.corpus.split(","):
@@ -191,7 +205,8 @@ def main():
         for name in args.backends.split(","):
             try:
                 results["corpora"][corpus][name] = bench_backend(name, tok, cases, args.timeout,
-                                                                   SUITE_REMOTES if corpus == "suite" else ())
+                                                                   SUITE_REMOTES if corpus == "suite" else (),
+                                                                   args.cfg_python_walk, args.warm)
             except ImportError as exc:
                 print(f"skipping {name}: {exc}", file=sys.stderr)
             out.write_text(json.dumps(results, indent=1))  # after each backend: partial runs keep data

@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from lmprog_runtime.constrained.cfg.machine import Machine, utf8_start
+from lmprog_runtime.constrained.cfg.table import TableWalker, c_table_walker
 from lmprog_runtime.constrained.trie_walk import TokenTrie
 
 MEMO_STATES = 1024  # cached masks per compiled grammar (LRU), bit-packed: 6 KB each at 49k tokens
@@ -119,8 +120,11 @@ def _capture_start(state: tuple):
 
 
 class MaskEngine:
-    def __init__(self, machine: Machine, vocab: VocabInfo):
-        self.machine, self.vocab = machine, vocab
+    def __init__(self, machine: Machine, vocab: VocabInfo, use_c: bool = True):
+        """use_c=False: the Python walk only (the tests' oracle)."""
+        self.machine, self.vocab, self.use_c = machine, vocab, use_c
+        self._tw = None  # TableWalker, False where the C walk cannot be built
+        self._walk_lock = threading.Lock()  # the walker's table is mutated by a walk
         self._memo: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
         self._alive: dict[int, np.ndarray] = {}
@@ -210,10 +214,33 @@ class MaskEngine:
         return ("fast", tuple(parts)) if parts else None
 
     def _walk(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
-        byte, depth, skip, tok, dups = lists
+        """The tokens of `trie` allowed from `state`: the C table walk where it is built."""
+        if self._tw is None:
+            lib = c_table_walker() if self.use_c else None
+            self._tw = TableWalker(self, lib) if lib is not None else False
+        if self._tw:
+            with self._walk_lock:
+                return self._tw.walk(state, hist, trie, lists)
+        return self._walk_py(state, hist, trie, lists)
+
+    def _walk_py(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
+        """The Python walk (the oracle of the C walk; its fallback): bool [n_slots]."""
         out = np.zeros(self.vocab.n_slots, dtype=np.bool_)
+        hits = self._walk_hits(state, hist, lists, trie.sink, 0, trie.n_nodes, b"")
+        if hits:
+            out[hits] = True
+        for t, src in lists[4]:
+            out[t] = out[src]
+        return out
+
+    def _walk_hits(self, state: tuple, hist: bytes, lists, sink: int, i0: int, i1: int, prefix: bytes) -> list:
+        """Allowed tokens among trie nodes [i0, i1) (a run of subtrees below the node whose
+        path is `prefix`, where the matcher is in `state`), stepping the matcher per node."""
+        byte, depth, skip, tok, _ = lists
         base = len(hist)
-        path = bytearray(256)
+        d0 = len(prefix)
+        path = bytearray(257)
+        path[:d0] = prefix
 
         def ctx(start: int, end: int) -> bytes:
             if end <= base:
@@ -222,11 +249,12 @@ class MaskEngine:
             return (hist[start:] + tail) if start < base else tail[start - base:]
 
         advance, candidates = self.machine.advance, self.machine.candidates
-        states = [state] + [None] * 256
-        cands = [candidates(state)] + [None] * 256  # per depth: bytes worth stepping (None: all)
-        i, n, sink = 0, trie.n_nodes, trie.sink
+        states = [None] * 258
+        cands = [None] * 258  # per depth: bytes worth stepping (None: all)
+        states[d0], cands[d0] = state, candidates(state)
+        i = i0
         hits = []
-        while i < n:
+        while i < i1:
             d = depth[i]
             b = byte[i]
             c = cands[d - 1]
@@ -242,13 +270,9 @@ class MaskEngine:
             if tok[i] != sink and self._lives(nxt, base + d, ctx, path, d):
                 hits.append(tok[i])
             i += 1
-            if i < n and depth[i] > d:  # it has children
+            if i < i1 and depth[i] > d:  # it has children
                 cands[d] = candidates(nxt)
-        if hits:
-            out[hits] = True
-        for t, src in dups:
-            out[t] = out[src]
-        return out
+        return hits
 
     def _lives(self, state: tuple, pos: int, ctx, path: bytearray, d: int) -> bool:
         """One byte of lookahead after a token: some byte (or the end) can follow, so a

@@ -19,6 +19,19 @@ _HEX = {b: int(chr(b), 16) for b in b"0123456789abcdefABCDEF"}
 _UTF8_FLOOR = (0, 0x80, 0x800, 0x10000)
 
 
+class _Free:
+    """The text of a string body in a mask table's state (cfg/table.py): a key's text
+    abstracted away, never read (the table leaves the closing quote to the Python walk)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "FREE"
+
+
+FREE = _Free()
+
+
 def utf8_start(b: int):
     """Decoder state after a UTF-8 lead byte: (bytes still needed, code point so far, lo, hi
     bounds of the next byte); None for a byte that cannot start a character."""
@@ -136,7 +149,7 @@ class StringFrames:
             pats = tuple(step(p, cp) for p in pats)
             if dead in pats:
                 return None
-        if text is not None:
+        if text is not None and text is not FREE:
             text += chr(cp)
             enum = node.enum
             if enum is not None:

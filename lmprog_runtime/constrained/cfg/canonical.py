@@ -1,0 +1,132 @@
+"""Canonical matcher states for the mask table (table.py): what no transition reads but a
+lexeme's end abstracted away, so that states recur across masks; and the lexeme frames
+(string body, number, literal) whose inside bytes never touch the stack below them.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from lmprog_runtime.constrained.cfg.machine import _NUM
+from lmprog_runtime.constrained.cfg.strings import FREE
+
+
+def canonical(state: tuple) -> tuple:
+    """`state` with what no transition but a string's closing quote reads abstracted away:
+    a string body's text (kept for keys; enum strings keep theirs) becomes FREE, and with
+    no maxLength its character count is clamped at minLength (only `count < minLength`
+    is ever read). The table's transitions from such a state are exact for every byte but
+    that quote, which `_derive` leaves to the Python walk (PYTHON)."""
+    out = None
+    for k, st in enumerate(state):
+        if st is None:
+            continue
+        if _captures(st):
+            out = list(state) if out is None else out
+            out[k] = st = _unplace(st)
+        top = st[0]
+        if type(top) is not tuple or top[0] != "S":
+            continue
+        node, count, utf, text = top[1], top[2], top[3], top[7]
+        if node.enum is not None:
+            continue
+        if node.max_len is None and count > node.min_len:
+            count = node.min_len
+        if text is not None:
+            text = FREE
+        if utf and not top[6] and utf[1:5:3] != (0, b""):  # the partial character's bits are read
+            utf = (utf[0], 0, utf[2], utf[3], b"")  # only by patterns and enums (and text: FREE)
+        if count != top[2] or text is not top[7] or utf is not top[3]:
+            out = list(state) if out is None else out
+            out[k] = ((top[0], node, count, utf) + top[4:7] + (text,), st[1])
+    return state if out is None else tuple(dict.fromkeys(out))
+
+
+def _captures(st) -> bool:
+    while st is not None:
+        frame = st[0]
+        if type(frame) is tuple and frame and frame[0] in ("C", "U"):
+            return True
+        st = st[1]
+    return False
+
+
+def _unplace(st):
+    """A stack with its C / U frames' start offsets set to -1 (read only through ctx)."""
+    frames = []
+    while st is not None:
+        frames.append(st[0])
+        st = st[1]
+    out = None
+    for f in reversed(frames):
+        if f[0] == "C":
+            f = ("C", f[1], -1)
+        elif f[0] == "U":
+            f = ("U", -1)
+        out = (f, out)
+    return out
+
+
+def has_free(state: tuple) -> bool:
+    for st in state:
+        top = st[0] if st is not None else None
+        if type(top) is tuple and top[0] == "S" and top[7] is FREE:
+            return True
+    return False
+
+
+_ALL = np.ones(256, dtype=np.bool_)
+_NONE = np.zeros(256, dtype=np.bool_)
+_QUOTE = _NONE.copy()
+_QUOTE[0x22] = True
+_NUM_EXITS = [~np.isin(np.arange(256), list(d)) for d in _NUM]
+EXITS = ("S", "N", "L")  # lexemes: frames whose steps touch the stack below only at their end
+
+
+def exits(top) -> np.ndarray:
+    """bool [256]: the bytes on which lexeme frame `top` may end (and read the stack below):
+    a string's closing quote (outside an escape or a UTF-8 sequence), a number's first
+    non-number byte, any byte at a literal's last character."""
+    kind = top[0]
+    if kind == "S":
+        return _NONE if top[3] or top[4] else _QUOTE
+    if kind == "N":
+        return _NUM_EXITS[top[3]]
+    return _ALL if top[2] + 1 == len(top[1]) else _NONE
+
+
+def root_key(root: tuple) -> Optional[bytes]:
+    """The text (UTF-8) of the key the walk's root is inside, when it is in plain mode."""
+    top = root[0][0] if len(root) == 1 and root[0] is not None else None
+    if top is None or top[0] != "S" or type(top[7]) is not str or top[1].enum is not None or top[3] or top[4] or top[5]:
+        return None
+    return top[7].encode("utf-8")
+
+
+def key_parent(root: tuple, canon: tuple, path: bytearray, d: int) -> Optional[tuple]:
+    """The concrete state before node d-1 of `path` when it is inside a key string with
+    FREE text (`canon`, its canonical form) and the key's text can be read off the path:
+    that state with the text put back; None when it cannot be (escapes, a partial
+    character, several stacks), then the caller replays the path."""
+    if len(canon) != 1 or path[d - 1] != 0x22:
+        return None
+    top, rest = canon[0]
+    if top[0] != "S" or top[7] is not FREE or top[3] or top[4] or top[5]:
+        return None
+    inside = bytes(path[:d - 1])
+    if 0x5C in inside:
+        return None
+    q = inside.rfind(b'"')
+    if q >= 0:  # the key opened on the path (no escape: its last quote opened it)
+        head, inside = "", inside[q + 1:]
+    else:  # it opened before the walk's root, which is inside it
+        rtop = root[0][0] if len(root) == 1 else None
+        if rtop is None or rtop[0] != "S" or type(rtop[7]) is not str or rtop[3] or rtop[4] or rtop[5]:
+            return None
+        head = rtop[7]
+    try:
+        text = head + inside.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return ((top[:7] + (text,), rest),)

@@ -1,0 +1,309 @@
+"""Masks walked in C against a lazily filled transition table of interned matcher states.
+
+A matcher state in canonical form (canonical.py: a key's text FREE, counts clamped where
+only a bound reads them, capture offsets dropped) is, for every byte whose step does not
+read the output text, a function of itself: byte b always leads to the same next state,
+and whether a token may end in it (`MaskEngine._lives`' one byte of lookahead) is fixed.
+States are interned (tuple -> int id) and their transitions kept in an int32 table
+[states x 256], filled on demand: the C walk (table_walk.c) runs over the trie until it
+meets a transition or a liveness not derived yet, returns to Python to derive it
+(`Machine.advance`, once per state and byte), and resumes. Bytes outside
+`Machine.candidates` are dead when a state is interned; a lexeme frame's inside steps
+are read off the first state with the same frame (`StateTable.inside_step`). A step
+that reads the text (a captured value's check, a key's closing quote) is PYTHON: that
+node is stepped from the concrete state (replayed from the walk's root, or for a key,
+the key text read off the path and the step registered in keycloses.py, which the C walk
+probes next time) and the walk continues below it in C. The Python walk of mask.py is
+the path where no C compiler exists and the tests' oracle. The table is per grammar and
+outlives masks. Memory: 1 KB per state; past SOFT_STATES the table is emptied before the
+next walk, past HARD_STATES a walk leaves new transitions to Python.
+"""
+from __future__ import annotations
+
+import ctypes
+import pathlib
+from typing import Optional
+
+import numpy as np
+
+from lmprog_runtime import native
+from lmprog_runtime.constrained.cfg.canonical import EXITS, canonical, exits, has_free, key_parent, root_key
+from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
+from lmprog_runtime.constrained.cfg.machine import Machine
+from lmprog_runtime.constrained.cfg.strings import FREE
+
+UNKNOWN, DEAD, PYTHON = -1, -2, -3  # table_walk.c's transition markers
+IN_PYTHON = 3  # liveness that reads the output text (table_walk.c stops there: a Python subtree)
+SOFT_STATES = 4096
+HARD_STATES = 16384
+_SOURCE = pathlib.Path(__file__).with_name("table_walk.c")
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    ptr, i32 = ctypes.c_void_p, ctypes.c_int32
+    lib.cfg_table_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr]
+    lib.cfg_table_walk.restype = i32
+
+
+_KERNEL = native.Kernel(_SOURCE, ("-O2",), False, _declare)
+
+
+def c_table_walker() -> Optional[ctypes.CDLL]:
+    """The C walk, built once per source version; None where it cannot be built."""
+    return _KERNEL.lib()
+
+
+class StateTable:
+    """Interned pure states of one grammar, their transitions and liveness."""
+
+    def __init__(self, machine, lexemes: bool):
+        """lexemes: share rows between states in the same lexeme (JSON machines only)."""
+        self.machine, self.lexemes = machine, lexemes
+        self._rows: dict = {}  # candidates frozenset -> its initial table row
+        self.keys = KeyCloses()
+        self.reset()
+
+    def reset(self) -> None:
+        self.lex: dict = {}  # a lexeme's top frame -> the first state id interned with it
+        self.closes: dict = {}  # (state id inside a key, key text) -> the id after its closing quote
+        self.in_c: set = set()  # the closes registered in self.keys (those met twice)
+        self.ids: dict = {}
+        self.states: list = []
+        self.trans = np.full(64 * 256, UNKNOWN, dtype=np.int32)
+        self.lives = np.zeros(64, dtype=np.uint8)
+        self.inside = np.zeros(64, dtype=np.uint8)  # 1: inside a key with FREE text, plain mode
+        self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
+        self.keys.clear()
+        self.keys.set_inside(self.inside)
+
+    def intern(self, state: tuple) -> int:
+        """The id of a pure state (interned on first sight, dead bytes filled in);
+        PYTHON when the table is full."""
+        got = self.ids.get(state)
+        if got is not None:
+            return got
+        n = len(self.states)
+        if n >= HARD_STATES:
+            return PYTHON
+        if n == len(self.lives):
+            self.trans = np.concatenate([self.trans, np.full(n * 256, UNKNOWN, dtype=np.int32)])
+            self.lives = np.concatenate([self.lives, np.zeros(n, dtype=np.uint8)])
+            self.inside = np.concatenate([self.inside, np.zeros(n, dtype=np.uint8)])
+            self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
+            self.keys.set_inside(self.inside)
+        self.ids[state] = n
+        self.states.append(state)
+        cands = self.machine.candidates(state)
+        if cands is None:
+            self.lives[n] = 1  # (MaskEngine._lives: a state taking any byte lets a token end)
+        else:
+            cands = frozenset(cands)
+            row = self._rows.get(cands)
+            if row is None:
+                row = self._rows[cands] = np.full(256, DEAD, dtype=np.int32)
+                row[list(cands)] = UNKNOWN
+            self.trans[n * 256:(n + 1) * 256] = row
+        if self.lexemes and len(state) == 1 and state[0][0][0] in EXITS:
+            top = state[0][0]
+            self.lex.setdefault(top, n)  # (most states are never stepped from: shared lazily)
+            if top[0] == "S" and top[7] is FREE and not (top[3] or top[4] or top[5]):
+                self.inside[n] = 1
+        return n
+
+    def inside_step(self, s: int, b: int) -> Optional[int]:
+        """The transition of state s on byte b read off another state of its lexeme, when b
+        stays inside the lexeme (it does not read what lies below) and that one knows it."""
+        state = self.states[s]
+        if not self.lexemes or len(state) != 1:
+            return None
+        top = state[0][0]
+        rep = self.lex.get(top)
+        if rep is None or rep == s or exits(top)[b]:
+            return None
+        t = int(self.trans[rep * 256 + b])
+        if t == UNKNOWN:  # derived on the lexeme's first state, for every later one to share
+            nxt = self.machine.advance(self.states[rep], b, 0, _no_ctx)
+            t = self.trans[rep * 256 + b] = self.intern(canonical(nxt)) if nxt else DEAD
+        if t < 0:
+            return t if t == DEAD else None
+        nxt = self.states[t]
+        if len(nxt) != 1 or nxt[0][1] != self.states[rep][0][1]:
+            return None  # (not a step inside the lexeme after all: derived on its own)
+        return self.intern(((nxt[0][0], state[0][1]),))
+
+
+class TableWalker:
+    """The C walk of one grammar's masks (`walk`), falling back to the engine's Python walk
+    for subtrees whose states capture output."""
+
+    def __init__(self, engine, lib: ctypes.CDLL):
+        self.engine, self.lib = engine, lib
+        # JSON / regex states are canonicalized; EBNF states (ebnf.py) are pure as they are
+        self._json = isinstance(engine.machine, Machine)
+        self.table = StateTable(engine.machine, self._json)
+        self._canon = canonical if self._json else (lambda state: state)
+        self._stack = np.zeros(257, dtype=np.int32)
+        self._at = np.zeros(1, dtype=np.int32)
+        self._path = np.zeros(258, dtype=np.uint8)  # the C walk's current path
+
+    def walk(self, state: tuple, hist: bytes, trie, lists) -> np.ndarray:
+        """bool [n_slots]: the tokens of `trie` allowed from `state` (the Python walk's result)."""
+        eng, tab = self.engine, self.table
+        if len(tab.states) > SOFT_STATES or len(tab.closes) > 4 * SOFT_STATES:
+            tab.reset()
+        root = tab.intern(self._canon(state))
+        if root == PYTHON:
+            return eng._walk_py(state, hist, trie, lists)
+        out = np.zeros(eng.vocab.n_slots, dtype=np.uint8)
+        stack, at = self._stack, self._at
+        stack[0], at[0] = root, 0
+        tab.keys.set_head(root_key(state) if self._json else None)
+        args = (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
+                ctypes.addressof(tab.keys.struct), self._path.ctypes.data)
+        fn = self.lib.cfg_table_walk
+        while True:
+            code = fn(*tab.addr, *args)
+            if code == 0:
+                break
+            i = int(at[0])
+            d = lists[1][i]
+            if code == 1:  # node i and its later siblings (the walk meets them next): one stop
+                s, j, n = int(stack[d - 1]), i, trie.n_nodes
+                while j < n and lists[1][j] == d:
+                    if tab.trans[s * 256 + lists[0][j]] == UNKNOWN:
+                        self._derive(s, lists[0][j], hist, trie, j, d)
+                    j = lists[2][j]
+            elif code == 3 and tab.lives[stack[d]] != IN_PYTHON:
+                self._liveness(int(stack[d]), hist, trie, i, d)
+            else:  # node i's step (code 2) or its token's liveness (3) reads the output text
+                at[0] = self._concrete(state, hist, trie, lists, i, d, code == 2, out)
+        got = out.view(np.bool_)  # (the C walk never writes the trie's sink slot)
+        if len(trie.dup_tok):
+            got[trie.dup_tok] = got[trie.dup_src]
+        return got
+
+    def _concrete(self, root: tuple, hist: bytes, trie, lists, i: int, d: int, step: bool, out) -> int:
+        """Node i from the concrete state (replayed from the walk's root along the path):
+        its step if `step`, its token's liveness; returns the node the C walk resumes at
+        (its subtree continues in C from the canonical state reached)."""
+        eng, tab = self.engine, self.table
+        path = bytearray(self._path[:d].tobytes()) + b"\x00"  # (the C walk wrote the path to node i)
+        ctx = _ctx(hist, path)
+        t = self._key_close(root, hist, trie, path, i, d) if step and self._json else None
+        if t == DEAD:
+            return lists[2][i]
+        state = None
+        if t is not None and t >= 0 and (tab.lives[t] in (1, 2) or lists[3][i] == trie.sink):
+            state = tab.states[t]  # canonical: only its id and its table liveness are read
+        else:
+            state = _replay(eng.machine, root, hist, bytes(path[:d]), ctx)
+            if not state:
+                return lists[2][i]
+        if step:
+            t = tab.intern(self._canon(state)) if t is None or t < 0 else t
+            if t == PYTHON:  # the table is full: the whole subtree in Python
+                return self._python_subtree(root, hist, lists, trie, i, bytes(path[:d - 1]), out)
+            self._stack[d] = t
+        tok = lists[3][i]
+        if tok != trie.sink:
+            lives = tab.lives[t] if t is not None and tab.lives[t] in (1, 2) else None
+            if lives is None:
+                lives = 1 if eng._lives(state, len(hist) + d, ctx, path, d) else 2
+            if lives == 1:
+                out[tok] = 1
+        return i + 1
+
+    def _key_close(self, root: tuple, hist: bytes, trie, path: bytearray, i: int, d: int) -> Optional[int]:
+        """The table id after node i when it is the quote closing a key whose text the path
+        spells (memoized per state and text, its liveness derived), DEAD, or None (replay)."""
+        tab = self.table
+        p = int(self._stack[d - 1])
+        parent = key_parent(root, tab.states[p], path, d)
+        if parent is None:
+            return None
+        key = (p, parent[0][0][7])
+        t = tab.closes.get(key)
+        if t is None:
+            got = self.engine.machine.advance(parent, 0x22, len(hist) + d - 1, _ctx(hist, path))
+            t = tab.closes[key] = tab.intern(self._canon(got)) if got else DEAD
+        elif t != PYTHON and key not in tab.in_c:  # met again: from now on the C walk finds it
+            tab.in_c.add(key)
+            tab.keys.add(p, key[1].encode("utf-8"), t)
+        if t >= 0 and tab.lives[t] == 0:
+            self._liveness(t, hist, trie, i, d)
+        return t
+
+    def _python_subtree(self, root, hist, lists, trie, i: int, prefix: bytes, out) -> int:
+        parent = _replay(self.engine.machine, root, hist, prefix, _ctx(hist, prefix))
+        hits = self.engine._walk_hits(parent, hist, lists, trie.sink, i, lists[2][i], prefix)
+        if hits:
+            out[hits] = 1
+        return lists[2][i]
+
+    def _derive(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
+        tab = self.table
+        st = tab.states[s]
+        if b == 0x22 and self._json and has_free(st):  # the quote closing a string whose text was abstracted
+            tab.trans[s * 256 + b] = PYTHON
+            return
+        got = tab.inside_step(s, b)
+        if got is not None:
+            tab.trans[s * 256 + b] = got
+            return
+        try:
+            nxt = self.engine.machine.advance(st, b, len(hist) + d - 1, _no_ctx)
+        except _NeedsText:  # a captured value completes: its check reads the text
+            tab.trans[s * 256 + b] = PYTHON
+            return
+        t = tab.intern(self._canon(nxt)) if nxt else DEAD
+        tab.trans[s * 256 + b] = t
+
+    def _liveness(self, t: int, hist: bytes, trie, i: int, d: int) -> None:
+        tab = self.table
+        path = bytearray(d + 1)
+        try:
+            lives = self.engine._lives(tab.states[t], len(hist) + d, _no_ctx, path, d)
+        except _NeedsText:  # the lookahead completes a captured value: per node, in Python
+            tab.lives[t] = IN_PYTHON
+            return
+        tab.lives[t] = 1 if lives else 2
+
+
+def _replay(machine, state: tuple, hist: bytes, prefix: bytes, ctx) -> tuple:
+    """The concrete state after `prefix` from `state` (table states are canonical); ()
+    when it dies."""
+    for k, b in enumerate(prefix):
+        state = machine.advance(state, b, len(hist) + k, ctx)
+        if not state:
+            return ()
+    return state
+
+
+class _NeedsText(Exception):
+    """A table derivation read the output text: the result is not a function of the state."""
+
+
+def _no_ctx(start: int, end: int) -> bytes:
+    raise _NeedsText
+
+
+def _path(trie, i: int) -> bytes:
+    """The bytes from the trie's root to node i."""
+    out = []
+    while i >= 0:
+        out.append(int(trie.byte[i]))
+        i = int(trie.parent[i])
+    return bytes(reversed(out))
+
+
+def _ctx(hist: bytes, path):
+    """Output bytes [start, end): committed output, then the walked path (read at call time,
+    so the lookahead byte `_lives` writes into `path` is seen)."""
+    base = len(hist)
+
+    def ctx(start: int, end: int) -> bytes:
+        if end <= base:
+            return hist[start:end]
+        tail = bytes(path[:end - base])
+        return (hist[start:] + tail) if start < base else tail[start - base:]
+    return ctx

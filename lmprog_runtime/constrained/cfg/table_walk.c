@@ -1,0 +1,132 @@
+/* The token mask of a parse state: the vocabulary's byte trie walked against a lazily
+ * filled transition table of interned matcher states (cfg/table.py).
+ *
+ * Built at first use by table.py (cc -O2 -shared, native.Kernel), called through ctypes.
+ * trans:  int32 [n_states * 256]: trans[s * 256 + b] = the interned state after byte b,
+ *         or DEAD (-2: no continuation, the subtree is skipped), UNKNOWN (-1: not derived
+ *         yet) or PYTHON (-3: the next state reads the output text; Python walks that
+ *         subtree).
+ * lives:  uint8 [n_states]: 0 unknown, 1 a token may end in this state (one byte of
+ *         lookahead has a continuation), 2 it may not, 3 it depends on the output text
+ *         (the caller decides at each such node).
+ * nodes:  the trie in preorder (the root is implicit), as in trie_walk.c.
+ * stack:  int32 [257]: stack[d] = the state after the first d bytes of the current path;
+ *         stack[0] is the walk's start state. Kept by the caller between calls.
+ * path:   uint8 [257]: path[d-1] = the byte of the current node at depth d (the caller
+ *         writes it for a node it steps itself).
+ * A PYTHON transition on the quote closing a key is looked up in `keys` first.
+ * Returns 0 when the walk is done, or stops at node *at: 1 its transition is UNKNOWN,
+ * 2 it is PYTHON (or an unregistered key close), 3 the liveness of the state it
+ * reaches is unknown. The caller fills
+ * the table (or walks the subtree) and calls again with *at (or the subtree's end).
+ */
+#include <stdint.h>
+
+typedef struct {
+    int32_t skip;
+    int32_t tok;
+    uint8_t byte;
+    uint8_t depth;
+} lm_node;
+
+#define CFG_UNKNOWN (-1)
+#define CFG_DEAD (-2)
+#define CFG_PYTHON (-3)
+
+/* Registered key closes (keycloses.py): table [cap x 4] int64 entries (hash, p << 32 | id,
+ * text offset in pool, text length; length -1 = empty slot), cap a power of two;
+ * inside [n_states]: 1 where the state is inside a key whose text is FREE (plain mode);
+ * head: the walk root's key text (UTF-8), head_len -1 when the root is not inside a key. */
+typedef struct {
+    const int64_t *table;
+    int64_t cap;
+    const uint8_t *pool;
+    const uint8_t *inside;
+    const uint8_t *head;
+    int64_t head_len;
+} cfg_keys;
+
+/* FNV-1a over the state id's 4 bytes, then the text (keycloses.py computes the same). */
+static uint64_t key_hash(int32_t state, const uint8_t *text, int32_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int k = 0; k < 4; k++) {
+        h ^= (uint8_t)((uint32_t)state >> (8 * k));
+        h *= 1099511628211ULL;
+    }
+    for (int32_t k = 0; k < n; k++) {
+        h ^= text[k];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* The state after the quote closing the key that state `p` is inside, read off the walked
+ * path (path[0..d-2], the key's text after the last quote on it, or after `head`, the
+ * root key's text, when there is none): the registered id, DEAD, or UNKNOWN when it is
+ * not registered or cannot be read here (an escape on the path). */
+static int32_t key_close(const cfg_keys *keys, int32_t p, const uint8_t *path, int32_t d) {
+    uint8_t text[512];
+    int32_t q = d - 2, n = 0;
+    while (q >= 0 && path[q] != 0x22) {
+        if (path[q] == 0x5C)
+            return CFG_UNKNOWN;
+        q--;
+    }
+    if (q < 0) {
+        if (keys->head_len < 0 || keys->head_len + d - 1 > (int32_t)sizeof(text))
+            return CFG_UNKNOWN;
+        for (int32_t k = 0; k < keys->head_len; k++)
+            text[n++] = keys->head[k];
+    }
+    for (int32_t k = q + 1; k <= d - 2; k++)
+        text[n++] = path[k];
+    uint64_t h = key_hash(p, text, n);
+    for (int64_t slot = (int64_t)(h & (uint64_t)(keys->cap - 1));; slot = (slot + 1) & (keys->cap - 1)) {
+        const int64_t *e = keys->table + 4 * slot;
+        if (e[3] < 0)
+            return CFG_UNKNOWN;
+        if ((uint64_t)e[0] == h && e[3] == n) {
+            const uint8_t *got = keys->pool + e[2];
+            int32_t k = 0;
+            while (k < n && got[k] == text[k])
+                k++;
+            if (k == n && (int32_t)(e[1] >> 32) == p)
+                return (int32_t)(e[1] & 0xFFFFFFFF);
+        }
+    }
+}
+
+int32_t cfg_table_walk(const int32_t *trans, const uint8_t *lives, const lm_node *nodes,
+                       int32_t n_nodes, int32_t sink, int32_t *stack, int32_t *at, uint8_t *mask,
+                       const cfg_keys *keys, uint8_t *path) {
+    int32_t i = *at;
+    while (i < n_nodes) {
+        const lm_node nd = nodes[i];
+        int32_t p = stack[nd.depth - 1];
+        int32_t s = trans[(int64_t)p * 256 + nd.byte];
+        path[nd.depth - 1] = nd.byte;
+        if (s == CFG_PYTHON && nd.byte == 0x22 && keys->inside[p])
+            s = key_close(keys, p, path, nd.depth);
+        if (s < 0) {
+            if (s == CFG_DEAD) {
+                i = nd.skip;
+                continue;
+            }
+            *at = i;
+            return s == CFG_UNKNOWN && trans[(int64_t)p * 256 + nd.byte] == CFG_UNKNOWN ? 1 : 2;
+        }
+        stack[nd.depth] = s;
+        if (nd.tok != sink) {
+            uint8_t l = lives[s];
+            if (l != 1 && l != 2) {
+                *at = i;
+                return 3;
+            }
+            if (l == 1)
+                mask[nd.tok] = 1;
+        }
+        i++;
+    }
+    *at = i;
+    return 0;
+}

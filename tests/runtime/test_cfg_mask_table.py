@@ -1,0 +1,153 @@
+"""The C table walk of cfg masks (cfg/table.py, table_walk.c) against the Python walk as
+oracle: bit-identical masks on every state reached by the valid and invalid instances of
+dev-corpus and JSON-Schema-Test-Suite schemas (token by token, SmolLM2 tokenizer), and on
+schemas built to hit the abstracted parts (keys of open objects, residual checks that
+capture text, uniqueItems items, patterns, bounded strings, anyOf alternatives)."""
+import json
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+from lmprog_runtime.constrained.base import GrammarError
+from lmprog_runtime.constrained.cfg.backend import CfgBackend
+from lmprog_runtime.constrained.cfg.mask import MaskEngine
+from lmprog_runtime.constrained.cfg.table import c_table_walker
+from tiny_model import smollm2_tokenizer
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_grammar import compact, load_cases  # noqa: E402
+
+HANDWRITTEN = [
+    ({"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+                                       "kind": {"not": {"const": "x"}, "type": "string", "maxLength": 4}},
+      "required": ["ids"]},
+     [{"ids": [1, 2, 3], "kind": "ab"}, {"ids": [1, 1]}, {"ids": [], "kind": "x"}, {"ids": [2], "other": {"a": [1]}}]),
+    ({"type": "object", "additionalProperties": {"type": "string", "pattern": "^[a-z]+[0-9]*$", "minLength": 2}},
+     [{"name": "john7", "city": "oslo"}, {"a": "b"}, {"key with spaces": "zz9", "\u00e9t\u00e9": "ete"}]),
+    ({"anyOf": [{"type": "number", "minimum": 1.5, "maximum": 99}, {"type": "string", "enum": ["a\u00e9", "bc"]},
+                {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}]},
+     [12.25, 1, "a\u00e9", "bc", "zz", [True, False], [True, True, True], None]),
+    ({"type": "object", "properties": {"if": {"if": {"type": "integer"}, "then": {"minimum": 3}}}},
+     [{"if": 4}, {"if": 1}, {"if": "s"}, {}]),
+]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    if c_table_walker() is None:
+        pytest.skip("no C compiler: the cfg masks take the Python walk (nothing to compare)")
+    tok = smollm2_tokenizer()
+    return tok, CfgBackend(tok, len(tok), [tok.eos_token_id])
+
+
+def _compare(tok, be, schema, instances) -> int:
+    """Masks compared along each instance; returns how many (0 when the schema is refused)."""
+    try:
+        g0 = be.compile("json", json.dumps(schema))
+    except GrammarError:
+        return 0
+    sh = g0._shared
+    oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
+    n = 0
+    for inst in instances:
+        g = g0.copy()
+        for tid in tok.encode(compact(inst), add_special_tokens=False):
+            hist = bytes(g._hist)
+            got, want = sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)
+            assert np.array_equal(got, want), (schema, hist, np.nonzero(got != want)[0][:8])
+            n += 1
+            if not want[tid]:
+                break
+            g.accept_token(tid)
+    assert sh.engine._tw, "the C table walk was not used"
+    return n
+
+
+@pytest.mark.parametrize("corpus,limit", [("dev", 24), ("suite", 60)])
+def test_table_walk_masks_equal_python_walk_on_corpora(backend, corpus, limit):
+    tok, be = backend
+    n = sum(_compare(tok, be, case["schema"], [t["data"] for t in case["tests"]])
+            for case in load_cases(corpus)[:limit])
+    assert n > 200
+
+
+def test_table_walk_masks_equal_python_walk_on_abstracted_states(backend):
+    tok, be = backend
+    assert sum(_compare(tok, be, schema, instances) for schema, instances in HANDWRITTEN) > 100
+
+
+def test_table_walk_masks_equal_python_walk_on_ebnf_and_regex(backend):
+    tok, be = backend
+    cases = [("ebnf", 'root ::= "The capital is " city "." [ ]*\ncity ::= "Paris" | "Rome" | [A-Z][a-z]+',
+              ["The capital is Oslo.", "The capital is Rome.  "]),
+             ("regex", r"[a-z]{3,8}@example\.com( [0-9]+)?", ["abc@example.com", "johnny@example.com 42"])]
+    n = 0
+    for kind, spec, texts in cases:
+        g0 = be.compile(kind, spec)
+        sh = g0._shared
+        oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
+        for text in texts:
+            g = g0.copy()
+            for tid in tok.encode(text, add_special_tokens=False):
+                hist = bytes(g._hist)
+                got, want = sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)
+                assert np.array_equal(got, want), (kind, hist)
+                assert want[tid], (kind, hist, tid)
+                g.accept_token(tid)
+                n += 1
+        assert sh.engine._tw
+    assert n > 10
+
+
+def test_key_closes_read_in_c_match_python_walk(backend):
+    """Walks met again (the mask LRU emptied), from roots inside keys and before them: the
+    C walk finds a closing quote's state from the key text (root text + path) registered
+    when Python met that close the second time."""
+    tok, be = backend
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "names": {"type": "integer"},
+                                               "id": {"type": "boolean"}}, "additionalProperties": {"type": "null"}}
+    g0 = be.compile("json", json.dumps(schema))
+    sh = g0._shared
+    oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
+    for rnd in range(3):  # a close met twice is registered for C; the third pass reads it there
+        sh.engine._memo.clear()
+        for prefix in ('{"', '{"na', '{"nam', '{"name', '{"x', '{"id', '{"i'):
+            g = g0.copy()
+            for tid in tok.encode(prefix, add_special_tokens=False):
+                g.accept_token(tid)
+            hist = bytes(g._hist)
+            assert np.array_equal(sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)), (rnd, prefix)
+    assert sh.engine._tw.table.keys.n > 0
+
+
+def test_key_close_table_keeps_entries_when_it_grows():
+    from lmprog_runtime.constrained.cfg.keycloses import KeyCloses, key_hash
+
+    keys = KeyCloses()
+    entries = [(s % 7, f"key{s}".encode(), s) for s in range(3000)]
+    for s, text, t in entries:
+        keys.add(s, text, t)
+    assert keys.cap >= 4096
+    for s, text, t in entries:  # the probe table_walk.c makes
+        slot = key_hash(s, text) & (keys.cap - 1)
+        while True:
+            h, value, off, n = keys.table[slot].tolist()
+            assert n >= 0, (s, text)
+            if (h & (2 ** 64 - 1)) == key_hash(s, text) and bytes(keys.pool[off:off + n]) == text and value >> 32 == s:
+                assert value & 0xFFFFFFFF == t
+                break
+            slot = (slot + 1) & (keys.cap - 1)
+
+
+def test_full_table_leaves_the_rest_to_python(backend, monkeypatch):
+    """Past HARD_STATES new steps go to the Python walk, past SOFT_STATES the table is
+    emptied before a walk: the masks stay those of the Python walk."""
+    from lmprog_runtime.constrained.cfg import table
+
+    monkeypatch.setattr(table, "HARD_STATES", 40)
+    monkeypatch.setattr(table, "SOFT_STATES", 25)
+    tok, be = backend
+    assert sum(_compare(tok, be, schema, instances) for schema, instances in HANDWRITTEN[:2]) > 50
