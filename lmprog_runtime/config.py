@@ -94,7 +94,7 @@ class ServerArgs:
     # depend on its batch-mates, speculation or the cache (model_executor/quant.py)
     enable_deterministic_inference: bool = False
     # constrained decoding
-    grammar_backend: str = "outlines"
+    grammar_backend: str = "cfg"  # lmprog's grammar engine (SGLang's default is xgrammar)
     disable_jump_forward: bool = False
     constrained_json_whitespace_pattern: Optional[str] = None
     # tool calling: how the model writes its calls (None: only tool_choice required/named)

@@ -1,5 +1,7 @@
 """Greedy outputs of a fixed set of requests are token-identical to those recorded in
-tests/data/golden_outputs.json (recorded from the code before the scheduler reshape).
+tests/data/golden_outputs.json (recorded from the code before the scheduler reshape; the
+tiny model's `json` / `json_stream` entries re-recorded when cfg, which takes keys in any
+order, became the default grammar backend).
 
 Covers plain, batched, streamed, constrained (regex, JSON schema, with jump-forward),
 stop strings / stop regexes, n > 1, page_size 16, the overlap loop and the cache on
