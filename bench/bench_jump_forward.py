@@ -105,6 +105,7 @@ def main():
     ap.add_argument("--whitespace", default="", help="JSON whitespace pattern ('' = compact JSON)")
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--quick", action="store_true", help="8 requests, batch 32 of 8, 2 at batch 1")
+    ap.add_argument("--grammar-backend", default=None, help="the server's --grammar-backend (default: its default)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "jump_forward.json"))
     args = ap.parse_args()
     if args.quick:
@@ -116,8 +117,9 @@ def main():
     results = {"config": vars(args), "schema": SCHEMA}
     for jf in (True, False):
         key = "jump_forward_on" if jf else "jump_forward_off"
+        backend = {"grammar_backend": args.grammar_backend} if args.grammar_backend else {}
         with Engine(model_path=args.model_path, dtype=args.dtype, disable_jump_forward=not jf,
-                    constrained_json_whitespace_pattern=args.whitespace) as engine:
+                    constrained_json_whitespace_pattern=args.whitespace, **backend) as engine:
             texts = prompts(args.num_requests, engine.tokenizer)
             t0 = time.perf_counter()
             engine.generate(texts[0], {**params, "max_new_tokens": 1})  # compile the grammar, untimed
