@@ -112,6 +112,7 @@ class ServerArgs:
     speculative_ngram_match_type: str = "BFS"
     speculative_ngram_max_trie_depth: int = 18
     speculative_ngram_capacity: int = 1_000_000
+    speculative_disable_cost_rule: bool = False
     # serving
     host: str = "127.0.0.1"
     port: int = 30000
@@ -303,11 +304,13 @@ FLAG_HELP = {
                                     f"up to this - 1 drafts, 2..{MAX_VERIFY_TOKENS} (unset: NGRAM "
                                     f"{NGRAM_DEFAULT_DRAFT_TOKENS}, STANDALONE num_steps + 1)",
     "speculative_ngram_min_bfs_breadth": "NGRAM: SGLang's tree breadth bound, validated for compatibility "
-                                         "(drafts are chains here)",
+                                         "(tree shape: --speculative-eagle-topk)",
     "speculative_ngram_max_bfs_breadth": "NGRAM: see --speculative-ngram-min-bfs-breadth",
     "speculative_ngram_match_type": "NGRAM: BFS or PROB; both follow the most frequent continuation here",
     "speculative_ngram_max_trie_depth": "NGRAM: longest n-gram stored and matched, in tokens",
     "speculative_ngram_capacity": "NGRAM: trie nodes kept (older generations dropped first; ~150 bytes each)",
+    "speculative_disable_cost_rule": "never turn drafts down by measured step cost (speculative/cost.py): "
+                                     "fixed draft budgets, so how many drafts run does not depend on timing",
     "host": "address to listen on",
     "port": "TCP port to listen on",
     "api_key": "require 'Authorization: Bearer KEY' on every route but /health, /ready, /metrics",

@@ -47,16 +47,16 @@ from lmprog_runtime.cache.manager import KVManager
 from lmprog_runtime.cache.storage_control import StorageControl
 from lmprog_runtime.config import GRAMMAR_COMPILE_TIMEOUT_S, ServerArgs
 from lmprog_runtime.disaggregation import build_stages, refusal
-from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason, FlushCacheReq,
-                                     EmbedReq, GetInternalStateReq, HiCacheStorageReq, InspectReq,
-                                     MemoryOccupationReq, TokenizedGenerateReq, UpdateWeightsReq)
+from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, EmbedReq, FinishReason,
+                                     TokenizedGenerateReq)
 from lmprog_runtime.model_executor.sampler import Sampler
 from lmprog_runtime.scheduler.admission import Admission, AdmissionLimits
 from lmprog_runtime.scheduler.batch import StepPlan, build_forward_batch
 from lmprog_runtime.scheduler.faults import Stage, error_reason, fail_request
 from lmprog_runtime.scheduler.grammar_mask import MaskBuilder
 from lmprog_runtime.scheduler.grammars import GrammarQueue
-from lmprog_runtime.scheduler.inspect import StepRing, inspect_reply
+from lmprog_runtime.scheduler.control import check_integrity, control_reply, flush_cache, internal_state
+from lmprog_runtime.scheduler.inspect import StepRing
 from lmprog_runtime.scheduler.limits import DECODE_LIKE_EXTEND
 from lmprog_runtime.scheduler.outbox import Outbox, error_output
 from lmprog_runtime.scheduler.jump_forward import JumpForward, forced_drafts
@@ -157,26 +157,15 @@ class Scheduler:
 
     # -- inputs ---------------------------------------------------------------------------
     def handle(self, msg) -> Optional[ControlReply]:
+        """A message from the tokenizer manager; control messages answer (control.py)."""
         if isinstance(msg, TokenizedGenerateReq):
             self.add_request(msg)
         elif isinstance(msg, AbortReq):
             self.abort(msg)
-        elif isinstance(msg, FlushCacheReq):
-            return self.flush_cache()
-        elif isinstance(msg, GetInternalStateReq):
-            return ControlReply("internal_state", data=self.internal_state())
-        elif isinstance(msg, InspectReq):
-            return inspect_reply(self, msg)
-        elif isinstance(msg, (UpdateWeightsReq, MemoryOccupationReq)):
-            return self.weights.handle(msg, self.is_idle())
-        elif isinstance(msg, HiCacheStorageReq):
-            busy = None if self.is_idle() else (f"#queue-req={len(self.waiting) + len(self.grammars)} "
-                                                f"#running-req={len(self.running)}")
-            return self.storage_control.handle(msg, busy)
         elif isinstance(msg, EmbedReq):
             self.embeds.append(msg)  # run between steps (run_embeds), never beside a forward
         else:
-            raise TypeError(f"unknown message {type(msg).__name__}")
+            return control_reply(self, msg)
         return None
 
     def add_request(self, msg: TokenizedGenerateReq) -> None:
@@ -415,54 +404,15 @@ class Scheduler:
                     fail_request(r, Stage.SEND, exc)
             self._send(BatchOutput([error_output(out.rid, out.prompt_tokens, error_reason(Stage.SEND, exc))]))
 
-    # -- control --------------------------------------------------------------------------
+    # -- control (control.py) --------------------------------------------------------------
     def flush_cache(self) -> ControlReply:
-        if not self.is_idle():
-            return ControlReply("flush_cache", success=False,
-                                message="Cache not flushed because there are pending requests.")
-        self.kv.flush()
-        if self.speculator is not None:
-            self.speculator.source.flush()
-        return ControlReply("flush_cache", message="Cache flushed.")
+        return flush_cache(self)
 
     def check_integrity(self) -> None:
-        self.kv.check_integrity(self.running + (self.disagg.live() if self.disagg is not None else []))
-        if self.speculator is not None:
-            self.speculator.source.check_integrity()
+        check_integrity(self)
 
     def internal_state(self) -> dict:
-        s, kv, lim = self.stats, self.kv, self.limits
-        hit = s["num_cached_tokens"] / s["num_prompt_tokens"] if s["num_prompt_tokens"] else 0.0
-        return {
-            "max_total_num_tokens": lim.pool_tokens,
-            "max_req_input_len": lim.max_req_input_len,
-            "max_running_requests": lim.max_running,
-            "num_running_reqs": len(self.running),
-            "num_queue_reqs": len(self.waiting) + len(self.grammars) + (len(self.disagg) if self.disagg else 0),
-            "num_grammar_queue_reqs": len(self.grammars),
-            "num_used_tokens": lim.pool_tokens - kv.available(),
-            "token_usage": 1 - kv.available() / lim.pool_tokens,
-            "cache_hit_rate": hit,
-            "cached_tokens": kv.tree.total_size() if kv.cache_enabled else 0,
-            "evictable_tokens": kv.tree.evictable_size() if kv.cache_enabled else 0,
-            "new_token_ratio": self.admission.new_token_ratio,
-            "last_gen_throughput": self.last_gen_throughput,
-            "integrity": self._audit() if self.is_idle() else "busy",
-            "watchdog_trips": self.watchdog.trips,
-            "weight_version": self.weights.version,
-            "memory_released": list(self.weights.released),
-            **(self.speculator.internal_state() if self.speculator is not None else {}),
-            **s,
-            **(kv.hicache.state() if kv.hicache is not None else {}),
-            **(self.disagg.state() if self.disagg is not None else {}),
-        }
-
-    def _audit(self) -> str:
-        try:
-            self.check_integrity()
-        except AssertionError as e:  # KVIntegrityError, or an assert of a part
-            return f"broken: {e}"
-        return "ok"
+        return internal_state(self)
 
     # -- the loops ------------------------------------------------------------------------
     def _take_messages(self, block: bool) -> None:

@@ -94,7 +94,7 @@ def eligible(r) -> bool:
 
 class Speculator:
     def __init__(self, spec, source, vocab_size: int, jump_forward: bool, stats: dict, faults=None,
-                 step_draft_tokens: int = CPU_STEP_DRAFT_TOKENS):
+                 step_draft_tokens: int = CPU_STEP_DRAFT_TOKENS, cost_rule: bool = True):
         self.spec = spec          # SpecConfig
         self.step_draft_tokens = max(step_draft_tokens, spec.max_drafts)  # cap per verify forward
         self.source = source      # DraftSource
@@ -106,6 +106,7 @@ class Speculator:
         stats.update(spec_num_verify=0, spec_num_draft_tokens=0, spec_num_accepted_tokens=0,
                      spec_num_tree_moves=0, spec_num_steps_declined=0)
         self.cost = StepCost()       # measured step times → the cost rule (cost.py)
+        self.cost_rule = cost_rule   # False: the budgets' own heuristic always decides
         self.accept = Acceptance()   # all requests' acceptance: a new request's prior
         self.idle_steps = 0          # decode steps since the last one that verified a draft
 
@@ -116,8 +117,8 @@ class Speculator:
         here only where it beats the forced text alone (see `_choose`), and it replaces it."""
         forced = forced or {}
         reqs, budgets, prefixed = [], [], []
-        model = self.cost.model(sum(not r.finished for r in running))
-        probing = self.idle_steps >= PROBE_EVERY
+        model = self.cost.model(sum(not r.finished for r in running)) if self.cost_rule else None
+        probing = self.cost_rule and self.idle_steps >= PROBE_EVERY
         for r in running:
             if not eligible(r):
                 continue
@@ -318,4 +319,5 @@ def build_speculator(args, runner, jump_forward: bool, stats: dict, faults=None)
     source = create_draft_source(spec, runner, args)
     on_gpu = getattr(runner.device, "type", "cpu") == "cuda"
     return Speculator(spec, source, runner.model_config.vocab_size, jump_forward, stats, faults,
-                      GPU_STEP_DRAFT_TOKENS if on_gpu else CPU_STEP_DRAFT_TOKENS)
+                      GPU_STEP_DRAFT_TOKENS if on_gpu else CPU_STEP_DRAFT_TOKENS,
+                      cost_rule=not args.speculative_disable_cost_rule)

@@ -24,7 +24,7 @@ CONFIGS = {
     "page1": dict(max_total_tokens=8192),
     "page16": dict(max_total_tokens=8192, page_size=16),
     "overlap": dict(max_total_tokens=8192, force_overlap_schedule=True),
-    "speculative": dict(max_total_tokens=8192, speculative_algorithm="NGRAM"),
+    "speculative": dict(max_total_tokens=8192, speculative_algorithm="NGRAM", speculative_disable_cost_rule=True),
 }
 _ids = itertools.count()
 

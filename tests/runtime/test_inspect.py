@@ -187,7 +187,7 @@ def test_speculative_accept_length_per_request(tiny_model_path):
 
     prompt = "one two three four five six seven eight " * 6  # n-grams the drafts can follow
     params = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
-    with make_engine(tiny_model_path, speculative_algorithm="NGRAM", max_total_tokens=4096) as eng:
+    with make_engine(tiny_model_path, speculative_algorithm="NGRAM", speculative_disable_cost_rule=True, max_total_tokens=4096) as eng:
         snaps = _snapshots_while(eng, [prompt, prompt + "nine"], params, include_tree=False)
     assert all(s["speculative"] for s in snaps)
     rows = [r for s in snaps for r in s["running"]]

@@ -85,7 +85,7 @@ SPEC_CONFIGS = {
 
 @pytest.fixture(scope="module", params=list(SPEC_CONFIGS))
 def spec_engine(request, tiny_model_path):
-    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", **SPEC_CONFIGS[request.param])
+    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", speculative_disable_cost_rule=True, **SPEC_CONFIGS[request.param])
     yield eng
     eng.check_integrity()
     eng.shutdown()
@@ -153,7 +153,7 @@ def test_small_pool_retracts_and_stays_identical(tiny_model_path, topk, pool):
     ref_eng = make_engine(tiny_model_path, **small)
     ref = ref_eng.generate(PROMPTS, params)
     ref_eng.shutdown()
-    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", speculative_eagle_topk=topk, **small)
+    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", speculative_eagle_topk=topk, speculative_disable_cost_rule=True, **small)
     try:
         outs = eng.generate(PROMPTS, params)
         assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
@@ -178,7 +178,7 @@ def test_metrics_report_speculation(spec_engine):
 def test_radix_cache_holds_only_verified_tokens(tiny_model_path, topk):
     """Every path of the tree, after speculative runs, spells a prefix of a finished request's
     prompt + output: no rejected (or accepted-but-unsent) draft ever reached it (chains, trees)."""
-    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", speculative_eagle_topk=topk, **BASE)
+    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", speculative_eagle_topk=topk, speculative_disable_cost_rule=True, **BASE)
     try:
         outs = eng.generate(PROMPTS, {"temperature": 0, "max_new_tokens": 40, "stop": ["3"]},
                             return_prompt_token_ids=True)

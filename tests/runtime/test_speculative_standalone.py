@@ -36,7 +36,7 @@ def plain(tiny_model_path):
 
 
 def _standalone(target, draft, **kw):
-    return make_engine(target, speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
+    return make_engine(target, speculative_algorithm="STANDALONE", speculative_disable_cost_rule=True, speculative_draft_model_path=draft,
                        speculative_num_steps=4, **BASE, **kw)
 
 

@@ -25,7 +25,7 @@ PROMPTS = [
 ]
 GREEDY = {"temperature": 0, "max_new_tokens": 30, "ignore_eos": True}
 BASE = dict(max_total_tokens=4096)
-TREE = dict(speculative_algorithm="NGRAM", speculative_eagle_topk=2, speculative_num_draft_tokens=9)
+TREE = dict(speculative_algorithm="NGRAM", speculative_disable_cost_rule=True, speculative_eagle_topk=2, speculative_num_draft_tokens=9)
 
 
 class PlantedTrees(DraftSource):
@@ -100,7 +100,7 @@ def test_tree_sampling_matches_plain_distribution(tiny_model_path):
         ref = plain.generate(prompt, params)
     finally:
         plain.shutdown()
-    eng = make_engine(tiny_model_path, **BASE, speculative_algorithm="NGRAM", speculative_eagle_topk=3,
+    eng = make_engine(tiny_model_path, **BASE, speculative_algorithm="NGRAM", speculative_disable_cost_rule=True, speculative_eagle_topk=3,
                       speculative_num_draft_tokens=8)
     try:
         outs = eng.generate(prompt, params)

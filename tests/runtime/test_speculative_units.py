@@ -340,6 +340,35 @@ def test_cost_rule_turns_poor_drafters_off_and_keeps_good_ones():
     assert len(drafts[id(poor)].tokens) == 1  # a probe
 
 
+@pytest.mark.parametrize("cost_rule", [True, False])
+def test_cost_rule_can_be_turned_off(cost_rule):
+    """Drafts that cost 10x a decoded token: the rule declines them all; with the rule off
+    (--speculative-disable-cost-rule) the budgets' heuristic drafts regardless of timing."""
+    from lmprog_runtime.scheduler.batch import PlannedDraft, PlannedReq, StepPlan
+    from lmprog_runtime.speculative.base import Draft, DraftSource
+    from lmprog_runtime.speculative.config import SpecConfig
+    from lmprog_runtime.speculative.speculator import Speculator
+
+    class Fixed(DraftSource):
+        def propose(self, reqs, budgets, prefixes=None):
+            return [Draft([1, 2, 3, 4][:k]) for k in budgets]
+
+    sp = Speculator(SpecConfig("NGRAM", num_draft_tokens=5, num_steps=4), Fixed(), vocab_size=10,
+                    jump_forward=False, stats={}, step_draft_tokens=64, cost_rule=cost_rule)
+    r = _Running("r")
+
+    def step(drafts: int) -> StepPlan:
+        d = PlannedDraft([1] * drafts) if drafts else None
+        return StepPlan(items=[PlannedReq(r, 1 + drafts, 10, None, draft=d)])
+
+    for _ in range(5):
+        sp.observe_step(step(0), 0.010)
+    for d in (1, 2, 3, 4) * 3:  # 12 verifies: past the rule's MIN_VERIFY (EMA weight 6)
+        sp.observe_step(step(d), 0.010 + 0.100 * d)
+    drafted = id(r) in sp.propose([r])
+    assert drafted is not cost_rule
+
+
 def test_forced_text_joins_the_ngram_continuation():
     """Where jump-forward forces text, the draft is the request's own draft if it goes past
     the forced text, else the forced tokens + the source's continuation after them (chain or

@@ -12,8 +12,8 @@ from server_harness import LiveServer
 
 
 def test_ngram_server_reports_speculation(tiny_model_path, tmp_path):
-    server = LiveServer(tiny_model_path, tmp_path, ["--speculative-algorithm", "NGRAM",
-                                                    "--speculative-num-draft-tokens", "6"]).start()
+    server = LiveServer(tiny_model_path, tmp_path, ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens",
+                                                    "6", "--speculative-disable-cost-rule"]).start()
     try:
         body = {"text": "1 2 3 4 1 2 3 4 1 2", "sampling_params": {"temperature": 0, "max_new_tokens": 32,
                                                                      "ignore_eos": True}}
