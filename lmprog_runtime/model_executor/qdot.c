@@ -75,7 +75,7 @@ static inline void sm_at(const uint16_t *sm, int g, float *s, float *m) {
 
 /* Per-call activation scratch: qx int8 [T, K], aux float [T, G, 2] = (dx, dx * sum(qx)) per
  * block (the int4 layout's (scale, zmin) pairs line up with it), corr int32 [T, K/4] = -128 *
- * the sum of each 4 consecutive qx (the AVX-512 int8 path's offset, see q8_dot). */
+ * the sum of each 4 consecutive qx (the AVX-512 int8 path's offset, see q8_pair_row). */
 typedef struct {
     int8_t *qx;
     float *aux;
@@ -123,53 +123,85 @@ static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *au
             corr[j] = -128 * (qx[4 * j] + qx[4 * j + 1] + qx[4 * j + 2] + qx[4 * j + 3]);
 }
 
+/* ---- the row-blocked inner loops ------------------------------------------------------------
+ * q4_rows / q8_rows: one weight row (qn) against nr <= QR activation rows (x: int8 [nr, K],
+ * a: aux [nr, G, 2], c: corr [nr, K/4], each row after the last) -> res [nr]. Each weight block
+ * is loaded and unpacked once and multiplied with every row; each row keeps its own
+ * accumulators and runs the same float operations in the same order for every nr (the loops
+ * over r only repeat a row's sequence), so a row's result is the one it gets alone (nr = 1,
+ * T = 1). The *_n bodies are inlined with a constant nr (rows_dispatch) so their accumulator
+ * arrays live in registers. */
+#define INL static inline __attribute__((always_inline))
+
 /* ---- int4 x int8: one weight row qn [K/2] (qgemm.c nibble order), szn [G, 2] -------------- */
 #if defined(LM_QDOT_512)
+#define QR 4           /* activation rows per weight pass: 4 rows x (2 zmm + 2 xmm) accumulators */
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-static inline __m512 q4_pair(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int g,
-                             __m128 *macc) {
+/* blocks g, g+1's nibbles as one register [lo(g), lo(g+1), hi(g), hi(g+1)], values 0..15 */
+INL __m512i q4_unpack_pair(const uint8_t *qn, int g) {
     const __m512i shifts = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    const __m512i w = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qn + g * 16)));
+    return _mm512_and_si512(_mm512_srlv_epi64(w, shifts), _mm512_set1_epi8(15));
+}
+
+/* one row's share of a block pair: w unpacked, sm = (s, m, s', m') */
+INL __m512 q4_pair_row(__m512i w, __m128 sm, const int8_t *xt, const float *at, int g, __m128 *macc) {
     const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
-    __m512i w = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qn + g * 16)));
-    w = _mm512_and_si512(_mm512_srlv_epi64(w, shifts), _mm512_set1_epi8(15));
     const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xt + g * QB));
-    const __m128 sm = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(szn + 2 * g)));  /* s, m, s', m' */
     const __m128 p = _mm_mul_ps(sm, _mm_loadu_ps(at + 2 * g));  /* s*dx, m*dx*sum, ... */
     *macc = _mm_add_ps(*macc, p);
     return _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(p)));
 }
 
-static float q4_dot(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int G) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    __m128 m0 = _mm_setzero_ps(), m1 = _mm_setzero_ps();
+INL __m128 sm_pair(const uint16_t *szn, int g) {
+    return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(szn + 2 * g)));
+}
+
+INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, int K, int G,
+                   const int nr, float *res) {
+    __m512 a0[QR], a1[QR];
+    __m128 m0[QR], m1[QR];
+    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm512_setzero_ps(), m0[r] = m1[r] = _mm_setzero_ps();
     int g = 0;
-    for (; g + 3 < G; g += 4) {  /* two independent chains hide the multiply latency */
-        a0 = _mm512_add_ps(a0, q4_pair(qn, szn, xt, at, g, &m0));
-        a1 = _mm512_add_ps(a1, q4_pair(qn, szn, xt, at, g + 2, &m1));
+    for (; g + 3 < G; g += 4) {  /* two independent chains per row hide the multiply latency */
+        const __m512i w0 = q4_unpack_pair(qn, g), w1 = q4_unpack_pair(qn, g + 2);
+        const __m128 s0 = sm_pair(szn, g), s1 = sm_pair(szn, g + 2);
+        for (int r = 0; r < nr; r++) {
+            a0[r] = _mm512_add_ps(a0[r], q4_pair_row(w0, s0, x + r * K, a + r * 2 * G, g, &m0[r]));
+            a1[r] = _mm512_add_ps(a1[r], q4_pair_row(w1, s1, x + r * K, a + r * 2 * G, g + 2, &m1[r]));
+        }
     }
     if (g + 1 < G) {
-        a0 = _mm512_add_ps(a0, q4_pair(qn, szn, xt, at, g, &m0));
+        const __m512i w0 = q4_unpack_pair(qn, g);
+        const __m128 s0 = sm_pair(szn, g);
+        for (int r = 0; r < nr; r++)
+            a0[r] = _mm512_add_ps(a0[r], q4_pair_row(w0, s0, x + r * K, a + r * 2 * G, g, &m0[r]));
         g += 2;
     }
-    const __m128 m = _mm_add_ps(m0, m1);
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + m[1] + m[3];
+    for (int r = 0; r < nr; r++) {
+        const __m128 m = _mm_add_ps(m0[r], m1[r]);
+        res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])) + m[1] + m[3];
+    }
     if (g < G) {  /* an odd last block, in natural order */
         const __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
         const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
-        const __m256i x = _mm256_loadu_si256((const __m256i *)(xt + g * QB));
-        const __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
         float sc, mn;
         sm_at(szn, g, &sc, &mn);
-        r += hsum256(_mm256_cvtepi32_ps(d)) * (sc * at[2 * g]) + mn * at[2 * g + 1];
+        for (int r = 0; r < nr; r++) {
+            const float *at = a + r * 2 * G;
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + r * K + g * QB));
+            const __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xv);
+            res[r] += hsum256(_mm256_cvtepi32_ps(d)) * (sc * at[2 * g]) + mn * at[2 * g + 1];
+        }
     }
-    return r;
 }
 #elif defined(LM_QDOT_256)
+#define QR 4           /* activation rows per weight pass (the 16 ymm registers spill beyond) */
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -178,7 +210,7 @@ static inline float hsum256(__m256 v) {
 
 /* u8 [32] . s8 [32] -> 8 int32 sums of 4 products, exact for what this file passes (u8 <= 127,
  * |s8| <= 127: vpmaddubsw's int16 pair sums stay below 2 * 127 * 127 < 32767) */
-static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+INL __m256i dot_u8s8(__m256i u, __m256i s) {
 #if defined(__AVXVNNI__)
     return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
 #else
@@ -186,109 +218,214 @@ static inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #endif
 }
 
-static inline __m256 q4_block(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int g,
-                              float *zs) {
+/* block g's 32 nibbles in natural order, values 0..15 */
+INL __m256i q4_unpack(const uint8_t *qn, int g) {
     const __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
-    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
+}
+
+/* one row's share of block g: w unpacked, (sc, mn) its scale and minimum */
+INL __m256 q4_block_row(__m256i w, float sc, float mn, const int8_t *xt, const float *at, int g, float *zs) {
     const __m256i d = dot_u8s8(w, _mm256_loadu_si256((const __m256i *)(xt + g * QB)));
-    float sc, mn;
-    sm_at(szn, g, &sc, &mn);
     *zs += mn * at[2 * g + 1];
     return _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(sc * at[2 * g]));
 }
 
-static float q4_dot(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int G) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    float z0 = 0.f, z1 = 0.f;
+INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, int K, int G,
+                   const int nr, float *res) {
+    __m256 a0[QR], a1[QR];
+    float z0[QR], z1[QR];
+    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm256_setzero_ps(), z0[r] = z1[r] = 0.f;
     int g = 0;
     for (; g + 1 < G; g += 2) {
-        a0 = _mm256_add_ps(a0, q4_block(qn, szn, xt, at, g, &z0));
-        a1 = _mm256_add_ps(a1, q4_block(qn, szn, xt, at, g + 1, &z1));
+        const __m256i w0 = q4_unpack(qn, g), w1 = q4_unpack(qn, g + 1);
+        float s0, n0, s1, n1;
+        sm_at(szn, g, &s0, &n0);
+        sm_at(szn, g + 1, &s1, &n1);
+        for (int r = 0; r < nr; r++) {
+            a0[r] = _mm256_add_ps(a0[r], q4_block_row(w0, s0, n0, x + r * K, a + r * 2 * G, g, &z0[r]));
+            a1[r] = _mm256_add_ps(a1[r], q4_block_row(w1, s1, n1, x + r * K, a + r * 2 * G, g + 1, &z1[r]));
+        }
     }
-    if (g < G) a0 = _mm256_add_ps(a0, q4_block(qn, szn, xt, at, g, &z0));
-    return hsum256(_mm256_add_ps(a0, a1)) + (z0 + z1);
+    if (g < G) {
+        const __m256i w0 = q4_unpack(qn, g);
+        float s0, n0;
+        sm_at(szn, g, &s0, &n0);
+        for (int r = 0; r < nr; r++)
+            a0[r] = _mm256_add_ps(a0[r], q4_block_row(w0, s0, n0, x + r * K, a + r * 2 * G, g, &z0[r]));
+    }
+    for (int r = 0; r < nr; r++) res[r] = hsum256(_mm256_add_ps(a0[r], a1[r])) + (z0[r] + z1[r]);
 }
 #else
-static float q4_dot(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int G) {
-    float r = 0.f;
-    for (int g = 0; g < G; g++) {
-        const uint8_t *b = qn + g * 16;
-        const int8_t *xg = xt + g * QB;
-        int32_t d = 0;
-        for (int j = 0; j < 16; j++) d += (b[j] & 15) * xg[j] + (b[j] >> 4) * xg[j + 16];
+#define QR 4           /* activation rows per weight pass */
+#define PCH 32         /* blocks per integer pass of the plain-C loops */
+/* One row's float sum over blocks g0..g1 from its exact integer dots d [g1 - g0]: one
+ * out-of-line copy for every nr, so the compiler cannot schedule a row's float sum differently
+ * when other rows share the pass (-fassociative-math is on). */
+static __attribute__((noinline, noclone)) float q4_scale_row(float acc, const int32_t *d, const uint16_t *szn,
+                                                             const float *at, int g0, int g1) {
+    for (int g = g0; g < g1; g++) {
         float sc, mn;
         sm_at(szn, g, &sc, &mn);
-        r += (float)d * (sc * at[2 * g]) + mn * at[2 * g + 1];
+        acc += (float)d[g - g0] * (sc * at[2 * g]) + mn * at[2 * g + 1];
     }
-    return r;
+    return acc;
+}
+
+INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, int K, int G,
+                   const int nr, float *res) {
+    float acc[QR];
+    for (int r = 0; r < nr; r++) acc[r] = 0.f;
+    for (int g0 = 0; g0 < G; g0 += PCH) {
+        const int g1 = g0 + PCH < G ? g0 + PCH : G;
+        int32_t d[QR][PCH];
+        for (int g = g0; g < g1; g++) {
+            const uint8_t *b = qn + g * 16;
+            int8_t w[QB];  /* the block's 32 weights, natural order */
+            for (int j = 0; j < 16; j++) w[j] = (int8_t)(b[j] & 15), w[j + 16] = (int8_t)(b[j] >> 4);
+            for (int r = 0; r < nr; r++) {
+                const int8_t *xg = x + r * K + g * QB;
+                int32_t s = 0;
+                for (int j = 0; j < QB; j++) s += w[j] * xg[j];
+                d[r][g - g0] = s;
+            }
+        }
+        for (int r = 0; r < nr; r++) acc[r] = q4_scale_row(acc[r], d[r], szn, a + r * 2 * G, g0, g1);
+    }
+    for (int r = 0; r < nr; r++) res[r] = acc[r];
 }
 #endif
 
 /* ---- int8 x int8: one weight row qn [K] ----------------------------------------------------- */
 #if defined(LM_QDOT_512)
 /* vpdpbusd multiplies unsigned by signed bytes: (q + 128) . qx = q . qx + 128 sum(qx), so each
- * int32 lane starts at corr = -128 * (its 4 qx) and ends exact. */
-static inline __m512 q8_pair(const int8_t *qn, const int8_t *xt, const float *at, const int32_t *ct, int g) {
+ * int32 lane starts at corr = -128 * (its 4 qx) and ends exact. w = q + 128 (q ^ 0x80). */
+INL __m512 q8_pair_row(__m512i w, const int8_t *xt, const float *at, const int32_t *ct, int g) {
     const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(qn + g * QB), _mm512_set1_epi8((char)0x80));
     const __m512i d = _mm512_dpbusd_epi32(_mm512_loadu_si512(ct + g * 8), w, _mm512_loadu_si512(xt + g * QB));
     const __m512 dx = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(at + 2 * g)));
     return _mm512_mul_ps(_mm512_cvtepi32_ps(d), dx);
 }
 
-static float q8_dot(const int8_t *qn, const int8_t *xt, const float *at, const int32_t *ct, int G) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+INL __m512i q8_load_pair(const int8_t *qn, int g) {
+    return _mm512_xor_si512(_mm512_loadu_si512(qn + g * QB), _mm512_set1_epi8((char)0x80));
+}
+
+INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, int K, int G, const int nr,
+                   float *res) {
+    __m512 a0[QR], a1[QR];
+    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     int g = 0;
     for (; g + 3 < G; g += 4) {
-        a0 = _mm512_add_ps(a0, q8_pair(qn, xt, at, ct, g));
-        a1 = _mm512_add_ps(a1, q8_pair(qn, xt, at, ct, g + 2));
+        const __m512i w0 = q8_load_pair(qn, g), w1 = q8_load_pair(qn, g + 2);
+        for (int r = 0; r < nr; r++) {
+            const int8_t *xt = x + r * K;
+            const float *at = a + r * 2 * G;
+            const int32_t *ct = c + r * (K / 4);
+            a0[r] = _mm512_add_ps(a0[r], q8_pair_row(w0, xt, at, ct, g));
+            a1[r] = _mm512_add_ps(a1[r], q8_pair_row(w1, xt, at, ct, g + 2));
+        }
     }
     if (g + 1 < G) {
-        a0 = _mm512_add_ps(a0, q8_pair(qn, xt, at, ct, g));
+        const __m512i w0 = q8_load_pair(qn, g);
+        for (int r = 0; r < nr; r++)
+            a0[r] = _mm512_add_ps(a0[r], q8_pair_row(w0, x + r * K, a + r * 2 * G, c + r * (K / 4), g));
         g += 2;
     }
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    for (int r = 0; r < nr; r++) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
     if (g < G) {
         const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qn + g * QB)),
                                            _mm256_set1_epi8((char)0x80));
-        const __m256i d = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(ct + g * 8)), w,
-                                              _mm256_loadu_si256((const __m256i *)(xt + g * QB)));
-        r += hsum256(_mm256_cvtepi32_ps(d)) * at[2 * g];
+        for (int r = 0; r < nr; r++) {
+            const __m256i ct = _mm256_loadu_si256((const __m256i *)(c + r * (K / 4) + g * 8));
+            const __m256i d = _mm256_dpbusd_epi32(ct, w, _mm256_loadu_si256((const __m256i *)(x + r * K + g * QB)));
+            res[r] += hsum256(_mm256_cvtepi32_ps(d)) * a[r * 2 * G + 2 * g];
+        }
     }
-    return r;
 }
 #elif defined(LM_QDOT_256)
 /* |q| . (qx * sign(q)) = q . qx, with |q| <= 127 unsigned: pairs stay within int16 */
-static inline __m256 q8_block(const int8_t *qn, const int8_t *xt, const float *at, int g) {
-    const __m256i w = _mm256_loadu_si256((const __m256i *)(qn + g * QB));
-    const __m256i x = _mm256_loadu_si256((const __m256i *)(xt + g * QB));
-    const __m256i d = dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+INL __m256 q8_block_row(__m256i w, __m256i wabs, const int8_t *xt, const float *at, int g) {
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)(xt + g * QB));
+    const __m256i d = dot_u8s8(wabs, _mm256_sign_epi8(xv, w));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(at[2 * g]));
 }
 
-static float q8_dot(const int8_t *qn, const int8_t *xt, const float *at, const int32_t *ct, int G) {
-    (void)ct;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, int K, int G, const int nr,
+                   float *res) {
+    (void)c;
+    __m256 a0[QR], a1[QR];
+    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm256_setzero_ps();
     int g = 0;
     for (; g + 1 < G; g += 2) {
-        a0 = _mm256_add_ps(a0, q8_block(qn, xt, at, g));
-        a1 = _mm256_add_ps(a1, q8_block(qn, xt, at, g + 1));
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(qn + g * QB));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(qn + (g + 1) * QB));
+        const __m256i b0 = _mm256_sign_epi8(w0, w0), b1 = _mm256_sign_epi8(w1, w1);
+        for (int r = 0; r < nr; r++) {
+            a0[r] = _mm256_add_ps(a0[r], q8_block_row(w0, b0, x + r * K, a + r * 2 * G, g));
+            a1[r] = _mm256_add_ps(a1[r], q8_block_row(w1, b1, x + r * K, a + r * 2 * G, g + 1));
+        }
     }
-    if (g < G) a0 = _mm256_add_ps(a0, q8_block(qn, xt, at, g));
-    return hsum256(_mm256_add_ps(a0, a1));
+    if (g < G) {
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(qn + g * QB)), b0 = _mm256_sign_epi8(w0, w0);
+        for (int r = 0; r < nr; r++)
+            a0[r] = _mm256_add_ps(a0[r], q8_block_row(w0, b0, x + r * K, a + r * 2 * G, g));
+    }
+    for (int r = 0; r < nr; r++) res[r] = hsum256(_mm256_add_ps(a0[r], a1[r]));
 }
 #else
-static float q8_dot(const int8_t *qn, const int8_t *xt, const float *at, const int32_t *ct, int G) {
-    (void)ct;
-    float r = 0.f;
-    for (int g = 0; g < G; g++) {
-        int32_t d = 0;
-        for (int j = 0; j < QB; j++) d += qn[g * QB + j] * xt[g * QB + j];
-        r += (float)d * at[2 * g];
+/* q4_scale_row's counterpart: acc + sum_g d[g - g0] * dx[g] */
+static __attribute__((noinline, noclone)) float q8_scale_row(float acc, const int32_t *d, const float *at, int g0,
+                                                             int g1) {
+    for (int g = g0; g < g1; g++) acc += (float)d[g - g0] * at[2 * g];
+    return acc;
+}
+
+INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, int K, int G, const int nr,
+                   float *res) {
+    (void)c;
+    float acc[QR];
+    for (int r = 0; r < nr; r++) acc[r] = 0.f;
+    for (int g0 = 0; g0 < G; g0 += PCH) {
+        const int g1 = g0 + PCH < G ? g0 + PCH : G;
+        int32_t d[QR][PCH];
+        for (int g = g0; g < g1; g++)
+            for (int r = 0; r < nr; r++) {
+                const int8_t *xg = x + r * K + g * QB;
+                int32_t s = 0;
+                for (int j = 0; j < QB; j++) s += qn[g * QB + j] * xg[j];
+                d[r][g - g0] = s;
+            }
+        for (int r = 0; r < nr; r++) acc[r] = q8_scale_row(acc[r], d[r], a + r * 2 * G, g0, g1);
     }
-    return r;
+    for (int r = 0; r < nr; r++) res[r] = acc[r];
 }
 #endif
+
+/* nr (1..QR) as a constant, so each case is its own register-allocated copy of the body */
+#define ROWS_DISPATCH(body, nr, ...)                                   \
+    switch (nr) {                                                      \
+    case 1: body(__VA_ARGS__, 1, res); break;                          \
+    case 2: body(__VA_ARGS__, 2, res); break;                          \
+    case 3: body(__VA_ARGS__, 3, res); break;                          \
+    default: body(__VA_ARGS__, QR, res); break;                        \
+    }
+_Static_assert(QR == 4, "ROWS_DISPATCH spells out nr = 1..4");
+#if defined(LM_QDOT_ONE_ROW)
+#define ROWS 1         /* the unblocked loop (one row per pass; bench/ab_qdot.py's baseline) */
+#else
+#define ROWS QR
+#endif
+
+static void q4_rows(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, int K, int G, int nr,
+                    float *res) {
+    ROWS_DISPATCH(q4_rows_n, nr, qn, szn, x, a, K, G)
+}
+
+static void q8_rows(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, int K, int G, int nr,
+                    float *res) {
+    ROWS_DISPATCH(q8_rows_n, nr, qn, x, a, c, K, G)
+}
 
 /* ---- entry points --------------------------------------------------------------------------- */
 static int act_alloc(act_t *a, int T, int K, int with_corr) {
@@ -339,8 +476,12 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t 
         for (int64_t n = 0; n < N; n++) {
             const uint8_t *qn = q + n * (K / 2);
             const uint16_t *szn = sz + n * 2 * G;
-            for (int t = t0; t < t1; t++)
-                y[(int64_t)t * N + n] = q4_dot(qn, szn, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, G);
+            for (int t = t0; t < t1; t += ROWS) {  /* ROWS rows per pass over the row's weights */
+                const int nr = t1 - t < ROWS ? t1 - t : ROWS;
+                float res[QR];
+                q4_rows(qn, szn, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, K, G, nr, res);
+                for (int r = 0; r < nr; r++) y[(int64_t)(t + r) * N + n] = res[r];
+            }
         }
     }
     act_free(&a);
@@ -362,9 +503,12 @@ int lm_q8x8_gemm(const float *x, int T, int K, const int8_t *q, const float *sca
 #pragma omp parallel for schedule(static) num_threads(nthreads)
         for (int64_t n = 0; n < N; n++) {
             const int8_t *qn = q + n * K;
-            for (int t = t0; t < t1; t++) {
+            for (int t = t0; t < t1; t += ROWS) {
+                const int nr = t1 - t < ROWS ? t1 - t : ROWS;
                 const int32_t *ct = Q8_CORR ? a.corr + (int64_t)t * (K / 4) : NULL;
-                y[(int64_t)t * N + n] = scale[n] * q8_dot(qn, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, ct, G);
+                float res[QR];
+                q8_rows(qn, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, ct, K, G, nr, res);
+                for (int r = 0; r < nr; r++) y[(int64_t)(t + r) * N + n] = scale[n] * res[r];
             }
         }
     }
