@@ -75,11 +75,13 @@ static inline void sm_at(const uint16_t *sm, int g, float *s, float *m) {
 
 /* Per-call activation scratch: qx int8 [T, K], aux float [T, G, 2] = (dx, dx * sum(qx)) per
  * block (the int4 layout's (scale, zmin) pairs line up with it), corr int32 [T, K/4] = -128 *
- * the sum of each 4 consecutive qx (the AVX-512 int8 path's offset, see q8_pair_row). */
+ * the sum of each 4 consecutive qx (the AVX-512 int8 path's offset, see q8_pair_row), dxl as
+ * below. */
 typedef struct {
     int8_t *qx;
     float *aux;
     int32_t *corr;
+    float *dxl;  /* AVX-512 only: float [T, K/4], each block's dx 8 times in its lanes (see lane_pos) */
 } act_t;
 
 /* The order of qx within a block pair for the AVX-512 int4 path: the 64-byte register of two
@@ -89,8 +91,15 @@ static inline int pair_pos(int j) {
     return (i / 16) * 32 + blk * 16 + i % 16;
 }
 
+/* Where lane i (0..7) of block g's dx goes in dxl: lanes g*8.. in natural order (int8, an odd
+ * last block), or within a pair's 16 the int4 register's order [lo(g), lo(g+1), hi(g), hi(g+1)]
+ * (4 int32 lanes each) when `paired`. */
+static inline int lane_pos(int g, int i, int paired) {
+    return paired ? (g & ~1) * 8 + (i / 4) * 8 + (g & 1) * 4 + i % 4 : g * 8 + i;
+}
+
 /* Quantize row x [K] into qx (natural order, or pair order for full pairs when `pairs`). */
-static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *aux, int32_t *corr) {
+static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *aux, int32_t *corr, float *dxl) {
     const int G = K / QB;
     for (int g = 0; g < G; g++) {
         const float *xg = x + g * QB;
@@ -117,6 +126,8 @@ static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *au
         }
         aux[2 * g] = d;
         aux[2 * g + 1] = d * (float)sum;
+        if (dxl != NULL)
+            for (int i = 0; i < 8; i++) dxl[lane_pos(g, i, paired)] = d;
     }
     if (corr != NULL)
         for (int j = 0; j < K / 4; j++)
@@ -149,21 +160,28 @@ INL __m512i q4_unpack_pair(const uint8_t *qn, int g) {
     return _mm512_and_si512(_mm512_srlv_epi64(w, shifts), _mm512_set1_epi8(15));
 }
 
-/* one row's share of a block pair: w unpacked, sm = (s, m, s', m') */
-INL __m512 q4_pair_row(__m512i w, __m128 sm, const int8_t *xt, const float *at, int g, __m128 *macc) {
-    const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
+/* one row's share of a block pair, added to acc: w unpacked, sm = (s, m, s', m'), sv = s, s'
+ * in w's lanes; macc += sm * (dx, dx*sum, dx', dx'*sum') (lanes 1 and 3 are the minimums'
+ * terms). Explicit fused multiply-adds (the build contracts nothing itself). */
+INL __m512 q4_pair_row(__m512 acc, __m512i w, __m128 sm, __m512 sv, const int8_t *xt, const float *at,
+                       const float *lt, int g, __m128 *macc) {
     const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xt + g * QB));
-    const __m128 p = _mm_mul_ps(sm, _mm_loadu_ps(at + 2 * g));  /* s*dx, m*dx*sum, ... */
-    *macc = _mm_add_ps(*macc, p);
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(p)));
+    *macc = _mm_fmadd_ps(sm, _mm_loadu_ps(at + 2 * g), *macc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sv, _mm512_loadu_ps(lt + g * 8)), acc);
 }
 
 INL __m128 sm_pair(const uint16_t *szn, int g) {
     return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(szn + 2 * g)));
 }
 
-INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, int K, int G,
-                   const int nr, float *res) {
+/* s of blocks g, g+1 (sm's lanes 0 and 2) in the int4 register's lanes */
+INL __m512 s_lanes(__m128 sm) {
+    const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(sm));
+}
+
+INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, const float *l, int K,
+                   int G, const int nr, float *res) {
     __m512 a0[QR], a1[QR];
     __m128 m0[QR], m1[QR];
     for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm512_setzero_ps(), m0[r] = m1[r] = _mm_setzero_ps();
@@ -171,16 +189,20 @@ INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, cons
     for (; g + 3 < G; g += 4) {  /* two independent chains per row hide the multiply latency */
         const __m512i w0 = q4_unpack_pair(qn, g), w1 = q4_unpack_pair(qn, g + 2);
         const __m128 s0 = sm_pair(szn, g), s1 = sm_pair(szn, g + 2);
+        const __m512 v0 = s_lanes(s0), v1 = s_lanes(s1);
         for (int r = 0; r < nr; r++) {
-            a0[r] = _mm512_add_ps(a0[r], q4_pair_row(w0, s0, x + r * K, a + r * 2 * G, g, &m0[r]));
-            a1[r] = _mm512_add_ps(a1[r], q4_pair_row(w1, s1, x + r * K, a + r * 2 * G, g + 2, &m1[r]));
+            const int8_t *xt = x + r * K;
+            const float *at = a + r * 2 * G, *lt = l + r * (K / 4);
+            a0[r] = q4_pair_row(a0[r], w0, s0, v0, xt, at, lt, g, &m0[r]);
+            a1[r] = q4_pair_row(a1[r], w1, s1, v1, xt, at, lt, g + 2, &m1[r]);
         }
     }
     if (g + 1 < G) {
         const __m512i w0 = q4_unpack_pair(qn, g);
         const __m128 s0 = sm_pair(szn, g);
+        const __m512 v0 = s_lanes(s0);
         for (int r = 0; r < nr; r++)
-            a0[r] = _mm512_add_ps(a0[r], q4_pair_row(w0, s0, x + r * K, a + r * 2 * G, g, &m0[r]));
+            a0[r] = q4_pair_row(a0[r], w0, s0, v0, x + r * K, a + r * 2 * G, l + r * (K / 4), g, &m0[r]);
         g += 2;
     }
     for (int r = 0; r < nr; r++) {
@@ -224,15 +246,18 @@ INL __m256i q4_unpack(const uint8_t *qn, int g) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
 }
 
-/* one row's share of block g: w unpacked, (sc, mn) its scale and minimum */
-INL __m256 q4_block_row(__m256i w, float sc, float mn, const int8_t *xt, const float *at, int g, float *zs) {
+/* one row's share of block g, added to acc: w unpacked, sv = its scale in every lane, mn its
+ * minimum (explicit fused multiply-adds: the build contracts nothing itself) */
+INL __m256 q4_block_row(__m256 acc, __m256i w, __m256 sv, float mn, const int8_t *xt, const float *at, int g,
+                        float *zs) {
     const __m256i d = dot_u8s8(w, _mm256_loadu_si256((const __m256i *)(xt + g * QB)));
     *zs += mn * at[2 * g + 1];
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(sc * at[2 * g]));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(sv, _mm256_broadcast_ss(at + 2 * g)), acc);
 }
 
-INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, int K, int G,
-                   const int nr, float *res) {
+INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, const float *l, int K,
+                   int G, const int nr, float *res) {
+    (void)l;
     __m256 a0[QR], a1[QR];
     float z0[QR], z1[QR];
     for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm256_setzero_ps(), z0[r] = z1[r] = 0.f;
@@ -242,17 +267,18 @@ INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, cons
         float s0, n0, s1, n1;
         sm_at(szn, g, &s0, &n0);
         sm_at(szn, g + 1, &s1, &n1);
+        const __m256 v0 = _mm256_set1_ps(s0), v1 = _mm256_set1_ps(s1);
         for (int r = 0; r < nr; r++) {
-            a0[r] = _mm256_add_ps(a0[r], q4_block_row(w0, s0, n0, x + r * K, a + r * 2 * G, g, &z0[r]));
-            a1[r] = _mm256_add_ps(a1[r], q4_block_row(w1, s1, n1, x + r * K, a + r * 2 * G, g + 1, &z1[r]));
+            a0[r] = q4_block_row(a0[r], w0, v0, n0, x + r * K, a + r * 2 * G, g, &z0[r]);
+            a1[r] = q4_block_row(a1[r], w1, v1, n1, x + r * K, a + r * 2 * G, g + 1, &z1[r]);
         }
     }
     if (g < G) {
         const __m256i w0 = q4_unpack(qn, g);
         float s0, n0;
         sm_at(szn, g, &s0, &n0);
-        for (int r = 0; r < nr; r++)
-            a0[r] = _mm256_add_ps(a0[r], q4_block_row(w0, s0, n0, x + r * K, a + r * 2 * G, g, &z0[r]));
+        const __m256 v0 = _mm256_set1_ps(s0);
+        for (int r = 0; r < nr; r++) a0[r] = q4_block_row(a0[r], w0, v0, n0, x + r * K, a + r * 2 * G, g, &z0[r]);
     }
     for (int r = 0; r < nr; r++) res[r] = hsum256(_mm256_add_ps(a0[r], a1[r])) + (z0[r] + z1[r]);
 }
@@ -272,8 +298,9 @@ static __attribute__((noinline, noclone)) float q4_scale_row(float acc, const in
     return acc;
 }
 
-INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, int K, int G,
-                   const int nr, float *res) {
+INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, const float *l, int K,
+                   int G, const int nr, float *res) {
+    (void)l;
     float acc[QR];
     for (int r = 0; r < nr; r++) acc[r] = 0.f;
     for (int g0 = 0; g0 < G; g0 += PCH) {
@@ -300,19 +327,17 @@ INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, cons
 #if defined(LM_QDOT_512)
 /* vpdpbusd multiplies unsigned by signed bytes: (q + 128) . qx = q . qx + 128 sum(qx), so each
  * int32 lane starts at corr = -128 * (its 4 qx) and ends exact. w = q + 128 (q ^ 0x80). */
-INL __m512 q8_pair_row(__m512i w, const int8_t *xt, const float *at, const int32_t *ct, int g) {
-    const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+INL __m512 q8_pair_row(__m512 acc, __m512i w, const int8_t *xt, const int32_t *ct, const float *lt, int g) {
     const __m512i d = _mm512_dpbusd_epi32(_mm512_loadu_si512(ct + g * 8), w, _mm512_loadu_si512(xt + g * QB));
-    const __m512 dx = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(at + 2 * g)));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(d), dx);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_loadu_ps(lt + g * 8), acc);  /* dx in its lanes */
 }
 
 INL __m512i q8_load_pair(const int8_t *qn, int g) {
     return _mm512_xor_si512(_mm512_loadu_si512(qn + g * QB), _mm512_set1_epi8((char)0x80));
 }
 
-INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, int K, int G, const int nr,
-                   float *res) {
+INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, const float *l, int K,
+                   int G, const int nr, float *res) {
     __m512 a0[QR], a1[QR];
     for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     int g = 0;
@@ -320,16 +345,15 @@ INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int3
         const __m512i w0 = q8_load_pair(qn, g), w1 = q8_load_pair(qn, g + 2);
         for (int r = 0; r < nr; r++) {
             const int8_t *xt = x + r * K;
-            const float *at = a + r * 2 * G;
             const int32_t *ct = c + r * (K / 4);
-            a0[r] = _mm512_add_ps(a0[r], q8_pair_row(w0, xt, at, ct, g));
-            a1[r] = _mm512_add_ps(a1[r], q8_pair_row(w1, xt, at, ct, g + 2));
+            const float *lt = l + r * (K / 4);
+            a0[r] = q8_pair_row(a0[r], w0, xt, ct, lt, g);
+            a1[r] = q8_pair_row(a1[r], w1, xt, ct, lt, g + 2);
         }
     }
     if (g + 1 < G) {
         const __m512i w0 = q8_load_pair(qn, g);
-        for (int r = 0; r < nr; r++)
-            a0[r] = _mm512_add_ps(a0[r], q8_pair_row(w0, x + r * K, a + r * 2 * G, c + r * (K / 4), g));
+        for (int r = 0; r < nr; r++) a0[r] = q8_pair_row(a0[r], w0, x + r * K, c + r * (K / 4), l + r * (K / 4), g);
         g += 2;
     }
     for (int r = 0; r < nr; r++) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
@@ -345,15 +369,15 @@ INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int3
 }
 #elif defined(LM_QDOT_256)
 /* |q| . (qx * sign(q)) = q . qx, with |q| <= 127 unsigned: pairs stay within int16 */
-INL __m256 q8_block_row(__m256i w, __m256i wabs, const int8_t *xt, const float *at, int g) {
+INL __m256 q8_block_row(__m256 acc, __m256i w, __m256i wabs, const int8_t *xt, const float *at, int g) {
     const __m256i xv = _mm256_loadu_si256((const __m256i *)(xt + g * QB));
     const __m256i d = dot_u8s8(wabs, _mm256_sign_epi8(xv, w));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(at[2 * g]));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_broadcast_ss(at + 2 * g), acc);
 }
 
-INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, int K, int G, const int nr,
-                   float *res) {
-    (void)c;
+INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, const float *l, int K,
+                   int G, const int nr, float *res) {
+    (void)c, (void)l;
     __m256 a0[QR], a1[QR];
     for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm256_setzero_ps();
     int g = 0;
@@ -362,14 +386,13 @@ INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int3
         const __m256i w1 = _mm256_loadu_si256((const __m256i *)(qn + (g + 1) * QB));
         const __m256i b0 = _mm256_sign_epi8(w0, w0), b1 = _mm256_sign_epi8(w1, w1);
         for (int r = 0; r < nr; r++) {
-            a0[r] = _mm256_add_ps(a0[r], q8_block_row(w0, b0, x + r * K, a + r * 2 * G, g));
-            a1[r] = _mm256_add_ps(a1[r], q8_block_row(w1, b1, x + r * K, a + r * 2 * G, g + 1));
+            a0[r] = q8_block_row(a0[r], w0, b0, x + r * K, a + r * 2 * G, g);
+            a1[r] = q8_block_row(a1[r], w1, b1, x + r * K, a + r * 2 * G, g + 1);
         }
     }
     if (g < G) {
         const __m256i w0 = _mm256_loadu_si256((const __m256i *)(qn + g * QB)), b0 = _mm256_sign_epi8(w0, w0);
-        for (int r = 0; r < nr; r++)
-            a0[r] = _mm256_add_ps(a0[r], q8_block_row(w0, b0, x + r * K, a + r * 2 * G, g));
+        for (int r = 0; r < nr; r++) a0[r] = q8_block_row(a0[r], w0, b0, x + r * K, a + r * 2 * G, g);
     }
     for (int r = 0; r < nr; r++) res[r] = hsum256(_mm256_add_ps(a0[r], a1[r]));
 }
@@ -381,9 +404,9 @@ static __attribute__((noinline, noclone)) float q8_scale_row(float acc, const in
     return acc;
 }
 
-INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, int K, int G, const int nr,
-                   float *res) {
-    (void)c;
+INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, const float *l, int K,
+                   int G, const int nr, float *res) {
+    (void)c, (void)l;
     float acc[QR];
     for (int r = 0; r < nr; r++) acc[r] = 0.f;
     for (int g0 = 0; g0 < G; g0 += PCH) {
@@ -402,52 +425,48 @@ INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int3
 }
 #endif
 
-/* nr (1..QR) as a constant, so each case is its own register-allocated copy of the body */
-#define ROWS_DISPATCH(body, nr, ...)                                   \
-    switch (nr) {                                                      \
-    case 1: body(__VA_ARGS__, 1, res); break;                          \
-    case 2: body(__VA_ARGS__, 2, res); break;                          \
-    case 3: body(__VA_ARGS__, 3, res); break;                          \
-    default: body(__VA_ARGS__, QR, res); break;                        \
-    }
-_Static_assert(QR == 4, "ROWS_DISPATCH spells out nr = 1..4");
+_Static_assert(QR == 4, "SPAN_CASES spells out nr = 1..4");
 #if defined(LM_QDOT_ONE_ROW)
 #define ROWS 1         /* the unblocked loop (one row per pass; bench/ab_qdot.py's baseline) */
 #else
 #define ROWS QR
 #endif
+#define NB_MAX 32      /* weight rows per span: their bytes (<= 48 KB at K = 1536) stay cached while the row blocks pass */
 
-static void q4_rows(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, int K, int G, int nr,
-                    float *res) {
-    ROWS_DISPATCH(q4_rows_n, nr, qn, szn, x, a, K, G)
-}
-
-static void q8_rows(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, int K, int G, int nr,
-                    float *res) {
-    ROWS_DISPATCH(q8_rows_n, nr, qn, x, a, c, K, G)
-}
-
+/* nr (1..QR) as a constant in each case, so every case is its own register-allocated copy of
+ * the inlined body and the dispatch happens once per span, not per weight row */
+#define SPAN_CASES(call)                                                                  \
+    switch (nr) {                                                                         \
+    case 1: call(1); break;                                                               \
+    case 2: call(2); break;                                                               \
+    case 3: call(3); break;                                                               \
+    default: call(QR); break;                                                             \
+    }
 /* ---- entry points --------------------------------------------------------------------------- */
+#if defined(LM_QDOT_512)
+#define Q4_PAIRS 1
+#define Q8_CORR 1
+#define DXL 1
+#else
+#define Q4_PAIRS 0
+#define Q8_CORR 0
+#define DXL 0
+#endif
+
 static int act_alloc(act_t *a, int T, int K, int with_corr) {
     a->qx = malloc((size_t)T * K);
     a->aux = malloc(sizeof(float) * (size_t)T * (K / QB) * 2);
     a->corr = with_corr ? malloc(sizeof(int32_t) * (size_t)T * (K / 4)) : NULL;
-    return a->qx != NULL && a->aux != NULL && (!with_corr || a->corr != NULL);
+    a->dxl = DXL ? malloc(sizeof(float) * (size_t)T * (K / 4)) : NULL;
+    return a->qx != NULL && a->aux != NULL && (!with_corr || a->corr != NULL) && (!DXL || a->dxl != NULL);
 }
 
 static void act_free(act_t *a) {
     free(a->qx);
     free(a->aux);
     free(a->corr);
+    free(a->dxl);
 }
-
-#if defined(LM_QDOT_512)
-#define Q4_PAIRS 1
-#define Q8_CORR 1
-#else
-#define Q4_PAIRS 0
-#define Q8_CORR 0
-#endif
 
 /* Which inner loop this build has: 512 (AVX-512 VNNI), 256 (AVX2 / AVX-VNNI) or 0 (portable). */
 int lm_qdot_isa(void) {
@@ -460,8 +479,48 @@ int lm_qdot_isa(void) {
 #endif
 }
 
+/* Weight rows per span: up to NB_MAX, fewer when N is small, so every thread gets about 4 spans. */
+static int64_t span_rows(int64_t N, int nthreads) {
+    const int64_t per = (N + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)(nthreads > 0 ? nthreads : 1));
+    return per < 1 ? 1 : (per > NB_MAX ? NB_MAX : per);
+}
+
+/* weight rows n0..n1 (int4) x activation rows t..t+nr-1 -> y [T, N] */
+static void q4_span(const act_t *a, int t, int nr, int K, const uint8_t *q, const uint16_t *sz, int64_t n0,
+                    int64_t n1, int64_t N, float *y) {
+    const int G = K / QB;
+    const int8_t *x = a->qx + (int64_t)t * K;
+    const float *at = a->aux + (int64_t)t * 2 * G, *l = DXL ? a->dxl + (int64_t)t * (K / 4) : NULL;
+#define Q4_CALL(R_)                                                                       \
+    for (int64_t n = n0; n < n1; n++) {                                                   \
+        float res[QR];                                                                    \
+        q4_rows_n(q + n * (K / 2), sz + n * 2 * G, x, at, l, K, G, R_, res);              \
+        for (int r = 0; r < R_; r++) y[(int64_t)(t + r) * N + n] = res[r];                \
+    }
+    SPAN_CASES(Q4_CALL)
+#undef Q4_CALL
+}
+
+/* weight rows n0..n1 (int8, scale [N]) x activation rows t..t+nr-1 -> y [T, N] */
+static void q8_span(const act_t *a, int t, int nr, int K, const int8_t *q, const float *scale, int64_t n0,
+                    int64_t n1, int64_t N, float *y) {
+    const int G = K / QB;
+    const int8_t *x = a->qx + (int64_t)t * K;
+    const float *at = a->aux + (int64_t)t * 2 * G, *l = DXL ? a->dxl + (int64_t)t * (K / 4) : NULL;
+    const int32_t *c = Q8_CORR ? a->corr + (int64_t)t * (K / 4) : NULL;
+#define Q8_CALL(R_)                                                                       \
+    for (int64_t n = n0; n < n1; n++) {                                                   \
+        float res[QR];                                                                    \
+        q8_rows_n(q + n * K, x, at, c, l, K, G, R_, res);                                 \
+        for (int r = 0; r < R_; r++) y[(int64_t)(t + r) * N + n] = scale[n] * res[r];     \
+    }
+    SPAN_CASES(Q8_CALL)
+#undef Q8_CALL
+}
+
 /* x float32 [T, K], q uint8 [N, K/2] (qgemm.c's nibble order), sz float16 [N, K/32, 2] (s, m)
- * -> y [T, N]. Returns 0, or -1 when scratch could not be allocated (y untouched). */
+ * -> y [T, N]. Returns 0, or -1 when scratch could not be allocated (y untouched). Threads split
+ * the weight rows (spans); each span meets every row block of a chunk while its weights are cached. */
 int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t *sz, int64_t N, float *y,
                  int nthreads) {
     const int G = K / QB;
@@ -469,19 +528,15 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t 
     if (T <= 0 || N <= 0) return 0;
     if (!act_alloc(&a, T, K, 0)) { act_free(&a); return -1; }
     for (int t = 0; t < T; t++)
-        quantize_row(x + (int64_t)t * K, K, Q4_PAIRS, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, NULL);
+        quantize_row(x + (int64_t)t * K, K, Q4_PAIRS, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, NULL,
+                     DXL ? a.dxl + (int64_t)t * (K / 4) : NULL);
+    const int64_t nb = span_rows(N, nthreads), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one parallel region (one join) per chunk */
         const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
-        for (int64_t n = 0; n < N; n++) {
-            const uint8_t *qn = q + n * (K / 2);
-            const uint16_t *szn = sz + n * 2 * G;
-            for (int t = t0; t < t1; t += ROWS) {  /* ROWS rows per pass over the row's weights */
-                const int nr = t1 - t < ROWS ? t1 - t : ROWS;
-                float res[QR];
-                q4_rows(qn, szn, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, K, G, nr, res);
-                for (int r = 0; r < nr; r++) y[(int64_t)(t + r) * N + n] = res[r];
-            }
+        for (int64_t sp = 0; sp < spans; sp++) {
+            const int64_t n0 = sp * nb, n1 = n0 + nb < N ? n0 + nb : N;
+            for (int t = t0; t < t1; t += ROWS) q4_span(&a, t, t1 - t < ROWS ? t1 - t : ROWS, K, q, sz, n0, n1, N, y);
         }
     }
     act_free(&a);
@@ -497,19 +552,15 @@ int lm_q8x8_gemm(const float *x, int T, int K, const int8_t *q, const float *sca
     if (!act_alloc(&a, T, K, Q8_CORR)) { act_free(&a); return -1; }
     for (int t = 0; t < T; t++)
         quantize_row(x + (int64_t)t * K, K, 0, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G,
-                     Q8_CORR ? a.corr + (int64_t)t * (K / 4) : NULL);
-    for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one parallel region (one join) per chunk */
+                     Q8_CORR ? a.corr + (int64_t)t * (K / 4) : NULL, DXL ? a.dxl + (int64_t)t * (K / 4) : NULL);
+    const int64_t nb = span_rows(N, nthreads), spans = (N + nb - 1) / nb;
+    for (int t0 = 0; t0 < T; t0 += T_CHUNK) {
         const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
-        for (int64_t n = 0; n < N; n++) {
-            const int8_t *qn = q + n * K;
-            for (int t = t0; t < t1; t += ROWS) {
-                const int nr = t1 - t < ROWS ? t1 - t : ROWS;
-                const int32_t *ct = Q8_CORR ? a.corr + (int64_t)t * (K / 4) : NULL;
-                float res[QR];
-                q8_rows(qn, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, ct, K, G, nr, res);
-                for (int r = 0; r < nr; r++) y[(int64_t)(t + r) * N + n] = scale[n] * res[r];
-            }
+        for (int64_t sp = 0; sp < spans; sp++) {
+            const int64_t n0 = sp * nb, n1 = n0 + nb < N ? n0 + nb : N;
+            for (int t = t0; t < t1; t += ROWS)
+                q8_span(&a, t, t1 - t < ROWS ? t1 - t : ROWS, K, q, scale, n0, n1, N, y);
         }
     }
     act_free(&a);
