@@ -135,13 +135,13 @@ static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *au
 }
 
 /* ---- the row-blocked inner loops ------------------------------------------------------------
- * q4_rows / q8_rows: one weight row (qn) against nr <= QR activation rows (x: int8 [nr, K],
- * a: aux [nr, G, 2], c: corr [nr, K/4], each row after the last) -> res [nr]. Each weight block
- * is loaded and unpacked once and multiplied with every row; each row keeps its own
- * accumulators and runs the same float operations in the same order for every nr (the loops
- * over r only repeat a row's sequence), so a row's result is the one it gets alone (nr = 1,
- * T = 1). The *_n bodies are inlined with a constant nr (rows_dispatch) so their accumulator
- * arrays live in registers. */
+ * q4_rows_n / q8_rows_n: one weight row (qn) against nr activation rows (nr <= QR; int8 weights:
+ * Q8R) (x: int8 [nr, K], a: aux [nr, G, 2], c: corr [nr, K/4], l: dxl [nr, K/4], each row after
+ * the last) -> res [nr]. Each weight block is loaded and unpacked once and multiplied with every
+ * row; each row keeps its own accumulators and runs the same float operations in the same order
+ * for every nr (the loops over r only repeat a row's sequence), so a row's result is the one it
+ * gets alone (nr = 1, T = 1). The bodies are inlined with a constant nr (SPAN_CASES) so their
+ * accumulator arrays live in registers. */
 #define INL static inline __attribute__((always_inline))
 
 /* ---- int4 x int8: one weight row qn [K/2] (qgemm.c nibble order), szn [G, 2] -------------- */
@@ -325,6 +325,11 @@ INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, cons
 
 /* ---- int8 x int8: one weight row qn [K] ----------------------------------------------------- */
 #if defined(LM_QDOT_512)
+#define Q8R 8          /* int8 rows per weight pass: 8 rows x 2 zmm accumulators (no minimum terms) */
+#else
+#define Q8R QR
+#endif
+#if defined(LM_QDOT_512)
 /* vpdpbusd multiplies unsigned by signed bytes: (q + 128) . qx = q . qx + 128 sum(qx), so each
  * int32 lane starts at corr = -128 * (its 4 qx) and ends exact. w = q + 128 (q ^ 0x80). */
 INL __m512 q8_pair_row(__m512 acc, __m512i w, const int8_t *xt, const int32_t *ct, const float *lt, int g) {
@@ -338,7 +343,7 @@ INL __m512i q8_load_pair(const int8_t *qn, int g) {
 
 INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, const float *l, int K,
                    int G, const int nr, float *res) {
-    __m512 a0[QR], a1[QR];
+    __m512 a0[Q8R], a1[Q8R];
     for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     int g = 0;
     for (; g + 3 < G; g += 4) {
@@ -378,7 +383,7 @@ INL __m256 q8_block_row(__m256 acc, __m256i w, __m256i wabs, const int8_t *xt, c
 INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, const float *l, int K,
                    int G, const int nr, float *res) {
     (void)c, (void)l;
-    __m256 a0[QR], a1[QR];
+    __m256 a0[Q8R], a1[Q8R];
     for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm256_setzero_ps();
     int g = 0;
     for (; g + 1 < G; g += 2) {
@@ -407,11 +412,11 @@ static __attribute__((noinline, noclone)) float q8_scale_row(float acc, const in
 INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, const float *l, int K,
                    int G, const int nr, float *res) {
     (void)c, (void)l;
-    float acc[QR];
+    float acc[Q8R];
     for (int r = 0; r < nr; r++) acc[r] = 0.f;
     for (int g0 = 0; g0 < G; g0 += PCH) {
         const int g1 = g0 + PCH < G ? g0 + PCH : G;
-        int32_t d[QR][PCH];
+        int32_t d[Q8R][PCH];
         for (int g = g0; g < g1; g++)
             for (int r = 0; r < nr; r++) {
                 const int8_t *xg = x + r * K + g * QB;
@@ -425,13 +430,18 @@ INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int3
 }
 #endif
 
-_Static_assert(QR == 4, "SPAN_CASES spells out nr = 1..4");
+_Static_assert(QR == 4 && (Q8R == 4 || Q8R == 8), "SPAN_CASES / SPAN_CASES8 spell out nr");
 #if defined(LM_QDOT_ONE_ROW)
 #define ROWS 1         /* the unblocked loop (one row per pass; bench/ab_qdot.py's baseline) */
+#define ROWS8 1
 #else
 #define ROWS QR
+#define ROWS8 Q8R
 #endif
-#define NB_MAX 32      /* weight rows per span: their bytes (<= 48 KB at K = 1536) stay cached while the row blocks pass */
+#ifndef SPAN_BYTES
+#define SPAN_BYTES 8192 /* weight bytes per span (at least one row): they stay in L1 beside the row blocks' data */
+#endif
+#define NB_MAX 32      /* weight rows per span at most */
 
 /* nr (1..QR) as a constant in each case, so every case is its own register-allocated copy of
  * the inlined body and the dispatch happens once per span, not per weight row */
@@ -442,6 +452,21 @@ _Static_assert(QR == 4, "SPAN_CASES spells out nr = 1..4");
     case 3: call(3); break;                                                               \
     default: call(QR); break;                                                             \
     }
+#if Q8R == 8
+#define SPAN_CASES8(call)                                                                 \
+    switch (nr) {                                                                         \
+    case 1: call(1); break;                                                               \
+    case 2: call(2); break;                                                               \
+    case 3: call(3); break;                                                               \
+    case 4: call(4); break;                                                               \
+    case 5: call(5); break;                                                               \
+    case 6: call(6); break;                                                               \
+    case 7: call(7); break;                                                               \
+    default: call(8); break;                                                              \
+    }
+#else
+#define SPAN_CASES8 SPAN_CASES
+#endif
 /* ---- entry points --------------------------------------------------------------------------- */
 #if defined(LM_QDOT_512)
 #define Q4_PAIRS 1
@@ -479,10 +504,13 @@ int lm_qdot_isa(void) {
 #endif
 }
 
-/* Weight rows per span: up to NB_MAX, fewer when N is small, so every thread gets about 4 spans. */
-static int64_t span_rows(int64_t N, int nthreads) {
+/* Weight rows per span: up to SPAN_BYTES of weights (row_bytes each) and NB_MAX rows, fewer when
+ * N is small, so every thread gets about 4 spans. */
+static int64_t span_rows(int64_t N, int nthreads, int64_t row_bytes) {
     const int64_t per = (N + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)(nthreads > 0 ? nthreads : 1));
-    return per < 1 ? 1 : (per > NB_MAX ? NB_MAX : per);
+    int64_t cap = SPAN_BYTES / row_bytes;
+    cap = cap < 1 ? 1 : (cap > NB_MAX ? NB_MAX : cap);
+    return per < 1 ? 1 : (per > cap ? cap : per);
 }
 
 /* weight rows n0..n1 (int4) x activation rows t..t+nr-1 -> y [T, N] */
@@ -510,11 +538,11 @@ static void q8_span(const act_t *a, int t, int nr, int K, const int8_t *q, const
     const int32_t *c = Q8_CORR ? a->corr + (int64_t)t * (K / 4) : NULL;
 #define Q8_CALL(R_)                                                                       \
     for (int64_t n = n0; n < n1; n++) {                                                   \
-        float res[QR];                                                                    \
+        float res[Q8R];                                                                   \
         q8_rows_n(q + n * K, x, at, c, l, K, G, R_, res);                                 \
         for (int r = 0; r < R_; r++) y[(int64_t)(t + r) * N + n] = scale[n] * res[r];     \
     }
-    SPAN_CASES(Q8_CALL)
+    SPAN_CASES8(Q8_CALL)
 #undef Q8_CALL
 }
 
@@ -530,7 +558,7 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t 
     for (int t = 0; t < T; t++)
         quantize_row(x + (int64_t)t * K, K, Q4_PAIRS, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, NULL,
                      DXL ? a.dxl + (int64_t)t * (K / 4) : NULL);
-    const int64_t nb = span_rows(N, nthreads), spans = (N + nb - 1) / nb;
+    const int64_t nb = span_rows(N, nthreads, K / 2 + 4 * G), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one parallel region (one join) per chunk */
         const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
@@ -553,14 +581,14 @@ int lm_q8x8_gemm(const float *x, int T, int K, const int8_t *q, const float *sca
     for (int t = 0; t < T; t++)
         quantize_row(x + (int64_t)t * K, K, 0, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G,
                      Q8_CORR ? a.corr + (int64_t)t * (K / 4) : NULL, DXL ? a.dxl + (int64_t)t * (K / 4) : NULL);
-    const int64_t nb = span_rows(N, nthreads), spans = (N + nb - 1) / nb;
+    const int64_t nb = span_rows(N, nthreads, K), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {
         const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
         for (int64_t sp = 0; sp < spans; sp++) {
             const int64_t n0 = sp * nb, n1 = n0 + nb < N ? n0 + nb : N;
-            for (int t = t0; t < t1; t += ROWS)
-                q8_span(&a, t, t1 - t < ROWS ? t1 - t : ROWS, K, q, scale, n0, n1, N, y);
+            for (int t = t0; t < t1; t += ROWS8)
+                q8_span(&a, t, t1 - t < ROWS8 ? t1 - t : ROWS8, K, q, scale, n0, n1, N, y);
         }
     }
     act_free(&a);
