@@ -74,13 +74,10 @@ static inline void sm_at(const uint16_t *sm, int g, float *s, float *m) {
 #define T_CHUNK 64     /* activation rows per pass over the weights (their int8 copy stays in L2) */
 
 /* Per-call activation scratch: qx int8 [T, K], aux float [T, G, 2] = (dx, dx * sum(qx)) per
- * block (the int4 layout's (scale, zmin) pairs line up with it), corr int32 [T, K/4] = -128 *
- * the sum of each 4 consecutive qx (the AVX-512 int8 path's offset, see q8_pair_row), dxl as
- * below. */
+ * block (the int4 layout's (scale, zmin) pairs line up with it), dxl as below. */
 typedef struct {
     int8_t *qx;
     float *aux;
-    int32_t *corr;
     float *dxl;  /* AVX-512 only: float [T, K/4], each block's dx 8 times in its lanes (see lane_pos) */
 } act_t;
 
@@ -99,7 +96,7 @@ static inline int lane_pos(int g, int i, int paired) {
 }
 
 /* Quantize row x [K] into qx (natural order, or pair order for full pairs when `pairs`). */
-static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *aux, int32_t *corr, float *dxl) {
+static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *aux, float *dxl) {
     const int G = K / QB;
     for (int g = 0; g < G; g++) {
         const float *xg = x + g * QB;
@@ -129,14 +126,11 @@ static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *au
         if (dxl != NULL)
             for (int i = 0; i < 8; i++) dxl[lane_pos(g, i, paired)] = d;
     }
-    if (corr != NULL)
-        for (int j = 0; j < K / 4; j++)
-            corr[j] = -128 * (qx[4 * j] + qx[4 * j + 1] + qx[4 * j + 2] + qx[4 * j + 3]);
 }
 
 /* ---- the row-blocked inner loops ------------------------------------------------------------
  * q4_rows_n / q8_rows_n: one weight row (qn) against nr activation rows (nr <= QR; int8 weights:
- * Q8R) (x: int8 [nr, K], a: aux [nr, G, 2], c: corr [nr, K/4], l: dxl [nr, K/4], each row after
+ * Q8R) (x: int8 [nr, K], a: aux [nr, G, 2], l: dxl [nr, K/4] or unused, each row after
  * the last) -> res [nr]. Each weight block is loaded and unpacked once and multiplied with every
  * row; each row keeps its own accumulators and runs the same float operations in the same order
  * for every nr (the loops over r only repeat a row's sequence), so a row's result is the one it
@@ -330,44 +324,47 @@ INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, cons
 #define Q8R QR
 #endif
 #if defined(LM_QDOT_512)
-/* vpdpbusd multiplies unsigned by signed bytes: (q + 128) . qx = q . qx + 128 sum(qx), so each
- * int32 lane starts at corr = -128 * (its 4 qx) and ends exact. w = q + 128 (q ^ 0x80). */
-INL __m512 q8_pair_row(__m512 acc, __m512i w, const int8_t *xt, const int32_t *ct, const float *lt, int g) {
-    const __m512i d = _mm512_dpbusd_epi32(_mm512_loadu_si512(ct + g * 8), w, _mm512_loadu_si512(xt + g * QB));
+/* vpdpbusd multiplies unsigned by signed bytes: the activations are stored biased (Q8_BIASED),
+ * u = qx + 128 (qx ^ 0x80), so u . q = qx . q + 128 sum(q): each int32 lane starts at -128 *
+ * (its 4 q), computed once per weight block for all rows, and ends exact (|u q| sums of 4 stay
+ * below 4 * 255 * 127). */
+INL __m512i q8_corr(__m512i w) {
+    const __m512i z = _mm512_setzero_si512();
+    return _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, _mm512_set1_epi8((char)0x80), w));
+}
+
+INL __m512 q8_pair_row(__m512 acc, __m512i w, __m512i wc, const int8_t *xt, const float *lt, int g) {
+    const __m512i d = _mm512_dpbusd_epi32(wc, _mm512_loadu_si512(xt + g * QB), w);
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_loadu_ps(lt + g * 8), acc);  /* dx in its lanes */
 }
 
-INL __m512i q8_load_pair(const int8_t *qn, int g) {
-    return _mm512_xor_si512(_mm512_loadu_si512(qn + g * QB), _mm512_set1_epi8((char)0x80));
-}
-
-INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, const float *l, int K,
+INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const float *l, int K,
                    int G, const int nr, float *res) {
     __m512 a0[Q8R], a1[Q8R];
     for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     int g = 0;
     for (; g + 3 < G; g += 4) {
-        const __m512i w0 = q8_load_pair(qn, g), w1 = q8_load_pair(qn, g + 2);
+        const __m512i w0 = _mm512_loadu_si512(qn + g * QB), w1 = _mm512_loadu_si512(qn + (g + 2) * QB);
+        const __m512i c0 = q8_corr(w0), c1 = q8_corr(w1);
         for (int r = 0; r < nr; r++) {
             const int8_t *xt = x + r * K;
-            const int32_t *ct = c + r * (K / 4);
             const float *lt = l + r * (K / 4);
-            a0[r] = q8_pair_row(a0[r], w0, xt, ct, lt, g);
-            a1[r] = q8_pair_row(a1[r], w1, xt, ct, lt, g + 2);
+            a0[r] = q8_pair_row(a0[r], w0, c0, xt, lt, g);
+            a1[r] = q8_pair_row(a1[r], w1, c1, xt, lt, g + 2);
         }
     }
     if (g + 1 < G) {
-        const __m512i w0 = q8_load_pair(qn, g);
-        for (int r = 0; r < nr; r++) a0[r] = q8_pair_row(a0[r], w0, x + r * K, c + r * (K / 4), l + r * (K / 4), g);
+        const __m512i w0 = _mm512_loadu_si512(qn + g * QB), c0 = q8_corr(w0);
+        for (int r = 0; r < nr; r++) a0[r] = q8_pair_row(a0[r], w0, c0, x + r * K, l + r * (K / 4), g);
         g += 2;
     }
     for (int r = 0; r < nr; r++) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
     if (g < G) {
-        const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qn + g * QB)),
-                                           _mm256_set1_epi8((char)0x80));
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(qn + g * QB)), z = _mm256_setzero_si256();
+        const __m256i wc = _mm256_sub_epi32(z, _mm256_dpbusd_epi32(z, _mm256_set1_epi8((char)0x80), w));
         for (int r = 0; r < nr; r++) {
-            const __m256i ct = _mm256_loadu_si256((const __m256i *)(c + r * (K / 4) + g * 8));
-            const __m256i d = _mm256_dpbusd_epi32(ct, w, _mm256_loadu_si256((const __m256i *)(x + r * K + g * QB)));
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + r * K + g * QB));
+            const __m256i d = _mm256_dpbusd_epi32(wc, xv, w);
             res[r] += hsum256(_mm256_cvtepi32_ps(d)) * a[r * 2 * G + 2 * g];
         }
     }
@@ -380,9 +377,9 @@ INL __m256 q8_block_row(__m256 acc, __m256i w, __m256i wabs, const int8_t *xt, c
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_broadcast_ss(at + 2 * g), acc);
 }
 
-INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, const float *l, int K,
+INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const float *l, int K,
                    int G, const int nr, float *res) {
-    (void)c, (void)l;
+    (void)l;
     __m256 a0[Q8R], a1[Q8R];
     for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm256_setzero_ps();
     int g = 0;
@@ -409,9 +406,9 @@ static __attribute__((noinline, noclone)) float q8_scale_row(float acc, const in
     return acc;
 }
 
-INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const int32_t *c, const float *l, int K,
+INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const float *l, int K,
                    int G, const int nr, float *res) {
-    (void)c, (void)l;
+    (void)l;
     float acc[Q8R];
     for (int r = 0; r < nr; r++) acc[r] = 0.f;
     for (int g0 = 0; g0 < G; g0 += PCH) {
@@ -470,26 +467,24 @@ _Static_assert(QR == 4 && (Q8R == 4 || Q8R == 8), "SPAN_CASES / SPAN_CASES8 spel
 /* ---- entry points --------------------------------------------------------------------------- */
 #if defined(LM_QDOT_512)
 #define Q4_PAIRS 1
-#define Q8_CORR 1
+#define Q8_BIASED 1    /* int8-weight activations stored as qx ^ 0x80 (see q8_corr) */
 #define DXL 1
 #else
 #define Q4_PAIRS 0
-#define Q8_CORR 0
+#define Q8_BIASED 0
 #define DXL 0
 #endif
 
-static int act_alloc(act_t *a, int T, int K, int with_corr) {
+static int act_alloc(act_t *a, int T, int K) {
     a->qx = malloc((size_t)T * K);
     a->aux = malloc(sizeof(float) * (size_t)T * (K / QB) * 2);
-    a->corr = with_corr ? malloc(sizeof(int32_t) * (size_t)T * (K / 4)) : NULL;
     a->dxl = DXL ? malloc(sizeof(float) * (size_t)T * (K / 4)) : NULL;
-    return a->qx != NULL && a->aux != NULL && (!with_corr || a->corr != NULL) && (!DXL || a->dxl != NULL);
+    return a->qx != NULL && a->aux != NULL && (!DXL || a->dxl != NULL);
 }
 
 static void act_free(act_t *a) {
     free(a->qx);
     free(a->aux);
-    free(a->corr);
     free(a->dxl);
 }
 
@@ -535,11 +530,10 @@ static void q8_span(const act_t *a, int t, int nr, int K, const int8_t *q, const
     const int G = K / QB;
     const int8_t *x = a->qx + (int64_t)t * K;
     const float *at = a->aux + (int64_t)t * 2 * G, *l = DXL ? a->dxl + (int64_t)t * (K / 4) : NULL;
-    const int32_t *c = Q8_CORR ? a->corr + (int64_t)t * (K / 4) : NULL;
 #define Q8_CALL(R_)                                                                       \
     for (int64_t n = n0; n < n1; n++) {                                                   \
         float res[Q8R];                                                                   \
-        q8_rows_n(q + n * K, x, at, c, l, K, G, R_, res);                                 \
+        q8_rows_n(q + n * K, x, at, l, K, G, R_, res);                                 \
         for (int r = 0; r < R_; r++) y[(int64_t)(t + r) * N + n] = scale[n] * res[r];     \
     }
     SPAN_CASES8(Q8_CALL)
@@ -554,9 +548,9 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t 
     const int G = K / QB;
     act_t a;
     if (T <= 0 || N <= 0) return 0;
-    if (!act_alloc(&a, T, K, 0)) { act_free(&a); return -1; }
+    if (!act_alloc(&a, T, K)) { act_free(&a); return -1; }
     for (int t = 0; t < T; t++)
-        quantize_row(x + (int64_t)t * K, K, Q4_PAIRS, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, NULL,
+        quantize_row(x + (int64_t)t * K, K, Q4_PAIRS, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G,
                      DXL ? a.dxl + (int64_t)t * (K / 4) : NULL);
     const int64_t nb = span_rows(N, nthreads, K / 2 + 4 * G), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one parallel region (one join) per chunk */
@@ -577,10 +571,12 @@ int lm_q8x8_gemm(const float *x, int T, int K, const int8_t *q, const float *sca
     const int G = K / QB;
     act_t a;
     if (T <= 0 || N <= 0) return 0;
-    if (!act_alloc(&a, T, K, Q8_CORR)) { act_free(&a); return -1; }
+    if (!act_alloc(&a, T, K)) { act_free(&a); return -1; }
     for (int t = 0; t < T; t++)
         quantize_row(x + (int64_t)t * K, K, 0, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G,
-                     Q8_CORR ? a.corr + (int64_t)t * (K / 4) : NULL, DXL ? a.dxl + (int64_t)t * (K / 4) : NULL);
+                     DXL ? a.dxl + (int64_t)t * (K / 4) : NULL);
+    if (Q8_BIASED)
+        for (int64_t j = 0; j < (int64_t)T * K; j++) a.qx[j] = (int8_t)(a.qx[j] ^ 0x80);
     const int64_t nb = span_rows(N, nthreads, K), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {
         const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
