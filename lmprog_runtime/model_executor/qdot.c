@@ -18,6 +18,11 @@
  *   __AVXVNNI__ / __AVX2__: 32 bytes a block, vpdpbusd or vpmaddubsw + vpmaddwd;
  *   otherwise (or with -DLM_QDOT_PORTABLE): plain C the compiler may vectorize.
  * -DLM_QDOT_NO_AVX512 skips the first, so tests exercise the AVX2 path on AVX-512 machines.
+ * Every path is T-blocked: a weight block is loaded and unpacked once for up to QR (int8 on
+ * AVX-512: Q8R) activation rows, each row keeping the float sequence it has alone (see "the
+ * row-blocked inner loops"); -DLM_QDOT_ONE_ROW takes one row per pass (the tests' bitwise
+ * reference). That invariance needs the build qgemm.py gives this file: -fno-associative-math
+ * -ffp-contract=off (the fused multiply-adds are written out where wanted).
  * All tensors are row-major and contiguous; K is a multiple of 32 (callers check).
  */
 #include <math.h>
