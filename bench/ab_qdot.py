@@ -1,13 +1,20 @@
-"""A/B of the int8-activation kernels (qdot.c) against the float32-activation ones (qgemm.c) in
-one process, calls alternating (order flipping each pair), so both see the same machine load:
-the median of the per-pair time ratios (new / old) means something even on a busy machine.
+"""A/B of qdot.c's T-blocked kernels (issue #19: each weight block unpacked once for up to 4
+activation rows) against the kernel before them, in one process, calls alternating (order
+flipping each pair), so both see the same machine load: the median of the per-pair time ratios
+(new / old) means something even on a busy machine.
 
+"old" is qdot.c as of OLD_REV (built from `git show`, with that revision's flags); where git or
+that revision is missing, the current source's "_one_row" build (one row per pass, no blocking).
 - kernels: SmolLM2-135M's projections (qkv 960x576, o 576x576, gate_up 3072x576, down
-  576x1536 in int4; the 49152x576 head in int8; k/v alone, 192x576, for reference) at T = 1, 4, 16;
-- step: a whole batch-1 decode step of the embedded GGUF, one runner per kernel (int4 layers,
-  int8 head, float32 dense), formats forced instead of probed.
+  576x1536 in int4; the 49152x576 head in int8; k/v alone, 192x576, for reference) at
+  T = 1, 2, 4, 8, 9, 16 (9: a speculative verify step at batch 1 with 8 draft tokens);
+- step: a whole forward of the embedded GGUF (int4 layers, int8 head, int8 activations) for one
+  request with 128 cached tokens extending by T = 1 (decode) and T = 9 (verify), one runner,
+  its layers bound to the old or the new kernel;
+- probe (--probe): the format probe's timings (probe.measure) with each kernel, and the
+  quant-vs-dense crossover `dense_rows` each gives.
 
-    python bench/ab_qdot.py [--quick] [--num-threads 1]
+    python bench/ab_qdot.py [--quick] [--num-threads 1] [--probe]
 Writes bench/results/ab_qdot_t<threads>.json and .png.
 """
 
@@ -16,8 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,12 +37,42 @@ sys.path.insert(0, ROOT)
 from lmprog_runtime.config import ServerArgs  # noqa: E402  (before torch: sets OpenMP's wait policy)
 import torch  # noqa: E402
 
+from lmprog_runtime import native  # noqa: E402
 from lmprog_runtime.model_executor import probe, qgemm  # noqa: E402
-from lmprog_runtime.model_executor.quant import quantize_int4, quantize_int8  # noqa: E402
+from lmprog_runtime.model_executor.quant import QuantLinear, quantize_int4, quantize_int8  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
+OLD_REV = "732eca7"  # the merge of issue19q: qdot.c with one activation row per pass
 SHAPES = [("qkv", "int4", 960, 576), ("k/v", "int4", 192, 576), ("o", "int4", 576, 576),
           ("gate_up", "int4", 3072, 576), ("down", "int4", 576, 1536), ("lm_head", "int8", 49152, 576)]
+TS = (1, 2, 4, 8, 9, 16)
+
+
+def old_kernel(rev: str):
+    """({"int8": fn, "int4": fn} of the old qdot.c, a description); fn as qgemm.dot_fn's."""
+    try:
+        src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:lmprog_runtime/model_executor/qdot.c"],
+                             check=True, capture_output=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        src = None
+    lib = None
+    if src:
+        path = pathlib.Path(tempfile.mkdtemp(prefix="ab_qdot_")) / "qdot.c"
+        path.write_bytes(src)
+        lib = native.Kernel(path, native.NATIVE_FLAGS, True, qgemm._declare_dot).lib()
+    if lib is None:
+        fns = {f: qgemm.dot_fn(f, "native_one_row") for f in ("int8", "int4")}
+        return fns, "current source, one row per pass (native_one_row)"
+    return {"int8": lib.lm_q8x8_gemm, "int4": lib.lm_q4x8_gemm}, f"qdot.c at {rev}"
+
+
+def call(fn, x, q, scales):
+    """dot_matmul's call with the C function `fn`: x float32 [T, K] -> y [T, N]."""
+    y = torch.empty(x.shape[0], q.shape[0], dtype=torch.float32)
+    if fn(x.data_ptr(), x.shape[0], x.shape[1], q.data_ptr(), scales.data_ptr(), q.shape[0], y.data_ptr(),
+          torch.get_num_threads()) != 0:
+        raise MemoryError("qdot.c: no memory for the activation scratch")
+    return y
 
 
 def interleaved(old, new, pairs: int):
@@ -56,32 +96,28 @@ def summary(pairs):
             "new_median_us": 1e6 * statistics.median(n for _, n in pairs)}
 
 
-def kernel_ab(pairs: int):
+def kernel_ab(old, pairs: int):
     rows = []
     for name, fmt, n, k in SHAPES:
         w = torch.randn(n, k) * 0.05
-        if fmt == "int8":
-            old_bufs = new_bufs = quantize_int8(w)
-        else:  # the same nibbles; the float kernel reads float32 scale pairs, qdot.c float16 ones
-            blocks = quantize_int4(w)
-            old_bufs, new_bufs = qgemm.pack_q4(*blocks), qgemm.pack_q4_f16(*blocks)
-        old_fn = qgemm.q8_matmul if fmt == "int8" else qgemm.q4_matmul
-        for T in (1, 4, 16):
+        bufs = quantize_int8(w) if fmt == "int8" else qgemm.pack_q4_f16(*quantize_int4(w))
+        new = qgemm.dot_fn(fmt)
+        for T in TS:
             x = torch.randn(T, k)
-            got = summary(interleaved(lambda: old_fn(x, *old_bufs), lambda: qgemm.dot_matmul(fmt, x, *new_bufs),
-                                      pairs))
+            got = summary(interleaved(lambda: call(old[fmt], x, *bufs), lambda: call(new, x, *bufs), pairs))
             rows.append({"name": name, "fmt": fmt, "N": n, "K": k, "T": T, **got})
             print(f"{name:>8} {fmt} {n}x{k} T={T:<3} new/old {got['median_ratio_new_over_old']:.3f}")
     return rows
 
 
-def runner_with(act: str, threads=None):
-    """A runner on the embedded GGUF, int4 layers, its probe replaced by 'act is fastest'."""
+def int8_act_runner(threads=None):
+    """A runner on the embedded GGUF, int4 layers, its probe replaced by 'int8 activations are
+    fastest at every batch' (no dense crossover)."""
     from lmprog_runtime.model_executor.runner import ModelRunner
 
     real = probe.measure_cached
     probe.measure_cached = lambda config, formats: {
-        f: {b: (0.5 if f[1] == act else 1.0) * b for b in probe.PROBE_BATCHES} for f in formats}
+        f: {b: (0.5 if f[1] == "int8" else 1.0) * b for b in probe.PROBE_BATCHES} for f in formats}
     try:
         return ModelRunner(ServerArgs(model_path="default", dtype="float32", quantization="int4", num_threads=threads,
                                       max_total_tokens=2 * 200, max_running_requests=2, context_length=1024))
@@ -89,17 +125,49 @@ def runner_with(act: str, threads=None):
         probe.measure_cached = real
 
 
-def step_ab(pairs: int, threads=None):
+def bind(runner, fns) -> None:
+    """Point every int8-activation QuantLinear of `runner` at fns[fmt] (its other arguments kept)."""
+    for m in runner.model.modules():
+        if isinstance(m, QuantLinear) and m._c_kernel in ("int4x8", "int8x8"):
+            b = m._bind_c()
+            m._c_bound = b[:3] + (fns[m.fmt],) + b[4:]
+
+
+def step_ab(old, pairs: int, threads=None):
     from bench.one_batch import Batches
 
-    runners = {act: runner_with(act, threads) for act in ("float32", "int8")}
-    batches = {act: Batches(r, 200) for act, r in runners.items()}
-    assert runners["int8"].formats.act_dtype == torch.int8 and runners["float32"].formats.act_dtype == torch.float32
-    fb = {act: batches[act].make(1, 128, 1) for act in runners}
-    got = summary(interleaved(lambda: runners["float32"].forward(fb["float32"]),
-                              lambda: runners["int8"].forward(fb["int8"]), pairs))
-    print(f"batch-1 decode step (128 cached) new/old {got['median_ratio_new_over_old']:.3f}")
-    return got
+    runner = int8_act_runner(threads)
+    assert runner.formats.act_dtype == torch.int8 and runner.formats.dense_rows is None
+    new = {f: qgemm.dot_fn(f) for f in ("int8", "int4")}
+    batches, out = Batches(runner, 200), {}
+    for T in (1, 9):
+        fb = batches.make(1, 128, T)
+
+        def run(fns):
+            bind(runner, fns)
+            runner.forward(fb)
+        out[T] = summary(interleaved(lambda: run(old), lambda: run(new), pairs))
+        print(f"batch-1 forward, 128 cached + {T} new: new/old {out[T]['median_ratio_new_over_old']:.3f}")
+    bind(runner, new)
+    return out
+
+
+def probe_ab(old, config):
+    """probe.measure with each kernel -> {"old"|"new": {"seconds": ..., "dense_rows": ...}}."""
+    formats = [("none", "float32"), ("int4", "int8")]
+    out = {}
+    for label, fns in (("old", old), ("new", {f: qgemm.dot_fn(f) for f in ("int8", "int4")})):
+        saved = dict(qgemm._C_FNS)
+        qgemm._C_FNS.update({"int8x8": fns["int8"], "int4x8": fns["int4"]})
+        try:
+            t = probe.measure(config, formats)
+        finally:
+            qgemm._C_FNS.clear()
+            qgemm._C_FNS.update(saved)
+        choice = probe.choose(t, require_quant=True)
+        out[label] = {"seconds": {f"{w}/{d}": s for (w, d), s in t.items()}, "dense_rows": choice.dense_rows}
+        print(f"probe with the {label} kernel: {probe.describe(t)} -> dense_rows={choice.dense_rows}")
+    return out
 
 
 def plot(rows, step, path: str) -> None:
@@ -108,14 +176,14 @@ def plot(rows, step, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 3.8))
-    labels = [f"{r['name']}\nT={r['T']}" for r in rows] + ["step\nT=1"]
-    ratios = [r["median_ratio_new_over_old"] for r in rows] + [step["median_ratio_new_over_old"]]
-    ax.bar(range(len(ratios)), ratios, color=["tab:blue"] * len(rows) + ["tab:green"])
+    fig, ax = plt.subplots(figsize=(10, 3.8))
+    labels = [f"{r['name']}\nT={r['T']}" for r in rows] + [f"step\nT={T}" for T in step]
+    ratios = [r["median_ratio_new_over_old"] for r in rows] + [s["median_ratio_new_over_old"] for s in step.values()]
+    ax.bar(range(len(ratios)), ratios, color=["tab:blue"] * len(rows) + ["tab:green"] * len(step))
     ax.axhline(1.0, color="k", linewidth=0.8)
-    ax.set_xticks(range(len(ratios)), labels, fontsize=6)
+    ax.set_xticks(range(len(ratios)), labels, fontsize=5)
     ax.set_ylabel("time new / old (median of pairs)")
-    ax.set_title("int8-activation kernels (qdot.c) vs float32-activation (qgemm.c)")
+    ax.set_title("qdot.c: T-blocked (up to 4 / 8 activation rows per weight pass) vs the old one-row kernel")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -124,18 +192,24 @@ def plot(rows, step, path: str) -> None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pairs", type=int, default=200)
-    ap.add_argument("--quick", action="store_true", help="40 pairs")
+    ap.add_argument("--quick", action="store_true", help="20 pairs")
     ap.add_argument("--num-threads", type=int, default=None, help="default: the runtime's (--num-threads)")
+    ap.add_argument("--old-rev", default=OLD_REV, help="git revision of the old qdot.c")
+    ap.add_argument("--probe", action="store_true", help="also run the format probe with each kernel")
     ap.add_argument("--results-dir", default=RESULTS)
     args = ap.parse_args()
     if args.quick:
-        args.pairs = 40
+        args.pairs = 20
     if not qgemm.dot_available():
         sys.exit("qdot.c is not built here (no C compiler?)")
-    step = step_ab(args.pairs, args.num_threads)  # its runner sets torch's threads for the kernels too
-    rows = kernel_ab(args.pairs)
-    result = {"isa": qgemm.dot_isa(), "threads": torch.get_num_threads(), "pairs": args.pairs,
-              "kernels": rows, "step_b1": step}
+    old, old_desc = old_kernel(args.old_rev)
+    print("old kernel:", old_desc)
+    step = step_ab(old, args.pairs, args.num_threads)  # its runner sets torch's threads for the kernels too
+    rows = kernel_ab(old, args.pairs)
+    result = {"isa": qgemm.dot_isa(), "threads": torch.get_num_threads(), "pairs": args.pairs, "old": old_desc,
+              "kernels": rows, "step_b1": {str(T): v for T, v in step.items()}}
+    if args.probe:
+        result["probe"] = probe_ab(old, int8_act_runner(args.num_threads).model_config)
     os.makedirs(args.results_dir, exist_ok=True)
     stem = os.path.join(args.results_dir, f"ab_qdot_t{torch.get_num_threads()}")
     with open(stem + ".json", "w") as f:

@@ -18,6 +18,11 @@
  *   __AVXVNNI__ / __AVX2__: 32 bytes a block, vpdpbusd or vpmaddubsw + vpmaddwd;
  *   otherwise (or with -DLM_QDOT_PORTABLE): plain C the compiler may vectorize.
  * -DLM_QDOT_NO_AVX512 skips the first, so tests exercise the AVX2 path on AVX-512 machines.
+ * Every path is T-blocked: a weight block is loaded and unpacked once for up to QR (int8 on
+ * AVX-512: Q8R) activation rows, each row keeping the float sequence it has alone (see "the
+ * row-blocked inner loops"); -DLM_QDOT_ONE_ROW takes one row per pass (the tests' bitwise
+ * reference). That invariance needs the build qgemm.py gives this file: -fno-associative-math
+ * -ffp-contract=off (the fused multiply-adds are written out where wanted).
  * All tensors are row-major and contiguous; K is a multiple of 32 (callers check).
  */
 #include <math.h>
@@ -74,12 +79,11 @@ static inline void sm_at(const uint16_t *sm, int g, float *s, float *m) {
 #define T_CHUNK 64     /* activation rows per pass over the weights (their int8 copy stays in L2) */
 
 /* Per-call activation scratch: qx int8 [T, K], aux float [T, G, 2] = (dx, dx * sum(qx)) per
- * block (the int4 layout's (scale, zmin) pairs line up with it), corr int32 [T, K/4] = -128 *
- * the sum of each 4 consecutive qx (the AVX-512 int8 path's offset, see q8_dot). */
+ * block (the int4 layout's (scale, zmin) pairs line up with it), dxl as below. */
 typedef struct {
     int8_t *qx;
     float *aux;
-    int32_t *corr;
+    float *dxl;  /* AVX-512 only: float [T, K/4], each block's dx 8 times in its lanes (see lane_pos) */
 } act_t;
 
 /* The order of qx within a block pair for the AVX-512 int4 path: the 64-byte register of two
@@ -89,8 +93,15 @@ static inline int pair_pos(int j) {
     return (i / 16) * 32 + blk * 16 + i % 16;
 }
 
+/* Where lane i (0..7) of block g's dx goes in dxl: lanes g*8.. in natural order (int8, an odd
+ * last block), or within a pair's 16 the int4 register's order [lo(g), lo(g+1), hi(g), hi(g+1)]
+ * (4 int32 lanes each) when `paired`. */
+static inline int lane_pos(int g, int i, int paired) {
+    return paired ? (g & ~1) * 8 + (i / 4) * 8 + (g & 1) * 4 + i % 4 : g * 8 + i;
+}
+
 /* Quantize row x [K] into qx (natural order, or pair order for full pairs when `pairs`). */
-static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *aux, int32_t *corr) {
+static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *aux, float *dxl) {
     const int G = K / QB;
     for (int g = 0; g < G; g++) {
         const float *xg = x + g * QB;
@@ -117,59 +128,101 @@ static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *au
         }
         aux[2 * g] = d;
         aux[2 * g + 1] = d * (float)sum;
+        if (dxl != NULL)
+            for (int i = 0; i < 8; i++) dxl[lane_pos(g, i, paired)] = d;
     }
-    if (corr != NULL)
-        for (int j = 0; j < K / 4; j++)
-            corr[j] = -128 * (qx[4 * j] + qx[4 * j + 1] + qx[4 * j + 2] + qx[4 * j + 3]);
 }
+
+/* ---- the row-blocked inner loops ------------------------------------------------------------
+ * q4_rows_n / q8_rows_n: one weight row (qn) against nr activation rows (nr <= QR; int8 weights:
+ * Q8R) (x: int8 [nr, K], a: aux [nr, G, 2], l: dxl [nr, K/4] or unused, each row after
+ * the last) -> res [nr]. Each weight block is loaded and unpacked once and multiplied with every
+ * row; each row keeps its own accumulators and runs the same float operations in the same order
+ * for every nr (the loops over r only repeat a row's sequence), so a row's result is the one it
+ * gets alone (nr = 1, T = 1). The bodies are inlined with a constant nr (SPAN_CASES) so their
+ * accumulator arrays live in registers. */
+#define INL static inline __attribute__((always_inline))
 
 /* ---- int4 x int8: one weight row qn [K/2] (qgemm.c nibble order), szn [G, 2] -------------- */
 #if defined(LM_QDOT_512)
+#define QR 4           /* activation rows per weight pass: 4 rows x (2 zmm + 2 xmm) accumulators */
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-static inline __m512 q4_pair(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int g,
-                             __m128 *macc) {
+/* blocks g, g+1's nibbles as one register [lo(g), lo(g+1), hi(g), hi(g+1)], values 0..15 */
+INL __m512i q4_unpack_pair(const uint8_t *qn, int g) {
     const __m512i shifts = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
-    const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
-    __m512i w = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qn + g * 16)));
-    w = _mm512_and_si512(_mm512_srlv_epi64(w, shifts), _mm512_set1_epi8(15));
-    const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xt + g * QB));
-    const __m128 sm = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(szn + 2 * g)));  /* s, m, s', m' */
-    const __m128 p = _mm_mul_ps(sm, _mm_loadu_ps(at + 2 * g));  /* s*dx, m*dx*sum, ... */
-    *macc = _mm_add_ps(*macc, p);
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(p)));
+    const __m512i w = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qn + g * 16)));
+    return _mm512_and_si512(_mm512_srlv_epi64(w, shifts), _mm512_set1_epi8(15));
 }
 
-static float q4_dot(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int G) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    __m128 m0 = _mm_setzero_ps(), m1 = _mm_setzero_ps();
+/* one row's share of a block pair, added to acc: w unpacked, sm = (s, m, s', m'), sv = s, s'
+ * in w's lanes; macc += sm * (dx, dx*sum, dx', dx'*sum') (lanes 1 and 3 are the minimums'
+ * terms). Explicit fused multiply-adds (the build contracts nothing itself). */
+INL __m512 q4_pair_row(__m512 acc, __m512i w, __m128 sm, __m512 sv, const int8_t *xt, const float *at,
+                       const float *lt, int g, __m128 *macc) {
+    const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xt + g * QB));
+    *macc = _mm_fmadd_ps(sm, _mm_loadu_ps(at + 2 * g), *macc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sv, _mm512_loadu_ps(lt + g * 8)), acc);
+}
+
+INL __m128 sm_pair(const uint16_t *szn, int g) {
+    return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(szn + 2 * g)));
+}
+
+/* s of blocks g, g+1 (sm's lanes 0 and 2) in the int4 register's lanes */
+INL __m512 s_lanes(__m128 sm) {
+    const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(sm));
+}
+
+INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, const float *l, int K,
+                   int G, const int nr, float *res) {
+    __m512 a0[QR], a1[QR];
+    __m128 m0[QR], m1[QR];
+    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm512_setzero_ps(), m0[r] = m1[r] = _mm_setzero_ps();
     int g = 0;
-    for (; g + 3 < G; g += 4) {  /* two independent chains hide the multiply latency */
-        a0 = _mm512_add_ps(a0, q4_pair(qn, szn, xt, at, g, &m0));
-        a1 = _mm512_add_ps(a1, q4_pair(qn, szn, xt, at, g + 2, &m1));
+    for (; g + 3 < G; g += 4) {  /* two independent chains per row hide the multiply latency */
+        const __m512i w0 = q4_unpack_pair(qn, g), w1 = q4_unpack_pair(qn, g + 2);
+        const __m128 s0 = sm_pair(szn, g), s1 = sm_pair(szn, g + 2);
+        const __m512 v0 = s_lanes(s0), v1 = s_lanes(s1);
+        for (int r = 0; r < nr; r++) {
+            const int8_t *xt = x + r * K;
+            const float *at = a + r * 2 * G, *lt = l + r * (K / 4);
+            a0[r] = q4_pair_row(a0[r], w0, s0, v0, xt, at, lt, g, &m0[r]);
+            a1[r] = q4_pair_row(a1[r], w1, s1, v1, xt, at, lt, g + 2, &m1[r]);
+        }
     }
     if (g + 1 < G) {
-        a0 = _mm512_add_ps(a0, q4_pair(qn, szn, xt, at, g, &m0));
+        const __m512i w0 = q4_unpack_pair(qn, g);
+        const __m128 s0 = sm_pair(szn, g);
+        const __m512 v0 = s_lanes(s0);
+        for (int r = 0; r < nr; r++)
+            a0[r] = q4_pair_row(a0[r], w0, s0, v0, x + r * K, a + r * 2 * G, l + r * (K / 4), g, &m0[r]);
         g += 2;
     }
-    const __m128 m = _mm_add_ps(m0, m1);
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + m[1] + m[3];
+    for (int r = 0; r < nr; r++) {
+        const __m128 m = _mm_add_ps(m0[r], m1[r]);
+        res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])) + m[1] + m[3];
+    }
     if (g < G) {  /* an odd last block, in natural order */
         const __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
         const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
-        const __m256i x = _mm256_loadu_si256((const __m256i *)(xt + g * QB));
-        const __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
         float sc, mn;
         sm_at(szn, g, &sc, &mn);
-        r += hsum256(_mm256_cvtepi32_ps(d)) * (sc * at[2 * g]) + mn * at[2 * g + 1];
+        for (int r = 0; r < nr; r++) {
+            const float *at = a + r * 2 * G;
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + r * K + g * QB));
+            const __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xv);
+            res[r] += hsum256(_mm256_cvtepi32_ps(d)) * (sc * at[2 * g]) + mn * at[2 * g + 1];
+        }
     }
-    return r;
 }
 #elif defined(LM_QDOT_256)
+#define QR 4           /* activation rows per weight pass (the 16 ymm registers spill beyond) */
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -178,7 +231,7 @@ static inline float hsum256(__m256 v) {
 
 /* u8 [32] . s8 [32] -> 8 int32 sums of 4 products, exact for what this file passes (u8 <= 127,
  * |s8| <= 127: vpmaddubsw's int16 pair sums stay below 2 * 127 * 127 < 32767) */
-static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+INL __m256i dot_u8s8(__m256i u, __m256i s) {
 #if defined(__AVXVNNI__)
     return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
 #else
@@ -186,131 +239,259 @@ static inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #endif
 }
 
-static inline __m256 q4_block(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int g,
-                              float *zs) {
+/* block g's 32 nibbles in natural order, values 0..15 */
+INL __m256i q4_unpack(const uint8_t *qn, int g) {
     const __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
-    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
-    const __m256i d = dot_u8s8(w, _mm256_loadu_si256((const __m256i *)(xt + g * QB)));
-    float sc, mn;
-    sm_at(szn, g, &sc, &mn);
-    *zs += mn * at[2 * g + 1];
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(sc * at[2 * g]));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
 }
 
-static float q4_dot(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int G) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    float z0 = 0.f, z1 = 0.f;
+/* one row's share of block g, added to acc: w unpacked, sv = its scale in every lane, mn its
+ * minimum (explicit fused multiply-adds: the build contracts nothing itself) */
+INL __m256 q4_block_row(__m256 acc, __m256i w, __m256 sv, float mn, const int8_t *xt, const float *at, int g,
+                        float *zs) {
+    const __m256i d = dot_u8s8(w, _mm256_loadu_si256((const __m256i *)(xt + g * QB)));
+    *zs += mn * at[2 * g + 1];
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(sv, _mm256_broadcast_ss(at + 2 * g)), acc);
+}
+
+INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, const float *l, int K,
+                   int G, const int nr, float *res) {
+    (void)l;
+    __m256 a0[QR], a1[QR];
+    float z0[QR], z1[QR];
+    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm256_setzero_ps(), z0[r] = z1[r] = 0.f;
     int g = 0;
     for (; g + 1 < G; g += 2) {
-        a0 = _mm256_add_ps(a0, q4_block(qn, szn, xt, at, g, &z0));
-        a1 = _mm256_add_ps(a1, q4_block(qn, szn, xt, at, g + 1, &z1));
+        const __m256i w0 = q4_unpack(qn, g), w1 = q4_unpack(qn, g + 1);
+        float s0, n0, s1, n1;
+        sm_at(szn, g, &s0, &n0);
+        sm_at(szn, g + 1, &s1, &n1);
+        const __m256 v0 = _mm256_set1_ps(s0), v1 = _mm256_set1_ps(s1);
+        for (int r = 0; r < nr; r++) {
+            a0[r] = q4_block_row(a0[r], w0, v0, n0, x + r * K, a + r * 2 * G, g, &z0[r]);
+            a1[r] = q4_block_row(a1[r], w1, v1, n1, x + r * K, a + r * 2 * G, g + 1, &z1[r]);
+        }
     }
-    if (g < G) a0 = _mm256_add_ps(a0, q4_block(qn, szn, xt, at, g, &z0));
-    return hsum256(_mm256_add_ps(a0, a1)) + (z0 + z1);
+    if (g < G) {
+        const __m256i w0 = q4_unpack(qn, g);
+        float s0, n0;
+        sm_at(szn, g, &s0, &n0);
+        const __m256 v0 = _mm256_set1_ps(s0);
+        for (int r = 0; r < nr; r++) a0[r] = q4_block_row(a0[r], w0, v0, n0, x + r * K, a + r * 2 * G, g, &z0[r]);
+    }
+    for (int r = 0; r < nr; r++) res[r] = hsum256(_mm256_add_ps(a0[r], a1[r])) + (z0[r] + z1[r]);
 }
 #else
-static float q4_dot(const uint8_t *qn, const uint16_t *szn, const int8_t *xt, const float *at, int G) {
-    float r = 0.f;
-    for (int g = 0; g < G; g++) {
-        const uint8_t *b = qn + g * 16;
-        const int8_t *xg = xt + g * QB;
-        int32_t d = 0;
-        for (int j = 0; j < 16; j++) d += (b[j] & 15) * xg[j] + (b[j] >> 4) * xg[j + 16];
+#define QR 4           /* activation rows per weight pass */
+#define PCH 32         /* blocks per integer pass of the plain-C loops */
+/* One row's float sum over blocks g0..g1 from its exact integer dots d [g1 - g0]: one
+ * out-of-line copy for every nr, so the compiler cannot schedule a row's float sum differently
+ * when other rows share the pass (-fassociative-math is on). */
+static __attribute__((noinline, noclone)) float q4_scale_row(float acc, const int32_t *d, const uint16_t *szn,
+                                                             const float *at, int g0, int g1) {
+    for (int g = g0; g < g1; g++) {
         float sc, mn;
         sm_at(szn, g, &sc, &mn);
-        r += (float)d * (sc * at[2 * g]) + mn * at[2 * g + 1];
+        acc += (float)d[g - g0] * (sc * at[2 * g]) + mn * at[2 * g + 1];
     }
-    return r;
+    return acc;
+}
+
+INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, const float *l, int K,
+                   int G, const int nr, float *res) {
+    (void)l;
+    float acc[QR];
+    for (int r = 0; r < nr; r++) acc[r] = 0.f;
+    for (int g0 = 0; g0 < G; g0 += PCH) {
+        const int g1 = g0 + PCH < G ? g0 + PCH : G;
+        int32_t d[QR][PCH];
+        for (int g = g0; g < g1; g++) {
+            const uint8_t *b = qn + g * 16;
+            int8_t w[QB];  /* the block's 32 weights, natural order */
+            for (int j = 0; j < 16; j++) w[j] = (int8_t)(b[j] & 15), w[j + 16] = (int8_t)(b[j] >> 4);
+            for (int r = 0; r < nr; r++) {
+                const int8_t *xg = x + r * K + g * QB;
+                int32_t s = 0;
+                for (int j = 0; j < QB; j++) s += w[j] * xg[j];
+                d[r][g - g0] = s;
+            }
+        }
+        for (int r = 0; r < nr; r++) acc[r] = q4_scale_row(acc[r], d[r], szn, a + r * 2 * G, g0, g1);
+    }
+    for (int r = 0; r < nr; r++) res[r] = acc[r];
 }
 #endif
 
 /* ---- int8 x int8: one weight row qn [K] ----------------------------------------------------- */
 #if defined(LM_QDOT_512)
-/* vpdpbusd multiplies unsigned by signed bytes: (q + 128) . qx = q . qx + 128 sum(qx), so each
- * int32 lane starts at corr = -128 * (its 4 qx) and ends exact. */
-static inline __m512 q8_pair(const int8_t *qn, const int8_t *xt, const float *at, const int32_t *ct, int g) {
-    const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(qn + g * QB), _mm512_set1_epi8((char)0x80));
-    const __m512i d = _mm512_dpbusd_epi32(_mm512_loadu_si512(ct + g * 8), w, _mm512_loadu_si512(xt + g * QB));
-    const __m512 dx = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(at + 2 * g)));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(d), dx);
+#define Q8R 8          /* int8 rows per weight pass: 8 rows x 2 zmm accumulators (no minimum terms) */
+#else
+#define Q8R QR
+#endif
+#if defined(LM_QDOT_512)
+/* vpdpbusd multiplies unsigned by signed bytes: the activations are stored biased (Q8_BIASED),
+ * u = qx + 128 (qx ^ 0x80), so u . q = qx . q + 128 sum(q): each int32 lane starts at -128 *
+ * (its 4 q), computed once per weight block for all rows, and ends exact (|u q| sums of 4 stay
+ * below 4 * 255 * 127). */
+INL __m512i q8_corr(__m512i w) {
+    const __m512i z = _mm512_setzero_si512();
+    return _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, _mm512_set1_epi8((char)0x80), w));
 }
 
-static float q8_dot(const int8_t *qn, const int8_t *xt, const float *at, const int32_t *ct, int G) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+INL __m512 q8_pair_row(__m512 acc, __m512i w, __m512i wc, const int8_t *xt, const float *lt, int g) {
+    const __m512i d = _mm512_dpbusd_epi32(wc, _mm512_loadu_si512(xt + g * QB), w);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_loadu_ps(lt + g * 8), acc);  /* dx in its lanes */
+}
+
+INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const float *l, int K,
+                   int G, const int nr, float *res) {
+    __m512 a0[Q8R], a1[Q8R];
+    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     int g = 0;
     for (; g + 3 < G; g += 4) {
-        a0 = _mm512_add_ps(a0, q8_pair(qn, xt, at, ct, g));
-        a1 = _mm512_add_ps(a1, q8_pair(qn, xt, at, ct, g + 2));
+        const __m512i w0 = _mm512_loadu_si512(qn + g * QB), w1 = _mm512_loadu_si512(qn + (g + 2) * QB);
+        const __m512i c0 = q8_corr(w0), c1 = q8_corr(w1);
+        for (int r = 0; r < nr; r++) {
+            const int8_t *xt = x + r * K;
+            const float *lt = l + r * (K / 4);
+            a0[r] = q8_pair_row(a0[r], w0, c0, xt, lt, g);
+            a1[r] = q8_pair_row(a1[r], w1, c1, xt, lt, g + 2);
+        }
     }
     if (g + 1 < G) {
-        a0 = _mm512_add_ps(a0, q8_pair(qn, xt, at, ct, g));
+        const __m512i w0 = _mm512_loadu_si512(qn + g * QB), c0 = q8_corr(w0);
+        for (int r = 0; r < nr; r++) a0[r] = q8_pair_row(a0[r], w0, c0, x + r * K, l + r * (K / 4), g);
         g += 2;
     }
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    for (int r = 0; r < nr; r++) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
     if (g < G) {
-        const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qn + g * QB)),
-                                           _mm256_set1_epi8((char)0x80));
-        const __m256i d = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(ct + g * 8)), w,
-                                              _mm256_loadu_si256((const __m256i *)(xt + g * QB)));
-        r += hsum256(_mm256_cvtepi32_ps(d)) * at[2 * g];
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(qn + g * QB)), z = _mm256_setzero_si256();
+        const __m256i wc = _mm256_sub_epi32(z, _mm256_dpbusd_epi32(z, _mm256_set1_epi8((char)0x80), w));
+        for (int r = 0; r < nr; r++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + r * K + g * QB));
+            const __m256i d = _mm256_dpbusd_epi32(wc, xv, w);
+            res[r] += hsum256(_mm256_cvtepi32_ps(d)) * a[r * 2 * G + 2 * g];
+        }
     }
-    return r;
 }
 #elif defined(LM_QDOT_256)
 /* |q| . (qx * sign(q)) = q . qx, with |q| <= 127 unsigned: pairs stay within int16 */
-static inline __m256 q8_block(const int8_t *qn, const int8_t *xt, const float *at, int g) {
-    const __m256i w = _mm256_loadu_si256((const __m256i *)(qn + g * QB));
-    const __m256i x = _mm256_loadu_si256((const __m256i *)(xt + g * QB));
-    const __m256i d = dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(at[2 * g]));
+INL __m256 q8_block_row(__m256 acc, __m256i w, __m256i wabs, const int8_t *xt, const float *at, int g) {
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)(xt + g * QB));
+    const __m256i d = dot_u8s8(wabs, _mm256_sign_epi8(xv, w));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_broadcast_ss(at + 2 * g), acc);
 }
 
-static float q8_dot(const int8_t *qn, const int8_t *xt, const float *at, const int32_t *ct, int G) {
-    (void)ct;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const float *l, int K,
+                   int G, const int nr, float *res) {
+    (void)l;
+    __m256 a0[Q8R], a1[Q8R];
+    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm256_setzero_ps();
     int g = 0;
     for (; g + 1 < G; g += 2) {
-        a0 = _mm256_add_ps(a0, q8_block(qn, xt, at, g));
-        a1 = _mm256_add_ps(a1, q8_block(qn, xt, at, g + 1));
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(qn + g * QB));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(qn + (g + 1) * QB));
+        const __m256i b0 = _mm256_sign_epi8(w0, w0), b1 = _mm256_sign_epi8(w1, w1);
+        for (int r = 0; r < nr; r++) {
+            a0[r] = q8_block_row(a0[r], w0, b0, x + r * K, a + r * 2 * G, g);
+            a1[r] = q8_block_row(a1[r], w1, b1, x + r * K, a + r * 2 * G, g + 1);
+        }
     }
-    if (g < G) a0 = _mm256_add_ps(a0, q8_block(qn, xt, at, g));
-    return hsum256(_mm256_add_ps(a0, a1));
+    if (g < G) {
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(qn + g * QB)), b0 = _mm256_sign_epi8(w0, w0);
+        for (int r = 0; r < nr; r++) a0[r] = q8_block_row(a0[r], w0, b0, x + r * K, a + r * 2 * G, g);
+    }
+    for (int r = 0; r < nr; r++) res[r] = hsum256(_mm256_add_ps(a0[r], a1[r]));
 }
 #else
-static float q8_dot(const int8_t *qn, const int8_t *xt, const float *at, const int32_t *ct, int G) {
-    (void)ct;
-    float r = 0.f;
-    for (int g = 0; g < G; g++) {
-        int32_t d = 0;
-        for (int j = 0; j < QB; j++) d += qn[g * QB + j] * xt[g * QB + j];
-        r += (float)d * at[2 * g];
+/* q4_scale_row's counterpart: acc + sum_g d[g - g0] * dx[g] */
+static __attribute__((noinline, noclone)) float q8_scale_row(float acc, const int32_t *d, const float *at, int g0,
+                                                             int g1) {
+    for (int g = g0; g < g1; g++) acc += (float)d[g - g0] * at[2 * g];
+    return acc;
+}
+
+INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const float *l, int K,
+                   int G, const int nr, float *res) {
+    (void)l;
+    float acc[Q8R];
+    for (int r = 0; r < nr; r++) acc[r] = 0.f;
+    for (int g0 = 0; g0 < G; g0 += PCH) {
+        const int g1 = g0 + PCH < G ? g0 + PCH : G;
+        int32_t d[Q8R][PCH];
+        for (int g = g0; g < g1; g++)
+            for (int r = 0; r < nr; r++) {
+                const int8_t *xg = x + r * K + g * QB;
+                int32_t s = 0;
+                for (int j = 0; j < QB; j++) s += qn[g * QB + j] * xg[j];
+                d[r][g - g0] = s;
+            }
+        for (int r = 0; r < nr; r++) acc[r] = q8_scale_row(acc[r], d[r], a + r * 2 * G, g0, g1);
     }
-    return r;
+    for (int r = 0; r < nr; r++) res[r] = acc[r];
 }
 #endif
 
+_Static_assert(QR == 4 && (Q8R == 4 || Q8R == 8), "SPAN_CASES / SPAN_CASES8 spell out nr");
+#if defined(LM_QDOT_ONE_ROW)
+#define ROWS 1         /* the unblocked loop (one row per pass; bench/ab_qdot.py's baseline) */
+#define ROWS8 1
+#else
+#define ROWS QR
+#define ROWS8 Q8R
+#endif
+#ifndef SPAN_BYTES
+#define SPAN_BYTES 8192 /* weight bytes per span (at least one row): they stay in L1 beside the row blocks' data */
+#endif
+#define NB_MAX 32      /* weight rows per span at most */
+
+/* nr (1..QR) as a constant in each case, so every case is its own register-allocated copy of
+ * the inlined body and the dispatch happens once per span, not per weight row */
+#define SPAN_CASES(call)                                                                  \
+    switch (nr) {                                                                         \
+    case 1: call(1); break;                                                               \
+    case 2: call(2); break;                                                               \
+    case 3: call(3); break;                                                               \
+    default: call(QR); break;                                                             \
+    }
+#if Q8R == 8
+#define SPAN_CASES8(call)                                                                 \
+    switch (nr) {                                                                         \
+    case 1: call(1); break;                                                               \
+    case 2: call(2); break;                                                               \
+    case 3: call(3); break;                                                               \
+    case 4: call(4); break;                                                               \
+    case 5: call(5); break;                                                               \
+    case 6: call(6); break;                                                               \
+    case 7: call(7); break;                                                               \
+    default: call(8); break;                                                              \
+    }
+#else
+#define SPAN_CASES8 SPAN_CASES
+#endif
 /* ---- entry points --------------------------------------------------------------------------- */
-static int act_alloc(act_t *a, int T, int K, int with_corr) {
+#if defined(LM_QDOT_512)
+#define Q4_PAIRS 1
+#define Q8_BIASED 1    /* int8-weight activations stored as qx ^ 0x80 (see q8_corr) */
+#define DXL 1
+#else
+#define Q4_PAIRS 0
+#define Q8_BIASED 0
+#define DXL 0
+#endif
+
+static int act_alloc(act_t *a, int T, int K) {
     a->qx = malloc((size_t)T * K);
     a->aux = malloc(sizeof(float) * (size_t)T * (K / QB) * 2);
-    a->corr = with_corr ? malloc(sizeof(int32_t) * (size_t)T * (K / 4)) : NULL;
-    return a->qx != NULL && a->aux != NULL && (!with_corr || a->corr != NULL);
+    a->dxl = DXL ? malloc(sizeof(float) * (size_t)T * (K / 4)) : NULL;
+    return a->qx != NULL && a->aux != NULL && (!DXL || a->dxl != NULL);
 }
 
 static void act_free(act_t *a) {
     free(a->qx);
     free(a->aux);
-    free(a->corr);
+    free(a->dxl);
 }
-
-#if defined(LM_QDOT_512)
-#define Q4_PAIRS 1
-#define Q8_CORR 1
-#else
-#define Q4_PAIRS 0
-#define Q8_CORR 0
-#endif
 
 /* Which inner loop this build has: 512 (AVX-512 VNNI), 256 (AVX2 / AVX-VNNI) or 0 (portable). */
 int lm_qdot_isa(void) {
@@ -323,24 +504,66 @@ int lm_qdot_isa(void) {
 #endif
 }
 
+/* Weight rows per span: up to SPAN_BYTES of weights (row_bytes each) and NB_MAX rows, fewer when
+ * N is small, so every thread gets about 4 spans. */
+static int64_t span_rows(int64_t N, int nthreads, int64_t row_bytes) {
+    const int64_t per = (N + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)(nthreads > 0 ? nthreads : 1));
+    int64_t cap = SPAN_BYTES / row_bytes;
+    cap = cap < 1 ? 1 : (cap > NB_MAX ? NB_MAX : cap);
+    return per < 1 ? 1 : (per > cap ? cap : per);
+}
+
+/* weight rows n0..n1 (int4) x activation rows t..t+nr-1 -> y [T, N] */
+static void q4_span(const act_t *a, int t, int nr, int K, const uint8_t *q, const uint16_t *sz, int64_t n0,
+                    int64_t n1, int64_t N, float *y) {
+    const int G = K / QB;
+    const int8_t *x = a->qx + (int64_t)t * K;
+    const float *at = a->aux + (int64_t)t * 2 * G, *l = DXL ? a->dxl + (int64_t)t * (K / 4) : NULL;
+#define Q4_CALL(R_)                                                                       \
+    for (int64_t n = n0; n < n1; n++) {                                                   \
+        float res[QR];                                                                    \
+        q4_rows_n(q + n * (K / 2), sz + n * 2 * G, x, at, l, K, G, R_, res);              \
+        for (int r = 0; r < R_; r++) y[(int64_t)(t + r) * N + n] = res[r];                \
+    }
+    SPAN_CASES(Q4_CALL)
+#undef Q4_CALL
+}
+
+/* weight rows n0..n1 (int8, scale [N]) x activation rows t..t+nr-1 -> y [T, N] */
+static void q8_span(const act_t *a, int t, int nr, int K, const int8_t *q, const float *scale, int64_t n0,
+                    int64_t n1, int64_t N, float *y) {
+    const int G = K / QB;
+    const int8_t *x = a->qx + (int64_t)t * K;
+    const float *at = a->aux + (int64_t)t * 2 * G, *l = DXL ? a->dxl + (int64_t)t * (K / 4) : NULL;
+#define Q8_CALL(R_)                                                                       \
+    for (int64_t n = n0; n < n1; n++) {                                                   \
+        float res[Q8R];                                                                   \
+        q8_rows_n(q + n * K, x, at, l, K, G, R_, res);                                 \
+        for (int r = 0; r < R_; r++) y[(int64_t)(t + r) * N + n] = scale[n] * res[r];     \
+    }
+    SPAN_CASES8(Q8_CALL)
+#undef Q8_CALL
+}
+
 /* x float32 [T, K], q uint8 [N, K/2] (qgemm.c's nibble order), sz float16 [N, K/32, 2] (s, m)
- * -> y [T, N]. Returns 0, or -1 when scratch could not be allocated (y untouched). */
+ * -> y [T, N]. Returns 0, or -1 when scratch could not be allocated (y untouched). Threads split
+ * the weight rows (spans); each span meets every row block of a chunk while its weights are cached. */
 int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t *sz, int64_t N, float *y,
                  int nthreads) {
     const int G = K / QB;
     act_t a;
     if (T <= 0 || N <= 0) return 0;
-    if (!act_alloc(&a, T, K, 0)) { act_free(&a); return -1; }
+    if (!act_alloc(&a, T, K)) { act_free(&a); return -1; }
     for (int t = 0; t < T; t++)
-        quantize_row(x + (int64_t)t * K, K, Q4_PAIRS, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, NULL);
+        quantize_row(x + (int64_t)t * K, K, Q4_PAIRS, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G,
+                     DXL ? a.dxl + (int64_t)t * (K / 4) : NULL);
+    const int64_t nb = span_rows(N, nthreads, K / 2 + 4 * G), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one parallel region (one join) per chunk */
         const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
-        for (int64_t n = 0; n < N; n++) {
-            const uint8_t *qn = q + n * (K / 2);
-            const uint16_t *szn = sz + n * 2 * G;
-            for (int t = t0; t < t1; t++)
-                y[(int64_t)t * N + n] = q4_dot(qn, szn, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, G);
+        for (int64_t sp = 0; sp < spans; sp++) {
+            const int64_t n0 = sp * nb, n1 = n0 + nb < N ? n0 + nb : N;
+            for (int t = t0; t < t1; t += ROWS) q4_span(&a, t, t1 - t < ROWS ? t1 - t : ROWS, K, q, sz, n0, n1, N, y);
         }
     }
     act_free(&a);
@@ -353,19 +576,20 @@ int lm_q8x8_gemm(const float *x, int T, int K, const int8_t *q, const float *sca
     const int G = K / QB;
     act_t a;
     if (T <= 0 || N <= 0) return 0;
-    if (!act_alloc(&a, T, K, Q8_CORR)) { act_free(&a); return -1; }
+    if (!act_alloc(&a, T, K)) { act_free(&a); return -1; }
     for (int t = 0; t < T; t++)
         quantize_row(x + (int64_t)t * K, K, 0, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G,
-                     Q8_CORR ? a.corr + (int64_t)t * (K / 4) : NULL);
-    for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one parallel region (one join) per chunk */
+                     DXL ? a.dxl + (int64_t)t * (K / 4) : NULL);
+    if (Q8_BIASED)
+        for (int64_t j = 0; j < (int64_t)T * K; j++) a.qx[j] = (int8_t)(a.qx[j] ^ 0x80);
+    const int64_t nb = span_rows(N, nthreads, K), spans = (N + nb - 1) / nb;
+    for (int t0 = 0; t0 < T; t0 += T_CHUNK) {
         const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
-        for (int64_t n = 0; n < N; n++) {
-            const int8_t *qn = q + n * K;
-            for (int t = t0; t < t1; t++) {
-                const int32_t *ct = Q8_CORR ? a.corr + (int64_t)t * (K / 4) : NULL;
-                y[(int64_t)t * N + n] = scale[n] * q8_dot(qn, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G, ct, G);
-            }
+        for (int64_t sp = 0; sp < spans; sp++) {
+            const int64_t n0 = sp * nb, n1 = n0 + nb < N ? n0 + nb : N;
+            for (int t = t0; t < t1; t += ROWS8)
+                q8_span(&a, t, t1 - t < ROWS8 ? t1 - t : ROWS8, K, q, scale, n0, n1, N, y);
         }
     }
     act_free(&a);

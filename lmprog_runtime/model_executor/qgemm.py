@@ -46,7 +46,14 @@ _HERE = pathlib.Path(__file__).parent
 _KERNEL = native.Kernel(_HERE / "qgemm.c", native.NATIVE_FLAGS, True, _declare)
 # qdot.c builds: "native" as -march=native selects; the others force a slower inner loop (tests)
 DOT_VARIANTS = {"native": (), "avx2": ("-DLM_QDOT_NO_AVX512",), "portable": ("-DLM_QDOT_PORTABLE",)}
-_DOT = {v: native.Kernel(_HERE / "qdot.c", native.NATIVE_FLAGS + d, True, _declare_dot)
+# the same three with one activation row per pass over the weights (no T-blocking): the
+# bitwise reference of the blocked loops (tests) and bench/ab_qdot.py's baseline
+DOT_VARIANTS.update({v + "_one_row": d + ("-DLM_QDOT_ONE_ROW",) for v, d in list(DOT_VARIANTS.items())})
+# qdot.c's batch invariance is bitwise: a row's float sums keep their written order and
+# roundings (no reassociation, no fused multiply-adds) in every inlined copy of its row-blocked
+# loops, however the compiler schedules the other rows; its integer loops need no licence
+_DOT_EXACT = ("-fno-associative-math", "-ffp-contract=off")
+_DOT = {v: native.Kernel(_HERE / "qdot.c", native.NATIVE_FLAGS + _DOT_EXACT + d, True, _declare_dot)
         for v, d in DOT_VARIANTS.items()}
 enabled = True  # tests switch the kernels off to compare against torch's
 

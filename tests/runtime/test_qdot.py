@@ -10,6 +10,9 @@ Tolerances, stated once:
   kernels' tolerances (test_quant.py), 0.15 absolute (int4; measured 0.09) and 0.05 (int8;
   measured 0.01) on logits of magnitude ~1-3, the same top-1 token for >= 90% of positions;
 - SmolLM2 (slow): max |logit - fp32| <= 3 on logits spanning ~[-20, 40], top-1 >= 85%.
+Batch invariance is bitwise: a row's output is the same whatever T, the thread count, and
+whether the loops take up to 4 activation rows per pass over the weights or one (the
+"_one_row" builds).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from lmprog_runtime.model_executor.runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(not qgemm.dot_available(), reason="no C compiler: qdot.c is not built")
 
-VARIANTS = list(qgemm.DOT_VARIANTS)
+VARIANTS = ["native", "avx2", "portable"]  # each also built "_one_row" (no T-blocking): its bitwise reference
 SHAPES = [(1, 32), (17, 96), (97, 160), (130, 576), (40, 1536)]  # N not a multiple of any row block
 
 
@@ -63,6 +66,8 @@ def test_variants_are_the_inner_loops_they_name():
     assert qgemm.dot_isa("portable") == 0
     assert qgemm.dot_isa("native") in (0, 256, 512)
     assert qgemm.dot_isa("avx2") in (0, 256)
+    assert set(qgemm.DOT_VARIANTS) == set(VARIANTS) | {v + "_one_row" for v in VARIANTS}
+    assert all(qgemm.dot_isa(v + "_one_row") == qgemm.dot_isa(v) for v in VARIANTS)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -75,12 +80,27 @@ def test_kernel_matches_float_maths_on_rounded_activations(variant, fmt, n, k):
     x[5, 7] = 300.0  # an outlier squashes its block's other values to 0
     xq = quantize_act(x)
     y = qgemm.dot_matmul(fmt, x, *bufs, variant=variant)
-    for T in (1, 2, 3, 7, 16, 33, 40):
+    for T in range(1, 41):  # every remainder of the 4-row blocks, and rows past one block
         yt = qgemm.dot_matmul(fmt, x[:T], *bufs, variant=variant)
         assert torch.equal(yt, y[:T]), T  # a row's result ignores the other rows
     want = xq @ w.t()
     bound = 1e-5 * (xq.abs() @ w.abs().t()) + 1e-30
     assert ((y.double() - want).abs() <= bound).all(), (y.double() - want).abs().max()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+@pytest.mark.parametrize("n,k", [(97, 160), (130, 576), (40, 1536)])  # odd / even block counts
+def test_row_blocks_equal_one_row_per_pass_bitwise(variant, fmt, n, k):
+    """The T-blocked loops (up to 4 activation rows per pass over a weight row) give each row
+    what the unblocked loop gives it: same float operations, same order, whatever T."""
+    bufs, _ = weights(fmt, n, k, seed=n * k)
+    x = torch.randn(40, k)
+    one_row = qgemm.dot_matmul(fmt, x, *bufs, variant=variant + "_one_row")
+    for T in (1, 2, 3, 4, 5, 8, 9, 16, 17, 40):
+        assert torch.equal(qgemm.dot_matmul(fmt, x[:T], *bufs, variant=variant), one_row[:T]), T
+    lone = torch.cat([qgemm.dot_matmul(fmt, x[t:t + 1], *bufs, variant=variant) for t in range(9)])
+    assert torch.equal(lone, one_row[:9])  # T = 9 (a verify step's rows) vs each row at T = 1
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
@@ -96,7 +116,7 @@ def test_rounding_error_against_unrounded_activations(fmt):
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 def test_results_ignore_the_thread_count(fmt):
     bufs, _ = weights(fmt, 257, 576, seed=1)
-    x = torch.randn(5, 576)
+    x = torch.randn(9, 576)  # two full 4-row blocks and a remainder
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
