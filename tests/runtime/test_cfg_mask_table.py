@@ -151,3 +151,57 @@ def test_full_table_leaves_the_rest_to_python(backend, monkeypatch):
     monkeypatch.setattr(table, "SOFT_STATES", 25)
     tok, be = backend
     assert sum(_compare(tok, be, schema, instances) for schema, instances in HANDWRITTEN[:2]) > 50
+
+
+def _compare_texts(tok, be, schema, texts, rounds: int = 2) -> int:
+    """Masks along raw texts (duplicate keys are spelled here, which dicts cannot), each
+    walked `rounds` times with the mask LRU emptied in between (so C meets the table's
+    generic closes and EXTRA states again); returns how many were compared."""
+    g0 = be.compile("json", json.dumps(schema))
+    sh = g0._shared
+    oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
+    n = 0
+    for _ in range(rounds):
+        sh.engine._memo.clear()
+        for text in texts:
+            g = g0.copy()
+            for tid in tok.encode(text, add_special_tokens=False):
+                hist = bytes(g._hist)
+                got, want = sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)
+                assert np.array_equal(got, want), (schema, hist, np.nonzero(got != want)[0][:8])
+                n += 1
+                if not want[tid]:
+                    break
+                g.accept_token(tid)
+    return n
+
+
+def test_additional_property_keys_close_in_c(backend):
+    """Keys of additionalProperties close to one EXTRA state per key state (table_walk.c's
+    generic close); declared and already seen keys are registered apart (a seen key is a
+    duplicate: dead), and a value's end under an EXTRA key is stepped from the concrete
+    state (the key joins the seen keys there)."""
+    tok, be = backend
+    schemas = [
+        {"type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string", "maxLength": 3}},
+         "additionalProperties": {"type": "array", "items": {"type": "object"}}},
+        {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {"type": "integer"}},
+         "maxProperties": 3},
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
+         "propertyNames": {"maxLength": 3}},
+    ]
+    texts = ['{"id":1,"name":"ab","tags":[{},{"x":1}],"ids":[],"id":2}', '{"x":[],"x":[]}',
+             '{"a":{"b":1,"c":2},"d":{},"a":{}}', '{"ab":{"ab":1,"ab":2}}', '{"a":"x","abcd":1}',
+             '{"name":"abcd"}', '{"a b":{"\\u00e9":3}}']
+    assert sum(_compare_texts(tok, be, s, texts) for s in schemas) > 150
+    g = be.compile("json", json.dumps(schemas[1]))
+    for text in texts[:4]:
+        g2 = g.copy()
+        for tid in tok.encode(text, add_special_tokens=False):
+            g2.write_mask(np.zeros(len(tok), dtype=np.bool_))
+            try:
+                g2.accept_token(tid)
+            except GrammarError:
+                break
+    walker = g._shared.engine._tw
+    assert (walker.table.generic[:len(walker.table.states)] >= 0).any(), "no generic key close was set"

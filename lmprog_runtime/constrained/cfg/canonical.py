@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime.constrained.cfg.machine import _NUM
-from lmprog_runtime.constrained.cfg.strings import FREE
+from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 
 
 def canonical(state: tuple) -> tuple:
@@ -17,14 +17,18 @@ def canonical(state: tuple) -> tuple:
     a string body's text (kept for keys; enum strings keep theirs) becomes FREE, and with
     no maxLength its character count is clamped at minLength (only `count < minLength`
     is ever read). The table's transitions from such a state are exact for every byte but
-    that quote, which `_derive` leaves to the Python walk (PYTHON)."""
+    that quote, which `_derive` leaves to the Python walk (PYTHON). An object's key whose
+    member rule is additionalProperties becomes EXTRA (`_abstract_key`)."""
     out = None
     for k, st in enumerate(state):
         if st is None:
             continue
-        if _captures(st):
+        got = _abstract_key(st)
+        if _captures(got):
+            got = _unplace(got)
+        if got is not st:
             out = list(state) if out is None else out
-            out[k] = st = _unplace(st)
+            out[k] = st = got
         top = st[0]
         if type(top) is not tuple or top[0] != "S":
             continue
@@ -41,6 +45,27 @@ def canonical(state: tuple) -> tuple:
             out = list(state) if out is None else out
             out[k] = ((top[0], node, count, utf) + top[4:7] + (text,), st[1])
     return state if out is None else tuple(dict.fromkeys(out))
+
+
+def extra_key(node, key) -> bool:
+    """Key `key` of object `node` leads to additionalProperties and nothing but the value's
+    end reads it (it joins the seen keys there): it may be EXTRA in a table state."""
+    return (type(key) is str and node.additional is not None and not node.pattern_props
+            and key not in node.props)
+
+
+def _abstract_key(st):
+    """The stack with the key of its object frame EXTRA where `extra_key` allows: the frame
+    on top (after the key's closing quote) or under a value's start (after the colon).
+    Deeper frames keep their keys (a value's end reads them: such steps would be PYTHON)."""
+    top = st[0]
+    if top[0] == "O" and top[2] == 1 and extra_key(top[1], top[4]):
+        return (top[:4] + (EXTRA,) + top[5:], st[1])
+    if top[0] == "V" and st[1] is not None:
+        f = st[1][0]
+        if f[0] == "O" and f[2] == 4 and extra_key(f[1], f[4]):
+            return (top, (f[:4] + (EXTRA,) + f[5:], st[1][1]))
+    return st
 
 
 def _captures(st) -> bool:

@@ -27,10 +27,10 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime import native
-from lmprog_runtime.constrained.cfg.canonical import EXITS, canonical, exits, has_free, key_parent, root_key
+from lmprog_runtime.constrained.cfg.canonical import EXITS, canonical, exits, extra_key, has_free, key_parent, root_key
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
 from lmprog_runtime.constrained.cfg.machine import Machine
-from lmprog_runtime.constrained.cfg.strings import FREE
+from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 
 UNKNOWN, DEAD, PYTHON = -1, -2, -3  # table_walk.c's transition markers
 IN_PYTHON = 3  # liveness that reads the output text (table_walk.c stops there: a Python subtree)
@@ -72,9 +72,10 @@ class StateTable:
         self.trans = np.full(64 * 256, UNKNOWN, dtype=np.int32)
         self.lives = np.zeros(64, dtype=np.uint8)
         self.inside = np.zeros(64, dtype=np.uint8)  # 1: inside a key with FREE text, plain mode
+        self.generic = np.full(64, UNKNOWN, dtype=np.int32)  # the close of an additionalProperties key
         self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
         self.keys.clear()
-        self.keys.set_inside(self.inside)
+        self.keys.set_inside(self.inside, self.generic)
 
     def intern(self, state: tuple) -> int:
         """The id of a pure state (interned on first sight, dead bytes filled in);
@@ -89,8 +90,9 @@ class StateTable:
             self.trans = np.concatenate([self.trans, np.full(n * 256, UNKNOWN, dtype=np.int32)])
             self.lives = np.concatenate([self.lives, np.zeros(n, dtype=np.uint8)])
             self.inside = np.concatenate([self.inside, np.zeros(n, dtype=np.uint8)])
+            self.generic = np.concatenate([self.generic, np.full(n, UNKNOWN, dtype=np.int32)])
             self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
-            self.keys.set_inside(self.inside)
+            self.keys.set_inside(self.inside, self.generic)
         self.ids[state] = n
         self.states.append(state)
         cands = self.machine.candidates(state)
@@ -109,6 +111,23 @@ class StateTable:
             if top[0] == "S" and top[7] is FREE and not (top[3] or top[4] or top[5]):
                 self.inside[n] = 1
         return n
+
+    def set_generic(self, p: int, parent: tuple, t: int) -> None:
+        """When key state p's close `t` (from concrete `parent`) is that of a key of
+        additionalProperties, make it p's close for every key text but the registered ones:
+        the declared properties and the keys already seen (UNKNOWN: Python derives them)."""
+        rest = parent[0][1]
+        obj, key = rest[0], parent[0][0][7]
+        node, seen = obj[1], obj[3]
+        if obj[0] != "O" or node.key_node is None or node.key_node.residual is not None:
+            return  # (a propertyNames check reads the key's text at its close)
+        after = self.states[t][0][0]
+        if not extra_key(node, key) or key in seen or after[0] != "O" or after[4] is not EXTRA:
+            return
+        for k in set(node.props) | seen:
+            if (p, k) not in self.in_c:  # (those are registered with their own close)
+                self.keys.add(p, k.encode("utf-8"), UNKNOWN)
+        self.generic[p] = t
 
     def inside_step(self, s: int, b: int) -> Optional[int]:
         """The transition of state s on byte b read off another state of its lexeme, when b
@@ -226,6 +245,8 @@ class TableWalker:
         if t is None:
             got = self.engine.machine.advance(parent, 0x22, len(hist) + d - 1, _ctx(hist, path))
             t = tab.closes[key] = tab.intern(self._canon(got)) if got else DEAD
+            if t >= 0 and tab.generic[p] == UNKNOWN:
+                tab.set_generic(p, parent, t)
         elif t != PYTHON and key not in tab.in_c:  # met again: from now on the C walk finds it
             tab.in_c.add(key)
             tab.keys.add(p, key[1].encode("utf-8"), t)

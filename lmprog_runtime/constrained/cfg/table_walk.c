@@ -36,7 +36,11 @@ typedef struct {
 /* Registered key closes (keycloses.py): table [cap x 4] int64 entries (hash, p << 32 | id,
  * text offset in pool, text length; length -1 = empty slot), cap a power of two;
  * inside [n_states]: 1 where the state is inside a key whose text is FREE (plain mode);
- * head: the walk root's key text (UTF-8), head_len -1 when the root is not inside a key. */
+ * head: the walk root's key text (UTF-8), head_len -1 when the root is not inside a key;
+ * generic [n_states]: the state after the close of any key not registered (a key of
+ * additionalProperties: the same state for every such text, its key EXTRA), or UNKNOWN;
+ * the keys that are not such (declared properties, keys already seen) are registered,
+ * as UNKNOWN where Python has not derived them yet. */
 typedef struct {
     const int64_t *table;
     int64_t cap;
@@ -44,6 +48,7 @@ typedef struct {
     const uint8_t *inside;
     const uint8_t *head;
     int64_t head_len;
+    const int32_t *generic;
 } cfg_keys;
 
 /* FNV-1a over the state id's 4 bytes, then the text (keycloses.py computes the same). */
@@ -62,8 +67,9 @@ static uint64_t key_hash(int32_t state, const uint8_t *text, int32_t n) {
 
 /* The state after the quote closing the key that state `p` is inside, read off the walked
  * path (path[0..d-2], the key's text after the last quote on it, or after `head`, the
- * root key's text, when there is none): the registered id, DEAD, or UNKNOWN when it is
- * not registered or cannot be read here (an escape on the path). */
+ * root key's text, when there is none): the registered id, DEAD, the state's generic
+ * close when the text is not registered, or UNKNOWN when it cannot be read here (an escape
+ * on the path) or nothing is known. */
 static int32_t key_close(const cfg_keys *keys, int32_t p, const uint8_t *path, int32_t d) {
     uint8_t text[512];
     int32_t q = d - 2, n = 0;
@@ -84,7 +90,7 @@ static int32_t key_close(const cfg_keys *keys, int32_t p, const uint8_t *path, i
     for (int64_t slot = (int64_t)(h & (uint64_t)(keys->cap - 1));; slot = (slot + 1) & (keys->cap - 1)) {
         const int64_t *e = keys->table + 4 * slot;
         if (e[3] < 0)
-            return CFG_UNKNOWN;
+            return keys->generic[p];
         if ((uint64_t)e[0] == h && e[3] == n) {
             const uint8_t *got = keys->pool + e[2];
             int32_t k = 0;
