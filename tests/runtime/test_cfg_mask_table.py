@@ -205,3 +205,34 @@ def test_additional_property_keys_close_in_c(backend):
                 break
     walker = g._shared.engine._tw
     assert (walker.table.generic[:len(walker.table.states)] >= 0).any(), "no generic key close was set"
+
+
+def test_tables_of_all_grammars_stay_within_the_budget(backend, monkeypatch):
+    """Past the process-wide total the least recently walked tables are emptied (a table
+    being walked by another thread is skipped); masks stay those of the Python walk."""
+    from lmprog_runtime.constrained.cfg.table_budget import BUDGET
+
+    tok, be = backend
+    schema_a, texts_a = HANDWRITTEN[0]
+    schema_b = {"type": "object", "additionalProperties": {"type": "string", "maxLength": 5}}
+    ga = be.compile("json", json.dumps(schema_a))
+    _compare(tok, be, schema_a, texts_a)  # (another compile: its own table, walked)
+    for inst in texts_a:  # ga's table filled
+        g = ga.copy()
+        for tid in tok.encode(compact(inst), add_special_tokens=False):
+            g.write_mask(np.zeros(len(tok), dtype=np.bool_))
+            try:
+                g.accept_token(tid)
+            except GrammarError:
+                break
+    tab_a = ga._shared.engine._tw.table
+    assert len(tab_a.states) > 20
+    monkeypatch.setattr(BUDGET, "total", 0)  # over the total at every walk
+    monkeypatch.setattr(BUDGET, "low", 0)
+    with tab_a.lock:  # ga "walked by another thread": kept
+        assert _compare_texts(tok, be, schema_b, ['{"ab":"xyz","c":"d"}'], rounds=1) > 5
+        assert len(tab_a.states) > 20
+    assert _compare_texts(tok, be, schema_b, ['{"ab":"xyz"}'], rounds=1) > 3
+    assert len(tab_a.states) == 0, "the idle table was not emptied"
+    assert tab_a._held[0] < 256 << 10  # (an emptied table keeps its 64-state arrays)
+    assert BUDGET.used == sum(t._held[0] for t in list(BUDGET._tables))

@@ -16,12 +16,15 @@ the key text read off the path and the step registered in keycloses.py, which th
 probes next time) and the walk continues below it in C. The Python walk of mask.py is
 the path where no C compiler exists and the tests' oracle. The table is per grammar and
 outlives masks. Memory: 1 KB per state; past SOFT_STATES the table is emptied before the
-next walk, past HARD_STATES a walk leaves new transitions to Python.
+next walk, past HARD_STATES a walk leaves new transitions to Python; all grammars' tables
+together are bounded by table_budget.py (the least recently walked emptied first).
 """
 from __future__ import annotations
 
 import ctypes
 import pathlib
+import threading
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -31,6 +34,7 @@ from lmprog_runtime.constrained.cfg.canonical import EXITS, canonical, exits, ex
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
 from lmprog_runtime.constrained.cfg.machine import Machine
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
+from lmprog_runtime.constrained.cfg.table_budget import BUDGET
 
 UNKNOWN, DEAD, PYTHON = -1, -2, -3  # table_walk.c's transition markers
 IN_PYTHON = 3  # liveness that reads the output text (table_walk.c stops there: a Python subtree)
@@ -61,7 +65,11 @@ class StateTable:
         self.machine, self.lexemes = machine, lexemes
         self._rows: dict = {}  # candidates frozenset -> its initial table row
         self.keys = KeyCloses()
+        self.lock = threading.Lock()  # held while a walk uses the table (TableWalker sets the engine's)
+        self._held = [0]  # bytes reported to BUDGET (given back when the table is collected)
+        weakref.finalize(self, _give_back, self._held)
         self.reset()
+        BUDGET.track(self)
 
     def reset(self) -> None:
         self.lex: dict = {}  # a lexeme's top frame -> the first state id interned with it
@@ -76,6 +84,14 @@ class StateTable:
         self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
         self.keys.clear()
         self.keys.set_inside(self.inside, self.generic)
+        self.account()
+
+    def account(self) -> None:
+        """Report the table's bytes (its arrays and key closes) to the process-wide budget."""
+        n = (self.trans.nbytes + self.lives.nbytes + self.inside.nbytes + self.generic.nbytes
+             + self.keys.table.nbytes + self.keys.pool.nbytes)
+        BUDGET.resize(n - self._held[0])
+        self._held[0] = n
 
     def intern(self, state: tuple) -> int:
         """The id of a pure state (interned on first sight, dead bytes filled in);
@@ -93,6 +109,7 @@ class StateTable:
             self.generic = np.concatenate([self.generic, np.full(n, UNKNOWN, dtype=np.int32)])
             self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
             self.keys.set_inside(self.inside, self.generic)
+            self.account()
         self.ids[state] = n
         self.states.append(state)
         cands = self.machine.candidates(state)
@@ -160,6 +177,7 @@ class TableWalker:
         # JSON / regex states are canonicalized; EBNF states (ebnf.py) are pure as they are
         self._json = isinstance(engine.machine, Machine)
         self.table = StateTable(engine.machine, self._json)
+        self.table.lock = engine._walk_lock  # (the engine holds it around `walk`)
         self._canon = canonical if self._json else (lambda state: state)
         self._stack = np.zeros(257, dtype=np.int32)
         self._at = np.zeros(1, dtype=np.int32)
@@ -170,6 +188,8 @@ class TableWalker:
         eng, tab = self.engine, self.table
         if len(tab.states) > SOFT_STATES or len(tab.closes) > 4 * SOFT_STATES:
             tab.reset()
+        tab.account()
+        BUDGET.before_walk(tab)
         root = tab.intern(self._canon(state))
         if root == PYTHON:
             return eng._walk_py(state, hist, trie, lists)
@@ -288,6 +308,10 @@ class TableWalker:
             tab.lives[t] = IN_PYTHON
             return
         tab.lives[t] = 1 if lives else 2
+
+
+def _give_back(held: list) -> None:
+    BUDGET.resize(-held[0])
 
 
 def _replay(machine, state: tuple, hist: bytes, prefix: bytes, ctx) -> tuple:
