@@ -236,3 +236,31 @@ def test_tables_of_all_grammars_stay_within_the_budget(backend, monkeypatch):
     assert len(tab_a.states) == 0, "the idle table was not emptied"
     assert tab_a._held[0] < 256 << 10  # (an emptied table keeps its 64-state arrays)
     assert BUDGET.used == sum(t._held[0] for t in list(BUDGET._tables))
+
+
+def test_string_steps_made_in_c_match_python_walk(backend):
+    """A string body in a new context takes the steps its lexeme's first state knows in C
+    (lexrows.py: new state ids made there, their tuples built when Python reads them)."""
+    tok, be = backend
+    schema = {"type": "object", "properties": {
+        "rows": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
+        "name": {"type": "string", "maxLength": 6}, "tag": {"type": "string", "pattern": "^[a-z]+$"}},
+        "additionalProperties": {"type": "string"}}
+    texts = ['{"rows":[["ab","c\\u00e9d"],["ef \\"q\\""],[]],"name":"jo\\u00ebl","tag":"xyz","x":"y"}',
+             '{"name":"abcdefg"}', '{"tag":"aB"}', '{"rows":[["\u00e9t\u00e9","\\n"]],"z":"\\ud83d\\ude00"}']
+    assert _compare_texts(tok, be, schema, texts) > 80
+    g = be.compile("json", json.dumps(schema))
+    for text in texts:
+        g2 = g.copy()
+        for tid in tok.encode(text, add_special_tokens=False):
+            g2.write_mask(np.zeros(len(tok), dtype=np.bool_))
+            try:
+                g2.accept_token(tid)
+            except GrammarError:
+                break
+    tab = g._shared.engine._tw.table
+    made = np.nonzero(tab.lexrows.src[:len(tab.states)] >= 0)[0]
+    assert len(made) > 0, "the C walk made no string state"
+    for i in made[:50].tolist():  # built from their top's source over their own stack below
+        st = tab.states[i]
+        assert st[0][0] == tab.states[int(tab.lexrows.src[i])][0][0] and st in tab.ids

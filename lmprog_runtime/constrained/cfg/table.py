@@ -32,6 +32,7 @@ import numpy as np
 from lmprog_runtime import native
 from lmprog_runtime.constrained.cfg.canonical import EXITS, canonical, exits, extra_key, has_free, key_parent, root_key
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
+from lmprog_runtime.constrained.cfg.lexrows import LexRows, States
 from lmprog_runtime.constrained.cfg.machine import Machine
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 from lmprog_runtime.constrained.cfg.table_budget import BUDGET
@@ -45,7 +46,7 @@ _SOURCE = pathlib.Path(__file__).with_name("table_walk.c")
 
 def _declare(lib: ctypes.CDLL) -> None:
     ptr, i32 = ctypes.c_void_p, ctypes.c_int32
-    lib.cfg_table_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr]
+    lib.cfg_table_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.cfg_table_walk.restype = i32
 
 
@@ -65,6 +66,7 @@ class StateTable:
         self.machine, self.lexemes = machine, lexemes
         self._rows: dict = {}  # candidates frozenset -> its initial table row
         self.keys = KeyCloses()
+        self.lexrows = LexRows()
         self.lock = threading.Lock()  # held while a walk uses the table (TableWalker sets the engine's)
         self._held = [0]  # bytes reported to BUDGET (given back when the table is collected)
         weakref.finalize(self, _give_back, self._held)
@@ -76,7 +78,7 @@ class StateTable:
         self.closes: dict = {}  # (state id inside a key, key text) -> the id after its closing quote
         self.in_c: set = set()  # the closes registered in self.keys (those met twice)
         self.ids: dict = {}
-        self.states: list = []
+        self.states = States(self)  # (ids the C walk made are built on first read)
         self.trans = np.full(64 * 256, UNKNOWN, dtype=np.int32)
         self.lives = np.zeros(64, dtype=np.uint8)
         self.inside = np.zeros(64, dtype=np.uint8)  # 1: inside a key with FREE text, plain mode
@@ -84,12 +86,14 @@ class StateTable:
         self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
         self.keys.clear()
         self.keys.set_inside(self.inside, self.generic)
+        self.lexrows.clear(64)
+        self.lexrows.grow(64, self.inside, self.lives, HARD_STATES)
         self.account()
 
     def account(self) -> None:
         """Report the table's bytes (its arrays and key closes) to the process-wide budget."""
         n = (self.trans.nbytes + self.lives.nbytes + self.inside.nbytes + self.generic.nbytes
-             + self.keys.table.nbytes + self.keys.pool.nbytes)
+             + self.keys.table.nbytes + self.keys.pool.nbytes + self.lexrows.nbytes())
         BUDGET.resize(n - self._held[0])
         self._held[0] = n
 
@@ -99,7 +103,14 @@ class StateTable:
         got = self.ids.get(state)
         if got is not None:
             return got
-        n = len(self.states)
+        lexeme = self._string_lexeme(state)
+        if lexeme:  # a string state the C walk may have made
+            rep = self.lex.get(state[0][0])
+            got = self.lexrows.find(rep, state[0][1]) if rep is not None else -1
+            if got >= 0:
+                self.ids[state] = got
+                return got
+        n = int(self.lexrows.n[0])
         if n >= HARD_STATES:
             return PYTHON
         if n == len(self.lives):
@@ -109,9 +120,12 @@ class StateTable:
             self.generic = np.concatenate([self.generic, np.full(n, UNKNOWN, dtype=np.int32)])
             self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
             self.keys.set_inside(self.inside, self.generic)
+            self.lexrows.grow(2 * n, self.inside, self.lives, HARD_STATES)
             self.account()
         self.ids[state] = n
+        self.states.sync(n)
         self.states.append(state)
+        self.lexrows.n[0] = n + 1
         cands = self.machine.candidates(state)
         if cands is None:
             self.lives[n] = 1  # (MaskEngine._lives: a state taking any byte lets a token end)
@@ -127,7 +141,19 @@ class StateTable:
             self.lex.setdefault(top, n)  # (most states are never stepped from: shared lazily)
             if top[0] == "S" and top[7] is FREE and not (top[3] or top[4] or top[5]):
                 self.inside[n] = 1
+            if lexeme:
+                self.lexrows.register(n, self.lex[top], state[0][1], lexeme)
         return n
+
+    def _string_lexeme(self, state: tuple) -> int:
+        """table_walk.c's kind of a state: 1 a plain string body (no enum: any byte may come)
+        whose quote ends it, 2 one inside an escape or a UTF-8 sequence, 0 anything else."""
+        if not self.lexemes or len(state) != 1 or state[0] is None:
+            return 0
+        top = state[0][0]
+        if type(top) is not tuple or top[0] != "S" or top[1].enum is not None:
+            return 0
+        return 2 if top[3] or top[4] else 1
 
     def set_generic(self, p: int, parent: tuple, t: int) -> None:
         """When key state p's close `t` (from concrete `parent`) is that of a key of
@@ -198,19 +224,22 @@ class TableWalker:
         stack[0], at[0] = root, 0
         tab.keys.set_head(root_key(state) if self._json else None)
         args = (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
-                ctypes.addressof(tab.keys.struct), self._path.ctypes.data)
-        fn = self.lib.cfg_table_walk
+                ctypes.addressof(tab.keys.struct), self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct))
+        fn, count = self.lib.cfg_table_walk, tab.lexrows.n
         while True:
             code = fn(*tab.addr, *args)
+            tab.states.sync(int(count[0]))
             if code == 0:
                 break
             i = int(at[0])
             d = lists[1][i]
             if code == 1:  # node i and its later siblings (the walk meets them next): one stop
                 s, j, n = int(stack[d - 1]), i, trie.n_nodes
+                rep = tab.lexrows.c_rep(s)  # (a string state: C reads the steps its rep knows)
                 while j < n and lists[1][j] == d:
-                    if tab.trans[s * 256 + lists[0][j]] == UNKNOWN:
-                        self._derive(s, lists[0][j], hist, trie, j, d)
+                    b = lists[0][j]
+                    if tab.trans[s * 256 + b] == UNKNOWN and (j == i or rep < 0 or tab.trans[rep * 256 + b] == UNKNOWN):
+                        self._derive(s, b, hist, trie, j, d)
                     j = lists[2][j]
             elif code == 3 and tab.lives[stack[d]] != IN_PYTHON:
                 self._liveness(int(stack[d]), hist, trie, i, d)

@@ -14,7 +14,8 @@
  *         stack[0] is the walk's start state. Kept by the caller between calls.
  * path:   uint8 [257]: path[d-1] = the byte of the current node at depth d (the caller
  *         writes it for a node it steps itself).
- * A PYTHON transition on the quote closing a key is looked up in `keys` first.
+ * A PYTHON transition on the quote closing a key is looked up in `keys` first; an UNKNOWN
+ * one of a string-body state is read off its lexeme's first state (`lx`) when it can be.
  * Returns 0 when the walk is done, or stops at node *at: 1 its transition is UNKNOWN,
  * 2 it is PYTHON (or an unregistered key close), 3 the liveness of the state it
  * reaches is unknown. The caller fills
@@ -102,15 +103,79 @@ static int32_t key_close(const cfg_keys *keys, int32_t p, const uint8_t *path, i
     }
 }
 
-int32_t cfg_table_walk(const int32_t *trans, const uint8_t *lives, const lm_node *nodes,
+/* String-body lexeme states (table.py `StateTable`), so that a string in a new context
+ * takes its inside steps here, not in Python: a state s whose one stack is a plain string
+ * body (no enum) has rep[s] (the first state interned with the same top frame), below[s]
+ * (an id of the stack under that frame) and kind[s] (1: its quote ends the string, 2: inside
+ * an escape or a UTF-8 sequence, nothing ends it; 0: not such a state). A step of s on a
+ * byte that does not end it is that of rep[s] with s's stack below: the state with top
+ * frame rep[trans[rep * 256 + b]] over below[s], found in `map` (open addressing, key
+ * rep << 32 | below, -1 empty) or made here (id n, while n < cap; src[id] = the state its
+ * top frame is read from, for Python to build the tuple when it needs it). */
+typedef struct {
+    int32_t *rep;
+    int32_t *below;
+    uint8_t *kind;
+    int32_t *src;
+    uint8_t *inside;
+    uint8_t *lives;
+    int64_t *map;
+    int64_t map_cap;
+    int32_t *n;
+    int32_t cap;
+} cfg_lex;
+
+static uint64_t lex_slot(int64_t key, int64_t cap) {
+    return (((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> 29) & (uint64_t)(cap - 1);
+}
+
+/* The step of lexeme state p on byte b read off its rep, or UNKNOWN. */
+static int32_t lex_step(int32_t *trans, const cfg_lex *lx, int32_t p, uint8_t b) {
+    uint8_t k = lx->kind[p];
+    int32_t r = lx->rep[p];
+    if (k == 0 || (k == 1 && b == 0x22) || r < 0 || r == p)
+        return CFG_UNKNOWN;
+    int32_t t = trans[(int64_t)r * 256 + b];
+    if (t == CFG_DEAD)
+        return CFG_DEAD;
+    if (t < 0 || lx->kind[t] == 0 || lx->below[t] != lx->below[r])
+        return CFG_UNKNOWN; /* (not derived on the rep yet, or not a step inside the string) */
+    int64_t key = ((int64_t)lx->rep[t] << 32) | (int64_t)lx->below[p];
+    uint64_t slot = lex_slot(key, lx->map_cap);
+    while (lx->map[2 * slot] != -1) {
+        if (lx->map[2 * slot] == key)
+            return (int32_t)lx->map[2 * slot + 1];
+        slot = (slot + 1) & (uint64_t)(lx->map_cap - 1);
+    }
+    int32_t s = *lx->n;
+    if (s >= lx->cap)
+        return CFG_UNKNOWN;
+    *lx->n = s + 1;
+    lx->rep[s] = lx->rep[t];
+    lx->below[s] = lx->below[p];
+    lx->kind[s] = lx->kind[t];
+    lx->src[s] = t;
+    lx->inside[s] = lx->inside[t];
+    lx->lives[s] = 1; /* (a plain string body takes any byte: a token may end in it) */
+    lx->map[2 * slot] = key;
+    lx->map[2 * slot + 1] = s;
+    return s;
+}
+
+int32_t cfg_table_walk(int32_t *trans, const uint8_t *lives, const lm_node *nodes,
                        int32_t n_nodes, int32_t sink, int32_t *stack, int32_t *at, uint8_t *mask,
-                       const cfg_keys *keys, uint8_t *path) {
+                       const cfg_keys *keys, uint8_t *path, const cfg_lex *lx) {
     int32_t i = *at;
     while (i < n_nodes) {
         const lm_node nd = nodes[i];
         int32_t p = stack[nd.depth - 1];
         int32_t s = trans[(int64_t)p * 256 + nd.byte];
         path[nd.depth - 1] = nd.byte;
+        if (s == CFG_UNKNOWN) {
+            s = lex_step(trans, lx, p, nd.byte);
+            if (s != CFG_UNKNOWN)
+                trans[(int64_t)p * 256 + nd.byte] = s;
+        }
         if (s == CFG_PYTHON && nd.byte == 0x22 && keys->inside[p])
             s = key_close(keys, p, path, nd.depth);
         if (s < 0) {
