@@ -264,3 +264,28 @@ def test_string_steps_made_in_c_match_python_walk(backend):
     for i in made[:50].tolist():  # built from their top's source over their own stack below
         st = tab.states[i]
         assert st[0][0] == tab.states[int(tab.lexrows.src[i])][0][0] and st in tab.ids
+
+
+def test_unbounded_numbers_share_states_and_keep_exponents_exact(backend):
+    """An unbounded number's text is "0" in the table (only its exponent's size and the
+    length cap read it); an exponent is stepped from the concrete text (a huge one fails
+    `number_ok`, and whether it does depends on the digits before it), so masks stay those
+    of the Python walk."""
+    tok, be = backend
+    schemas = [{"type": "array", "items": {"type": "number"}},
+               {"anyOf": [{"type": "number"}, {"type": "array", "items": {"type": "integer"}}]},
+               {"type": "object", "additionalProperties": {"type": "integer"}}]
+    texts = ["[1.5e3,123456789012345678901234567890,-0.0,1e99999999999999999999999999999,2E-5]",
+             "[12,30.0,7e2]", "1e99999999999999999999999999999", "-12.75E+3", '{"a":10,"b":1.0,"c":1e5}',
+             "[" + "9" * 180 + "]", "[99e999999999999999999,1]", "[9e999999999999999999]", "99e999999999999999999"]
+    assert sum(_compare_texts(tok, be, s, texts) for s in schemas) > 100
+    g = be.compile("json", json.dumps(schemas[0]))
+    g2 = g.copy()
+    for tid in tok.encode("[1234,56789", add_special_tokens=False):
+        g2.write_mask(np.zeros(len(tok), dtype=np.bool_))
+        g2.accept_token(tid)
+    tab = g._shared.engine._tw.table
+    free = [i for i, st in enumerate(tab.states) if len(st) == 1 and st[0][0][0] == "N" and st[0][0][2] == "0"]
+    assert free
+    for i in free:  # UNKNOWN, DEAD or PYTHON (no SmolLM2 token has the 19+ exponent digits that would show it in a mask)
+        assert all(tab.trans[i * 256 + b] < 0 for b in b"eE"), "an exponent stepped from the text 0"

@@ -8,7 +8,7 @@ from typing import Optional
 
 import numpy as np
 
-from lmprog_runtime.constrained.cfg.machine import _NUM
+from lmprog_runtime.constrained.cfg.machine import _NUM, MAX_NUMBER_CHARS
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 
 
@@ -18,7 +18,8 @@ def canonical(state: tuple) -> tuple:
     no maxLength its character count is clamped at minLength (only `count < minLength`
     is ever read). The table's transitions from such a state are exact for every byte but
     that quote, which `_derive` leaves to the Python walk (PYTHON). An object's key whose
-    member rule is additionalProperties becomes EXTRA (`_abstract_key`)."""
+    member rule is additionalProperties becomes EXTRA (`_abstract_key`), and an unbounded
+    number's text "0" (`_free_number`)."""
     out = None
     for k, st in enumerate(state):
         if st is None:
@@ -30,6 +31,10 @@ def canonical(state: tuple) -> tuple:
             out = list(state) if out is None else out
             out[k] = st = got
         top = st[0]
+        if type(top) is tuple and top[0] == "N" and _free_number(top):
+            out = list(state) if out is None else out
+            out[k] = (("N", top[1], "0", top[3]), st[1])
+            continue
         if type(top) is not tuple or top[0] != "S":
             continue
         node, count, utf, text = top[1], top[2], top[3], top[7]
@@ -45,6 +50,25 @@ def canonical(state: tuple) -> tuple:
             out = list(state) if out is None else out
             out[k] = ((top[0], node, count, utf) + top[4:7] + (text,), st[1])
     return state if out is None else tuple(dict.fromkeys(out))
+
+
+def _free_number(top) -> bool:
+    """A number's text is read only by its bounds (none here: `number_ok` is then true of
+    every complete text without exponent the steps allow), by its exponent's size (so
+    exponent states keep their text, and a free number's `e` is stepped from the concrete
+    state: `free_number_exponent`) and by the MAX_NUMBER_CHARS cap, which a walk (at most
+    256 bytes deep) cannot reach from a text this short: it becomes "0"."""
+    node, text = top[1], top[2]
+    return (node.lo is None and node.hi is None and node.multiple_of is None and top[3] <= 5
+            and text != "0" and len(text) < MAX_NUMBER_CHARS - 257)
+
+
+def free_number_exponent(state: tuple, b: int) -> bool:
+    """Byte b starts the exponent of a number whose text may have been made "0"."""
+    if b not in (0x45, 0x65):
+        return False
+    tops = [st[0] for st in state if st is not None]
+    return any(type(top) is tuple and top[0] == "N" and top[2] == "0" for top in tops)
 
 
 def extra_key(node, key) -> bool:

@@ -30,7 +30,8 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime import native
-from lmprog_runtime.constrained.cfg.canonical import EXITS, canonical, exits, extra_key, has_free, key_parent, root_key
+from lmprog_runtime.constrained.cfg.canonical import (EXITS, canonical, exits, extra_key, free_number_exponent, has_free,
+                                                      key_parent, root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
 from lmprog_runtime.constrained.cfg.lexrows import LexRows, States
 from lmprog_runtime.constrained.cfg.machine import Machine
@@ -313,8 +314,8 @@ class TableWalker:
     def _derive(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
         tab = self.table
         st = tab.states[s]
-        if b == 0x22 and self._json and has_free(st):  # the quote closing a string whose text was abstracted
-            tab.trans[s * 256 + b] = PYTHON
+        if self._json and ((b == 0x22 and has_free(st)) or free_number_exponent(st, b)):
+            tab.trans[s * 256 + b] = PYTHON  # (a string's text or a number's digits were abstracted)
             return
         got = tab.inside_step(s, b)
         if got is not None:
