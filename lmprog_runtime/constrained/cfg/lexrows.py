@@ -65,12 +65,6 @@ class LexRows:
         st.rep, st.below, st.kind, st.src = (a.ctypes.data for a in (self.rep, self.below, self.kind, self.src))
         st.inside, st.lives, st.cap = inside.ctypes.data, lives.ctypes.data, min(cap, limit)
 
-    def c_rep(self, s: int) -> int:
-        """The rep whose known steps the C walk reads for state s on bytes other than the
-        quote (a superset: it also checks the step stays inside the string), or -1."""
-        r = int(self.rep[s])
-        return r if self.kind[s] and r != s else -1
-
     def nbytes(self) -> int:
         return self.rep.nbytes + self.below.nbytes + self.kind.nbytes + self.src.nbytes + self.map.nbytes
 

@@ -47,7 +47,7 @@ _SOURCE = pathlib.Path(__file__).with_name("table_walk.c")
 
 def _declare(lib: ctypes.CDLL) -> None:
     ptr, i32 = ctypes.c_void_p, ctypes.c_int32
-    lib.cfg_table_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.cfg_table_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.cfg_table_walk.restype = i32
 
 
@@ -209,6 +209,7 @@ class TableWalker:
         self._stack = np.zeros(257, dtype=np.int32)
         self._at = np.zeros(1, dtype=np.int32)
         self._path = np.zeros(258, dtype=np.uint8)  # the C walk's current path
+        self._pend = np.zeros(258, dtype=np.int32)  # bytes to derive at a stop (count first)
 
     def walk(self, state: tuple, hist: bytes, trie, lists) -> np.ndarray:
         """bool [n_slots]: the tokens of `trie` allowed from `state` (the Python walk's result)."""
@@ -225,7 +226,7 @@ class TableWalker:
         stack[0], at[0] = root, 0
         tab.keys.set_head(root_key(state) if self._json else None)
         args = (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
-                ctypes.addressof(tab.keys.struct), self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct))
+                ctypes.addressof(tab.keys.struct), self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct), self._pend.ctypes.data)
         fn, count = self.lib.cfg_table_walk, tab.lexrows.n
         while True:
             code = fn(*tab.addr, *args)
@@ -234,14 +235,11 @@ class TableWalker:
                 break
             i = int(at[0])
             d = lists[1][i]
-            if code == 1:  # node i and its later siblings (the walk meets them next): one stop
-                s, j, n = int(stack[d - 1]), i, trie.n_nodes
-                rep = tab.lexrows.c_rep(s)  # (a string state: C reads the steps its rep knows)
-                while j < n and lists[1][j] == d:
-                    b = lists[0][j]
-                    if tab.trans[s * 256 + b] == UNKNOWN and (j == i or rep < 0 or tab.trans[rep * 256 + b] == UNKNOWN):
-                        self._derive(s, b, hist, trie, j, d)
-                    j = lists[2][j]
+            if code == 1:  # node i and its later siblings C cannot read off a rep: one stop
+                s, pend = int(stack[d - 1]), self._pend
+                for b in pend[1:1 + pend[0]].tolist():
+                    if tab.trans[s * 256 + b] == UNKNOWN:
+                        self._derive(s, b, hist, trie, i, d)
             elif code == 3 and tab.lives[stack[d]] != IN_PYTHON:
                 self._liveness(int(stack[d]), hist, trie, i, d)
             else:  # node i's step (code 2) or its token's liveness (3) reads the output text

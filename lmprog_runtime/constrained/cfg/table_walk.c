@@ -16,7 +16,8 @@
  *         writes it for a node it steps itself).
  * A PYTHON transition on the quote closing a key is looked up in `keys` first; an UNKNOWN
  * one of a string-body state is read off its lexeme's first state (`lx`) when it can be.
- * Returns 0 when the walk is done, or stops at node *at: 1 its transition is UNKNOWN,
+ * Returns 0 when the walk is done, or stops at node *at: 1 its transition is UNKNOWN (the
+ * bytes to derive, its own and its later siblings', are listed in pend),
  * 2 it is PYTHON (or an unregistered key close), 3 the liveness of the state it
  * reaches is unknown. The caller fills
  * the table (or walks the subtree) and calls again with *at (or the subtree's end).
@@ -162,9 +163,23 @@ static int32_t lex_step(int32_t *trans, const cfg_lex *lx, int32_t p, uint8_t b)
     return s;
 }
 
+/* At a stop on node i (state p, UNKNOWN): pend[0] = how many bytes follow in pend[1..], those
+ * of node i and of its later siblings (the walk meets them next) that Python must derive. */
+static void pending(const int32_t *trans, const cfg_lex *lx, const lm_node *nodes, int32_t n_nodes,
+                    int32_t i, int32_t p, int32_t *pend) {
+    int32_t n = 0, depth = nodes[i].depth;
+    int32_t r = lx->kind[p] && lx->rep[p] != p ? lx->rep[p] : -1;
+    for (int32_t j = i; j < n_nodes && nodes[j].depth == depth; j = nodes[j].skip) {
+        uint8_t b = nodes[j].byte;
+        if (trans[(int64_t)p * 256 + b] == CFG_UNKNOWN && (j == i || r < 0 || trans[(int64_t)r * 256 + b] == CFG_UNKNOWN))
+            pend[1 + n++] = b;
+    }
+    pend[0] = n;
+}
+
 int32_t cfg_table_walk(int32_t *trans, const uint8_t *lives, const lm_node *nodes,
                        int32_t n_nodes, int32_t sink, int32_t *stack, int32_t *at, uint8_t *mask,
-                       const cfg_keys *keys, uint8_t *path, const cfg_lex *lx) {
+                       const cfg_keys *keys, uint8_t *path, const cfg_lex *lx, int32_t *pend) {
     int32_t i = *at;
     while (i < n_nodes) {
         const lm_node nd = nodes[i];
@@ -184,7 +199,11 @@ int32_t cfg_table_walk(int32_t *trans, const uint8_t *lives, const lm_node *node
                 continue;
             }
             *at = i;
-            return s == CFG_UNKNOWN && trans[(int64_t)p * 256 + nd.byte] == CFG_UNKNOWN ? 1 : 2;
+            if (s == CFG_UNKNOWN && trans[(int64_t)p * 256 + nd.byte] == CFG_UNKNOWN) {
+                pending(trans, lx, nodes, n_nodes, i, p, pend);
+                return 1;
+            }
+            return 2;
         }
         stack[nd.depth] = s;
         if (nd.tok != sink) {
