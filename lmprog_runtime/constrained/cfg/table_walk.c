@@ -220,3 +220,38 @@ int32_t cfg_table_walk(int32_t *trans, const uint8_t *lives, const lm_node *node
     *at = i;
     return 0;
 }
+
+/* The whole-character plain tokens a string pattern state survives (mask.py _regex_alive):
+ * token r's characters are idx[r * width + k] (k < len[r]), indices of distinct code points
+ * whose classes are cmap[...], stepped through the pattern's class table
+ * trans[state * n_classes + class] (int64, -1 not derived yet) from `start`; alive[r] = 1
+ * when no step reaches `dead`. A step not derived yet is written to missing (state, class
+ * pairs, at most max_missing; that token is left unset): returns how many were written
+ * (0: alive is complete). */
+int32_t cfg_class_walk(const int32_t *idx, const int64_t *len, int32_t n, int32_t width, const int32_t *cmap,
+                       const int64_t *trans, int32_t n_classes, int64_t start, int64_t dead, uint8_t *alive,
+                       int64_t *missing, int32_t max_missing) {
+    int32_t m = 0;
+    for (int32_t r = 0; r < n; r++) {
+        int64_t s = start;
+        int32_t k = 0, l = (int32_t)len[r];
+        const int32_t *row = idx + (int64_t)r * width;
+        for (; k < l; k++) {
+            int32_t c = cmap[row[k]];
+            int64_t t = trans[s * n_classes + c];
+            if (t < 0) {
+                if (m < max_missing) {
+                    missing[2 * m] = s;
+                    missing[2 * m + 1] = c;
+                    m++;
+                }
+                break;
+            }
+            if (t == dead)
+                break;
+            s = t;
+        }
+        alive[r] = k == l;
+    }
+    return m;
+}
