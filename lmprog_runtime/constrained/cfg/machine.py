@@ -7,6 +7,7 @@ token-trie walk branches without copying. Frames (first field = kind):
 
     ("V", node, ws)                            a value of `node` may start; ws: whitespace regex state
     ("O", node, phase, seen, key, ws)          object; phase 0 `{` 1 key 2 value 3 `,` 4 in value
+                                               (key EXTRA only in mask-table states: canonical.py)
     ("A", node, phase, count, seen, ws)        array; phase 0 `[` 2 item 3 `,` 4 in item
     ("S", node, count, utf, esc, hs, pats, text)  string body: char count, UTF-8 (need, cp, lo, hi, raw) / escape
                                                decoder states, pending high surrogate, regex

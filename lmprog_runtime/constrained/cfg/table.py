@@ -9,7 +9,8 @@ States are interned (tuple -> int id) and their transitions kept in an int32 tab
 meets a transition or a liveness not derived yet, returns to Python to derive it
 (`Machine.advance`, once per state and byte), and resumes. Bytes outside
 `Machine.candidates` are dead when a state is interned; a lexeme frame's inside steps
-are read off the first state with the same frame (`StateTable.inside_step`). A step
+are read off the first state with the same frame (`StateTable.inside_step`; for plain
+string bodies the C walk does it itself and makes the new state ids, lexrows.py). A step
 that reads the text (a captured value's check, a key's closing quote) is PYTHON: that
 node is stepped from the concrete state (replayed from the walk's root, or for a key,
 the key text read off the path and the step registered in keycloses.py, which the C walk
