@@ -344,7 +344,10 @@ class MaskEngine:
                                    alive.ctypes.data, missing.ctypes.data, len(missing))
             if m == 0:
                 break
-            tab.fill(missing[:m].tolist())
+            try:
+                tab.fill(missing[:m].tolist())
+            finally:  # (a step that failed must not stay marked listed: -2)
+                tab.trans[tab.trans == -2] = -1
         out = np.zeros(v.n_slots, dtype=np.bool_)
         out[v.whole_ids] = alive.view(np.bool_)
         return out

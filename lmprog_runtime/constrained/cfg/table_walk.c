@@ -225,11 +225,12 @@ int32_t cfg_table_walk(int32_t *trans, const uint8_t *lives, const lm_node *node
  * token r's characters are idx[r * width + k] (k < len[r]), indices of distinct code points
  * whose classes are cmap[...], stepped through the pattern's class table
  * trans[state * n_classes + class] (int64, -1 not derived yet) from `start`; alive[r] = 1
- * when no step reaches `dead`. A step not derived yet is written to missing (state, class
- * pairs, at most max_missing; that token is left unset): returns how many were written
- * (0: alive is complete). */
+ * when no step reaches `dead`. A step not derived yet (-1) is written to missing once
+ * (state, class pairs, at most max_missing; marked -2 in trans, which the caller fills
+ * before the next run; the tokens meeting it are left unset): returns how many were
+ * written (0: alive is complete). */
 int32_t cfg_class_walk(const int32_t *idx, const int64_t *len, int32_t n, int32_t width, const int32_t *cmap,
-                       const int64_t *trans, int32_t n_classes, int64_t start, int64_t dead, uint8_t *alive,
+                       int64_t *trans, int32_t n_classes, int64_t start, int64_t dead, uint8_t *alive,
                        int64_t *missing, int32_t max_missing) {
     int32_t m = 0;
     for (int32_t r = 0; r < n; r++) {
@@ -240,7 +241,8 @@ int32_t cfg_class_walk(const int32_t *idx, const int64_t *len, int32_t n, int32_
             int32_t c = cmap[row[k]];
             int64_t t = trans[s * n_classes + c];
             if (t < 0) {
-                if (m < max_missing) {
+                if (t == -1 && m < max_missing) { /* listed once: marked -2 until Python fills it */
+                    trans[s * n_classes + c] = -2;
                     missing[2 * m] = s;
                     missing[2 * m + 1] = c;
                     m++;
