@@ -289,3 +289,22 @@ def test_unbounded_numbers_share_states_and_keep_exponents_exact(backend):
     assert free
     for i in free:  # UNKNOWN, DEAD or PYTHON (no SmolLM2 token has the 19+ exponent digits that would show it in a mask)
         assert all(tab.trans[i * 256 + b] < 0 for b in b"eE"), "an exponent stepped from the text 0"
+
+
+def test_states_made_in_c_are_built_when_read_or_iterated():
+    from lmprog_runtime.constrained.cfg.lexrows import LexRows, States
+
+    class Tab:
+        lexrows, ids = LexRows(), {}
+
+    tab = Tab()
+    states = States(tab)
+    below = (("A", None, 4, 0, None, 0), (("D", 0), None))
+    top = ("S", None, 1, 0, 0, 0, (), None)
+    states.append(((top, (("O",), None)),))  # id 0: a rep, over another stack
+    tab.lexrows.register(0, 0, (("O",), None), 1)
+    tab.lexrows.below_ids[below] = 1
+    states.sync(2)
+    tab.lexrows.src[1], tab.lexrows.below[1] = 0, 1  # id 1: made by C (rep 0's frame over `below`)
+    assert list.__getitem__(states, 1) is None
+    assert list(states)[1] == ((top, below),) and tab.ids[((top, below),)] == 1

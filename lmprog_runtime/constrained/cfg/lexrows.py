@@ -122,6 +122,9 @@ class States(list):
             tab.ids.setdefault(got, i)
         return got
 
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
     def sync(self, n: int) -> None:
         """Room for the ids up to n (those C made since)."""
         if n > len(self):
