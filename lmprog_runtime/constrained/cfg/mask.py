@@ -305,7 +305,9 @@ class MaskEngine:
         v = self.vocab
         lib = c_table_walker() if self.use_c else None
         if lib is not None:
-            return self._keep_alive(p, self._regex_alive_c(lib, tab, p))
+            with self._walk_lock:  # (the C run marks the class table's listed steps until filled)
+                got = self._regex_alive_c(lib, tab, p)
+            return self._keep_alive(p, got)
         active = np.arange(len(v.whole_ids))
         st = np.full(len(active), tab.local(p), dtype=np.int64)
         alive_rows = []
