@@ -287,7 +287,7 @@ def test_unbounded_numbers_share_states_and_keep_exponents_exact(backend):
     tab = g._shared.engine._tw.table
     free = [i for i, st in enumerate(tab.states) if len(st) == 1 and st[0][0][0] == "N" and st[0][0][2] == "0"]
     assert free
-    for i in free:  # UNKNOWN, DEAD or PYTHON (no SmolLM2 token has the 19+ exponent digits that would show it in a mask)
+    for i in free:  # UNKNOWN, DEAD or PYTHON (no SmolLM2 token has the 19+ exponent digits a mask would show)
         assert all(tab.trans[i * 256 + b] < 0 for b in b"eE"), "an exponent stepped from the text 0"
 
 

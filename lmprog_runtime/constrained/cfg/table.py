@@ -31,8 +31,8 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime import native
-from lmprog_runtime.constrained.cfg.canonical import (EXITS, canonical, exits, extra_key, free_number_exponent, has_free,
-                                                      key_parent, root_key)
+from lmprog_runtime.constrained.cfg.canonical import (EXITS, canonical, exits, extra_key, free_number_exponent,
+                                                      has_free, key_parent, root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
 from lmprog_runtime.constrained.cfg.lexrows import LexRows, States
 from lmprog_runtime.constrained.cfg.machine import Machine
@@ -229,7 +229,8 @@ class TableWalker:
         stack[0], at[0] = root, 0
         tab.keys.set_head(root_key(state) if self._json else None)
         args = (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
-                ctypes.addressof(tab.keys.struct), self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct), self._pend.ctypes.data)
+                ctypes.addressof(tab.keys.struct), self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct),
+                self._pend.ctypes.data)
         fn, count = self.lib.cfg_table_walk, tab.lexrows.n
         while True:
             code = fn(*tab.addr, *args)

@@ -171,7 +171,8 @@ static void pending(const int32_t *trans, const cfg_lex *lx, const lm_node *node
     int32_t r = lx->kind[p] && lx->rep[p] != p ? lx->rep[p] : -1;
     for (int32_t j = i; j < n_nodes && nodes[j].depth == depth; j = nodes[j].skip) {
         uint8_t b = nodes[j].byte;
-        if (trans[(int64_t)p * 256 + b] == CFG_UNKNOWN && (j == i || r < 0 || trans[(int64_t)r * 256 + b] == CFG_UNKNOWN))
+        if (trans[(int64_t)p * 256 + b] == CFG_UNKNOWN &&
+            (j == i || r < 0 || trans[(int64_t)r * 256 + b] == CFG_UNKNOWN))
             pend[1 + n++] = b;
     }
     pend[0] = n;
