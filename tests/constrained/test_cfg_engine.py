@@ -258,3 +258,17 @@ def test_compile_budget_and_cache(tokenizer):
     assert time.perf_counter() - t0 < 5.0  # 800 patterned properties: a lazy rule each
     assert be.get_future("json", spec).done()  # cached by spec
     be.shutdown()
+
+
+def test_residual_checks_memoized_per_text_and_bounded(monkeypatch):
+    from lmprog_runtime.constrained.cfg import residual as res
+
+    schema = {"type": "object", "properties": {"k": {"not": {"const": "x"}}}}
+    r = res.Residual(schema)
+    sub = schema["properties"]["k"]
+    monkeypatch.setattr(res, "MEMO_TEXTS", 2)
+    assert [r.valid_text(t, sub) for t in (b'"x"', b'"x"', b'"y"', b'"x"')] == [False, False, True, False]
+    assert len(r._memo) <= 2
+    long = b'"' + b"y" * 300 + b'"'
+    assert r.valid_text(long, sub) and (id(sub), long) not in r._memo
+    assert not r.valid_text(b'"x', sub)  # (not JSON: refused, never memoized as valid)

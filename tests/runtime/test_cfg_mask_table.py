@@ -151,3 +151,160 @@ def test_full_table_leaves_the_rest_to_python(backend, monkeypatch):
     monkeypatch.setattr(table, "SOFT_STATES", 25)
     tok, be = backend
     assert sum(_compare(tok, be, schema, instances) for schema, instances in HANDWRITTEN[:2]) > 50
+
+
+def _compare_texts(tok, be, schema, texts, rounds: int = 2) -> int:
+    """Masks along raw texts (duplicate keys are spelled here, which dicts cannot), each
+    walked `rounds` times with the mask LRU emptied in between (so C meets the table's
+    generic closes and EXTRA states again); returns how many were compared."""
+    g0 = be.compile("json", json.dumps(schema))
+    sh = g0._shared
+    oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
+    n = 0
+    for _ in range(rounds):
+        sh.engine._memo.clear()
+        for text in texts:
+            g = g0.copy()
+            for tid in tok.encode(text, add_special_tokens=False):
+                hist = bytes(g._hist)
+                got, want = sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)
+                assert np.array_equal(got, want), (schema, hist, np.nonzero(got != want)[0][:8])
+                n += 1
+                if not want[tid]:
+                    break
+                g.accept_token(tid)
+    return n
+
+
+def test_additional_property_keys_close_in_c(backend):
+    """Keys of additionalProperties close to one EXTRA state per key state (table_walk.c's
+    generic close); declared and already seen keys are registered apart (a seen key is a
+    duplicate: dead), and a value's end under an EXTRA key is stepped from the concrete
+    state (the key joins the seen keys there)."""
+    tok, be = backend
+    schemas = [
+        {"type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string", "maxLength": 3}},
+         "additionalProperties": {"type": "array", "items": {"type": "object"}}},
+        {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {"type": "integer"}},
+         "maxProperties": 3},
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
+         "propertyNames": {"maxLength": 3}},
+    ]
+    texts = ['{"id":1,"name":"ab","tags":[{},{"x":1}],"ids":[],"id":2}', '{"x":[],"x":[]}',
+             '{"a":{"b":1,"c":2},"d":{},"a":{}}', '{"ab":{"ab":1,"ab":2}}', '{"a":"x","abcd":1}',
+             '{"name":"abcd"}', '{"a b":{"\\u00e9":3}}']
+    assert sum(_compare_texts(tok, be, s, texts) for s in schemas) > 150
+    g = be.compile("json", json.dumps(schemas[1]))
+    for text in texts[:4]:
+        g2 = g.copy()
+        for tid in tok.encode(text, add_special_tokens=False):
+            g2.write_mask(np.zeros(len(tok), dtype=np.bool_))
+            try:
+                g2.accept_token(tid)
+            except GrammarError:
+                break
+    walker = g._shared.engine._tw
+    assert (walker.table.generic[:len(walker.table.states)] >= 0).any(), "no generic key close was set"
+
+
+def test_tables_of_all_grammars_stay_within_the_budget(backend, monkeypatch):
+    """Past the process-wide total the least recently walked tables are emptied (a table
+    being walked by another thread is skipped); masks stay those of the Python walk."""
+    from lmprog_runtime.constrained.cfg.table_budget import BUDGET
+
+    tok, be = backend
+    schema_a, texts_a = HANDWRITTEN[0]
+    schema_b = {"type": "object", "additionalProperties": {"type": "string", "maxLength": 5}}
+    ga = be.compile("json", json.dumps(schema_a))
+    _compare(tok, be, schema_a, texts_a)  # (another compile: its own table, walked)
+    for inst in texts_a:  # ga's table filled
+        g = ga.copy()
+        for tid in tok.encode(compact(inst), add_special_tokens=False):
+            g.write_mask(np.zeros(len(tok), dtype=np.bool_))
+            try:
+                g.accept_token(tid)
+            except GrammarError:
+                break
+    tab_a = ga._shared.engine._tw.table
+    assert len(tab_a.states) > 20
+    monkeypatch.setattr(BUDGET, "total", 0)  # over the total at every walk
+    monkeypatch.setattr(BUDGET, "low", 0)
+    with tab_a.lock:  # ga "walked by another thread": kept
+        assert _compare_texts(tok, be, schema_b, ['{"ab":"xyz","c":"d"}'], rounds=1) > 5
+        assert len(tab_a.states) > 20
+    assert _compare_texts(tok, be, schema_b, ['{"ab":"xyz"}'], rounds=1) > 3
+    assert len(tab_a.states) == 0, "the idle table was not emptied"
+    assert tab_a._held[0] < 256 << 10  # (an emptied table keeps its 64-state arrays)
+    assert BUDGET.used == sum(t._held[0] for t in list(BUDGET._tables))
+
+
+def test_string_steps_made_in_c_match_python_walk(backend):
+    """A string body in a new context takes the steps its lexeme's first state knows in C
+    (lexrows.py: new state ids made there, their tuples built when Python reads them)."""
+    tok, be = backend
+    schema = {"type": "object", "properties": {
+        "rows": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
+        "name": {"type": "string", "maxLength": 6}, "tag": {"type": "string", "pattern": "^[a-z]+$"}},
+        "additionalProperties": {"type": "string"}}
+    texts = ['{"rows":[["ab","c\\u00e9d"],["ef \\"q\\""],[]],"name":"jo\\u00ebl","tag":"xyz","x":"y"}',
+             '{"name":"abcdefg"}', '{"tag":"aB"}', '{"rows":[["\u00e9t\u00e9","\\n"]],"z":"\\ud83d\\ude00"}']
+    assert _compare_texts(tok, be, schema, texts) > 80
+    g = be.compile("json", json.dumps(schema))
+    for text in texts:
+        g2 = g.copy()
+        for tid in tok.encode(text, add_special_tokens=False):
+            g2.write_mask(np.zeros(len(tok), dtype=np.bool_))
+            try:
+                g2.accept_token(tid)
+            except GrammarError:
+                break
+    tab = g._shared.engine._tw.table
+    made = np.nonzero(tab.lexrows.src[:len(tab.states)] >= 0)[0]
+    assert len(made) > 0, "the C walk made no string state"
+    for i in made[:50].tolist():  # built from their top's source over their own stack below
+        st = tab.states[i]
+        assert st[0][0] == tab.states[int(tab.lexrows.src[i])][0][0] and st in tab.ids
+
+
+def test_unbounded_numbers_share_states_and_keep_exponents_exact(backend):
+    """An unbounded number's text is "0" in the table (only its exponent's size and the
+    length cap read it); an exponent is stepped from the concrete text (a huge one fails
+    `number_ok`, and whether it does depends on the digits before it), so masks stay those
+    of the Python walk."""
+    tok, be = backend
+    schemas = [{"type": "array", "items": {"type": "number"}},
+               {"anyOf": [{"type": "number"}, {"type": "array", "items": {"type": "integer"}}]},
+               {"type": "object", "additionalProperties": {"type": "integer"}}]
+    texts = ["[1.5e3,123456789012345678901234567890,-0.0,1e99999999999999999999999999999,2E-5]",
+             "[12,30.0,7e2]", "1e99999999999999999999999999999", "-12.75E+3", '{"a":10,"b":1.0,"c":1e5}',
+             "[" + "9" * 180 + "]", "[99e999999999999999999,1]", "[9e999999999999999999]", "99e999999999999999999"]
+    assert sum(_compare_texts(tok, be, s, texts) for s in schemas) > 100
+    g = be.compile("json", json.dumps(schemas[0]))
+    g2 = g.copy()
+    for tid in tok.encode("[1234,56789", add_special_tokens=False):
+        g2.write_mask(np.zeros(len(tok), dtype=np.bool_))
+        g2.accept_token(tid)
+    tab = g._shared.engine._tw.table
+    free = [i for i, st in enumerate(tab.states) if len(st) == 1 and st[0][0][0] == "N" and st[0][0][2] == "0"]
+    assert free
+    for i in free:  # UNKNOWN, DEAD or PYTHON (no SmolLM2 token has the 19+ exponent digits a mask would show)
+        assert all(tab.trans[i * 256 + b] < 0 for b in b"eE"), "an exponent stepped from the text 0"
+
+
+def test_states_made_in_c_are_built_when_read_or_iterated():
+    from lmprog_runtime.constrained.cfg.lexrows import LexRows, States
+
+    class Tab:
+        lexrows, ids = LexRows(), {}
+
+    tab = Tab()
+    states = States(tab)
+    below = (("A", None, 4, 0, None, 0), (("D", 0), None))
+    top = ("S", None, 1, 0, 0, 0, (), None)
+    states.append(((top, (("O",), None)),))  # id 0: a rep, over another stack
+    tab.lexrows.register(0, 0, (("O",), None), 1)
+    tab.lexrows.below_ids[below] = 1
+    states.sync(2)
+    tab.lexrows.src[1], tab.lexrows.below[1] = 0, 1  # id 1: made by C (rep 0's frame over `below`)
+    assert list.__getitem__(states, 1) is None
+    assert list(states)[1] == ((top, below),) and tab.ids[((top, below),)] == 1

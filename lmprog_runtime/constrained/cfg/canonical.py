@@ -8,8 +8,8 @@ from typing import Optional
 
 import numpy as np
 
-from lmprog_runtime.constrained.cfg.machine import _NUM
-from lmprog_runtime.constrained.cfg.strings import FREE
+from lmprog_runtime.constrained.cfg.machine import _NUM, MAX_NUMBER_CHARS
+from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 
 
 def canonical(state: tuple) -> tuple:
@@ -17,15 +17,24 @@ def canonical(state: tuple) -> tuple:
     a string body's text (kept for keys; enum strings keep theirs) becomes FREE, and with
     no maxLength its character count is clamped at minLength (only `count < minLength`
     is ever read). The table's transitions from such a state are exact for every byte but
-    that quote, which `_derive` leaves to the Python walk (PYTHON)."""
+    that quote, which `_derive` leaves to the Python walk (PYTHON). An object's key whose
+    member rule is additionalProperties becomes EXTRA (`_abstract_key`), and an unbounded
+    number's text "0" (`_free_number`)."""
     out = None
     for k, st in enumerate(state):
         if st is None:
             continue
-        if _captures(st):
+        got = _abstract_key(st)
+        if _captures(got):
+            got = _unplace(got)
+        if got is not st:
             out = list(state) if out is None else out
-            out[k] = st = _unplace(st)
+            out[k] = st = got
         top = st[0]
+        if type(top) is tuple and top[0] == "N" and _free_number(top):
+            out = list(state) if out is None else out
+            out[k] = (("N", top[1], "0", top[3]), st[1])
+            continue
         if type(top) is not tuple or top[0] != "S":
             continue
         node, count, utf, text = top[1], top[2], top[3], top[7]
@@ -41,6 +50,46 @@ def canonical(state: tuple) -> tuple:
             out = list(state) if out is None else out
             out[k] = ((top[0], node, count, utf) + top[4:7] + (text,), st[1])
     return state if out is None else tuple(dict.fromkeys(out))
+
+
+def _free_number(top) -> bool:
+    """A number's text is read only by its bounds (none here: `number_ok` is then true of
+    every complete text without exponent the steps allow), by its exponent's size (so
+    exponent states keep their text, and a free number's `e` is stepped from the concrete
+    state: `free_number_exponent`) and by the MAX_NUMBER_CHARS cap, which a walk (at most
+    256 bytes deep) cannot reach from a text this short: it becomes "0"."""
+    node, text = top[1], top[2]
+    return (node.lo is None and node.hi is None and node.multiple_of is None and top[3] <= 5
+            and text != "0" and len(text) < MAX_NUMBER_CHARS - 257)
+
+
+def free_number_exponent(state: tuple, b: int) -> bool:
+    """Byte b starts the exponent of a number whose text may have been made "0"."""
+    if b not in (0x45, 0x65):
+        return False
+    tops = [st[0] for st in state if st is not None]
+    return any(type(top) is tuple and top[0] == "N" and top[2] == "0" for top in tops)
+
+
+def extra_key(node, key) -> bool:
+    """Key `key` of object `node` leads to additionalProperties and nothing but the value's
+    end reads it (it joins the seen keys there): it may be EXTRA in a table state."""
+    return (type(key) is str and node.additional is not None and not node.pattern_props
+            and key not in node.props)
+
+
+def _abstract_key(st):
+    """The stack with the key of its object frame EXTRA where `extra_key` allows: the frame
+    on top (after the key's closing quote) or under a value's start (after the colon).
+    Deeper frames keep their keys (a value's end reads them: such steps would be PYTHON)."""
+    top = st[0]
+    if top[0] == "O" and top[2] == 1 and extra_key(top[1], top[4]):
+        return (top[:4] + (EXTRA,) + top[5:], st[1])
+    if top[0] == "V" and st[1] is not None:
+        f = st[1][0]
+        if f[0] == "O" and f[2] == 4 and extra_key(f[1], f[4]):
+            return (top, (f[:4] + (EXTRA,) + f[5:], st[1][1]))
+    return st
 
 
 def _captures(st) -> bool:

@@ -19,7 +19,8 @@ class CfgKeys(ctypes.Structure):
     """Mirrors cfg_keys in table_walk.c."""
 
     _fields_ = [("table", ctypes.c_void_p), ("cap", ctypes.c_int64), ("pool", ctypes.c_void_p),
-                ("inside", ctypes.c_void_p), ("head", ctypes.c_void_p), ("head_len", ctypes.c_int64)]
+                ("inside", ctypes.c_void_p), ("head", ctypes.c_void_p), ("head_len", ctypes.c_int64),
+                ("generic", ctypes.c_void_p)]
 
 
 def key_hash(state: int, text: bytes) -> int:
@@ -47,9 +48,10 @@ class KeyCloses:
         self.struct.table, self.struct.cap = self.table.ctypes.data, self.cap
         self.struct.pool = self.pool.ctypes.data
 
-    def set_inside(self, inside: np.ndarray) -> None:
-        """inside: uint8 [n_states] (the table's array; set again when it grows)."""
-        self.struct.inside = inside.ctypes.data
+    def set_inside(self, inside: np.ndarray, generic: np.ndarray) -> None:
+        """inside: uint8 [n_states], generic: int32 [n_states] (the table's arrays; set again
+        when they grow)."""
+        self.struct.inside, self.struct.generic = inside.ctypes.data, generic.ctypes.data
 
     def set_head(self, head) -> None:
         """The walk root's key text (bytes), or None when the root is not inside a key."""
@@ -60,15 +62,34 @@ class KeyCloses:
         self.struct.head, self.struct.head_len = self._head.ctypes.data, len(head)
 
     def add(self, state: int, text: bytes, t: int) -> None:
+        """Register (state, text) -> t (t UNKNOWN: the C walk asks Python); an entry already
+        there is overwritten."""
+        h = key_hash(state, text)
+        slot = self._find(h, state, text)
+        if slot is not None:
+            self.table[slot, 1] = (state << 32) | (t & 0xFFFFFFFF)
+            return
         if 2 * (self.n + 1) > self.cap:
             self._grow()
         if self.used + len(text) > len(self.pool):
             self.pool = np.concatenate([self.pool, np.zeros(max(len(self.pool), len(text)), dtype=np.uint8)])
             self.struct.pool = self.pool.ctypes.data
         memoryview(self.pool)[self.used:self.used + len(text)] = text
-        self._put(key_hash(state, text), (state << 32) | (t & 0xFFFFFFFF), self.used, len(text))
+        self._put(h, (state << 32) | (t & 0xFFFFFFFF), self.used, len(text))
         self.used += len(text)
         self.n += 1
+
+    def _find(self, h: int, state: int, text: bytes):
+        """The slot holding (state, text), or None."""
+        signed = h - (1 << 64) if h >= 1 << 63 else h
+        slot = h & (self.cap - 1)
+        while self.table[slot, 3] >= 0:
+            e = self.table[slot]
+            if e[0] == signed and e[3] == len(text) and e[1] >> 32 == state:
+                if self.pool[e[2]:e[2] + e[3]].tobytes() == text:
+                    return slot
+            slot = (slot + 1) & (self.cap - 1)
+        return None
 
     def _put(self, h: int, value: int, offset: int, length: int) -> None:
         slot = h & (self.cap - 1)

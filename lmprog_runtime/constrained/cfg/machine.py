@@ -7,6 +7,7 @@ token-trie walk branches without copying. Frames (first field = kind):
 
     ("V", node, ws)                            a value of `node` may start; ws: whitespace regex state
     ("O", node, phase, seen, key, ws)          object; phase 0 `{` 1 key 2 value 3 `,` 4 in value
+                                               (key EXTRA only in mask-table states: canonical.py)
     ("A", node, phase, count, seen, ws)        array; phase 0 `[` 2 item 3 `,` 4 in item
     ("S", node, count, utf, esc, hs, pats, text)  string body: char count, UTF-8 (need, cp, lo, hi, raw) / escape
                                                decoder states, pending high surrogate, regex
@@ -27,7 +28,7 @@ from typing import Optional
 
 from lmprog_runtime.constrained.cfg.nodes import Node
 from lmprog_runtime.constrained.cfg.residual import Residual, canonical
-from lmprog_runtime.constrained.cfg.strings import Ctx, StringFrames, _enum_first_bytes, utf8_start  # noqa: F401
+from lmprog_runtime.constrained.cfg.strings import EXTRA, Ctx, StringFrames, _enum_first_bytes, utf8_start  # noqa: F401
 
 WS = frozenset(b" \t\n\r")
 DIGITS = frozenset(b"0123456789")
@@ -207,6 +208,9 @@ class Machine(StringFrames):
         if kind == "O":
             node, phase, seen = top[1], top[2], top[3]
             if phase == 4:
+                if top[4] is EXTRA:  # an abstracted key (a table state) is read here: ctx raises
+                    ctx(end, end)
+                    raise RuntimeError("an abstracted object key reached a concrete match")
                 return [(("O", node, 2, seen | {top[4]}, None, self.ws0), rest[1])]
             return self._key_done(top, rest[1], result)
         return []
@@ -231,7 +235,7 @@ class Machine(StringFrames):
         if phase == 1:
             if b != 0x3A:
                 return []
-            child = self._child_of(node, key)
+            child = node.additional if key is EXTRA else self._child_of(node, key)
             return [(("V", child, self.ws0), (("O", node, 4, seen, key, 0), rest))]
         if b == 0x22 and phase in (0, 3):
             if node.max_props is not None and len(seen) >= node.max_props:

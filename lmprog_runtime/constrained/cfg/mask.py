@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from lmprog_runtime.constrained.cfg.classtable import ClassTable
 from lmprog_runtime.constrained.cfg.machine import Machine, utf8_start
 from lmprog_runtime.constrained.cfg.table import TableWalker, c_table_walker
 from lmprog_runtime.constrained.trie_walk import TokenTrie
@@ -71,6 +72,9 @@ class VocabInfo:
         self.cps = np.zeros((len(cps), MAX_TABLE_CHARS), dtype=np.int64)  # code points, 0-padded
         for r, c in enumerate(cps):
             self.cps[r, :len(c)] = c
+        # the same as indices of the distinct code points (cp_uniq), for the C class walk
+        self.cp_uniq, inv = np.unique(self.cps, return_inverse=True)
+        self.cp_idx = np.ascontiguousarray(inv.reshape(self.cps.shape), dtype=np.int32)
         self.special_or_cut = TokenTrie(special, use_c=False)
         self.max_chars = max((len(b) for b in table if b), default=1) + 1
         self.lists = _lists(self.trie)
@@ -129,7 +133,7 @@ class MaskEngine:
         self._lock = threading.Lock()
         self._alive: dict[int, np.ndarray] = {}
         self._parts: dict = {}
-        self._table: Optional[_ClassTable] = None
+        self._table: Optional[ClassTable] = None
 
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
         if len(state) > 1:  # alternatives are independent: the union of their masks (each cached)
@@ -299,6 +303,11 @@ class MaskEngine:
             return got
         tab = self._tables()
         v = self.vocab
+        lib = c_table_walker() if self.use_c else None
+        if lib is not None:
+            with self._walk_lock:  # (the C run marks the class table's listed steps until filled)
+                got = self._regex_alive_c(lib, tab, p)
+            return self._keep_alive(p, got)
         active = np.arange(len(v.whole_ids))
         st = np.full(len(active), tab.local(p), dtype=np.int64)
         alive_rows = []
@@ -314,53 +323,41 @@ class MaskEngine:
         alive_rows.append(active)
         out = np.zeros(v.n_slots, dtype=np.bool_)
         out[v.whole_ids[np.concatenate(alive_rows)]] = True
+        return self._keep_alive(p, out)
+
+    def _keep_alive(self, p: int, out: np.ndarray) -> np.ndarray:
         with self._lock:
             if len(self._alive) >= MEMO_PARTS:
                 self._alive.clear()
             self._alive[p] = out
         return out
 
-    def _tables(self) -> "_ClassTable":
+    def _regex_alive_c(self, lib, tab: "ClassTable", p: int) -> np.ndarray:
+        """_regex_alive's tokens walked in C (table_walk.c cfg_class_walk): the walk lists
+        the class steps it lacks, Python derives them, the walk runs again until none."""
+        v = self.vocab
+        n = len(v.whole_ids)
+        alive = np.zeros(n, dtype=np.uint8)
+        missing = np.zeros((4096, 2), dtype=np.int64)
+        start, cmap = tab.local(p), tab.class_map(v)
+        while True:
+            m = lib.cfg_class_walk(v.cp_idx.ctypes.data, v.whole_len.ctypes.data, n, MAX_TABLE_CHARS,
+                                   cmap.ctypes.data, tab.trans.ctypes.data, tab.n_classes, start, tab.dead,
+                                   alive.ctypes.data, missing.ctypes.data, len(missing))
+            if m == 0:
+                break
+            try:
+                tab.fill(missing[:m].tolist())
+            finally:  # (a step that failed must not stay marked listed: -2)
+                tab.trans[tab.trans == -2] = -1
+        out = np.zeros(v.n_slots, dtype=np.bool_)
+        out[v.whole_ids] = alive.view(np.bool_)
+        return out
+
+    def _tables(self) -> "ClassTable":
         pool = self.machine.pool
         n = pool.n_charsets()
         with self._lock:
             if self._table is None or self._table.version != n:
-                self._table = _ClassTable(pool, self.vocab, n)
+                self._table = ClassTable(pool, self.vocab, n)
             return self._table
-
-
-class _ClassTable:
-    """Code points split into classes no character set of the pool tells apart, and a
-    transition table over them, filled on demand (pool.step on a class representative)."""
-
-    def __init__(self, pool, vocab: VocabInfo, version: int):
-        self.pool, self.version = pool, version
-        bounds = pool.charset_bounds()
-        self.bounds = np.asarray(bounds, dtype=np.int64)
-        self.reps = [0] + bounds  # class k >= 1 starts at bounds[k-1]
-        self.n_classes = len(bounds) + 1
-        self.terms: list[int] = []
-        self.ids: dict[int, int] = {}
-        self.trans = np.full((16, self.n_classes), -1, dtype=np.int64)
-        self.dead = self.local(pool.NONE)
-
-    def local(self, term: int) -> int:
-        got = self.ids.get(term)
-        if got is None:
-            got = self.ids[term] = len(self.terms)
-            self.terms.append(term)
-            if got >= self.trans.shape[0]:
-                grown = np.full((self.trans.shape[0] * 2, self.n_classes), -1, dtype=np.int64)
-                grown[: self.trans.shape[0]] = self.trans
-                self.trans = grown
-        return got
-
-    def next(self, cur: np.ndarray, cls: np.ndarray) -> np.ndarray:
-        nxt = self.trans[cur, cls]
-        missing = nxt < 0
-        if missing.any():
-            for s, c in set(zip(cur[missing].tolist(), cls[missing].tolist())):
-                term = self.pool.step(self.terms[s], self.reps[c])
-                self.trans[s, c] = self.local(term)
-            nxt = self.trans[cur, cls]
-        return nxt

@@ -18,6 +18,10 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012, specification_with
 
 
+MEMO_TEXTS = 2048      # memoized value checks per grammar (at most 2048 x 256 bytes of text)
+MEMO_TEXT_BYTES = 256
+
+
 class Residual:
     def __init__(self, root, registry=None, docs=None):
         """registry: the SchemaRegistry remote `$ref`s resolve in; docs: retrieval URI ->
@@ -31,6 +35,7 @@ class Residual:
         self._docs = docs if docs is not None else {}
         self._scanned: set = set()
         self._lock = threading.Lock()  # the referencing resolver is not documented as thread-safe
+        self._memo: dict = {}  # (id(schema), text) -> valid_text (schemas live as long as the root)
 
     def valid(self, value, schema) -> bool:
         """`value` satisfies `schema` (a subschema of the root, whose `$ref`s resolve from
@@ -64,11 +69,23 @@ class Residual:
         return got
 
     def valid_text(self, text: bytes, schema) -> bool:
+        """`valid` on a value's JSON text; short texts memoized (a mask's walk checks one
+        value once per byte that may follow it)."""
+        key = (id(schema), text) if len(text) <= MEMO_TEXT_BYTES else None
+        got = self._memo.get(key) if key is not None else None
+        if got is not None:
+            return got
         try:
             value = json.loads(text.decode("utf-8"))
         except (ValueError, UnicodeDecodeError):
             return False
-        return self.valid(value, schema)
+        got = self.valid(value, schema)
+        if key is not None:
+            with self._lock:
+                if len(self._memo) >= MEMO_TEXTS:
+                    self._memo.clear()
+                self._memo[key] = got
+        return got
 
 
 def _lexical_scopes(root) -> dict:

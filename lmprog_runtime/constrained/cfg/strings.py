@@ -32,6 +32,20 @@ class _Free:
 FREE = _Free()
 
 
+class _Extra:
+    """The key of an object frame in a mask table's state (canonical.py): a key whose member
+    rule is additionalProperties, abstracted away; read only where the value ends (it joins
+    the frame's seen keys), which a table derivation leaves to the Python walk."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "EXTRA"
+
+
+EXTRA = _Extra()
+
+
 def utf8_start(b: int):
     """Decoder state after a UTF-8 lead byte: (bytes still needed, code point so far, lo, hi
     bounds of the next byte); None for a byte that cannot start a character."""

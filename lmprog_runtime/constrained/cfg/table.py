@@ -9,28 +9,35 @@ States are interned (tuple -> int id) and their transitions kept in an int32 tab
 meets a transition or a liveness not derived yet, returns to Python to derive it
 (`Machine.advance`, once per state and byte), and resumes. Bytes outside
 `Machine.candidates` are dead when a state is interned; a lexeme frame's inside steps
-are read off the first state with the same frame (`StateTable.inside_step`). A step
+are read off the first state with the same frame (`StateTable.inside_step`; for plain
+string bodies the C walk does it itself and makes the new state ids, lexrows.py). A step
 that reads the text (a captured value's check, a key's closing quote) is PYTHON: that
 node is stepped from the concrete state (replayed from the walk's root, or for a key,
 the key text read off the path and the step registered in keycloses.py, which the C walk
 probes next time) and the walk continues below it in C. The Python walk of mask.py is
 the path where no C compiler exists and the tests' oracle. The table is per grammar and
 outlives masks. Memory: 1 KB per state; past SOFT_STATES the table is emptied before the
-next walk, past HARD_STATES a walk leaves new transitions to Python.
+next walk, past HARD_STATES a walk leaves new transitions to Python; all grammars' tables
+together are bounded by table_budget.py (the least recently walked emptied first).
 """
 from __future__ import annotations
 
 import ctypes
 import pathlib
+import threading
+import weakref
 from typing import Optional
 
 import numpy as np
 
 from lmprog_runtime import native
-from lmprog_runtime.constrained.cfg.canonical import EXITS, canonical, exits, has_free, key_parent, root_key
+from lmprog_runtime.constrained.cfg.canonical import (EXITS, canonical, exits, extra_key, free_number_exponent,
+                                                      has_free, key_parent, root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
+from lmprog_runtime.constrained.cfg.lexrows import LexRows, States
 from lmprog_runtime.constrained.cfg.machine import Machine
-from lmprog_runtime.constrained.cfg.strings import FREE
+from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
+from lmprog_runtime.constrained.cfg.table_budget import BUDGET
 
 UNKNOWN, DEAD, PYTHON = -1, -2, -3  # table_walk.c's transition markers
 IN_PYTHON = 3  # liveness that reads the output text (table_walk.c stops there: a Python subtree)
@@ -41,8 +48,10 @@ _SOURCE = pathlib.Path(__file__).with_name("table_walk.c")
 
 def _declare(lib: ctypes.CDLL) -> None:
     ptr, i32 = ctypes.c_void_p, ctypes.c_int32
-    lib.cfg_table_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr]
+    lib.cfg_table_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.cfg_table_walk.restype = i32
+    lib.cfg_class_walk.argtypes = [ptr, ptr, i32, i32, ptr, ptr, i32, ctypes.c_int64, ctypes.c_int64, ptr, ptr, i32]
+    lib.cfg_class_walk.restype = i32
 
 
 _KERNEL = native.Kernel(_SOURCE, ("-O2",), False, _declare)
@@ -61,20 +70,36 @@ class StateTable:
         self.machine, self.lexemes = machine, lexemes
         self._rows: dict = {}  # candidates frozenset -> its initial table row
         self.keys = KeyCloses()
+        self.lexrows = LexRows()
+        self.lock = threading.Lock()  # held while a walk uses the table (TableWalker sets the engine's)
+        self._held = [0]  # bytes reported to BUDGET (given back when the table is collected)
+        weakref.finalize(self, _give_back, self._held)
         self.reset()
+        BUDGET.track(self)
 
     def reset(self) -> None:
         self.lex: dict = {}  # a lexeme's top frame -> the first state id interned with it
         self.closes: dict = {}  # (state id inside a key, key text) -> the id after its closing quote
         self.in_c: set = set()  # the closes registered in self.keys (those met twice)
         self.ids: dict = {}
-        self.states: list = []
+        self.states = States(self)  # (ids the C walk made are built on first read)
         self.trans = np.full(64 * 256, UNKNOWN, dtype=np.int32)
         self.lives = np.zeros(64, dtype=np.uint8)
         self.inside = np.zeros(64, dtype=np.uint8)  # 1: inside a key with FREE text, plain mode
+        self.generic = np.full(64, UNKNOWN, dtype=np.int32)  # the close of an additionalProperties key
         self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
         self.keys.clear()
-        self.keys.set_inside(self.inside)
+        self.keys.set_inside(self.inside, self.generic)
+        self.lexrows.clear(64)
+        self.lexrows.grow(64, self.inside, self.lives, HARD_STATES)
+        self.account()
+
+    def account(self) -> None:
+        """Report the table's bytes (its arrays and key closes) to the process-wide budget."""
+        n = (self.trans.nbytes + self.lives.nbytes + self.inside.nbytes + self.generic.nbytes
+             + self.keys.table.nbytes + self.keys.pool.nbytes + self.lexrows.nbytes())
+        BUDGET.resize(n - self._held[0])
+        self._held[0] = n
 
     def intern(self, state: tuple) -> int:
         """The id of a pure state (interned on first sight, dead bytes filled in);
@@ -82,17 +107,29 @@ class StateTable:
         got = self.ids.get(state)
         if got is not None:
             return got
-        n = len(self.states)
+        lexeme = self._string_lexeme(state)
+        if lexeme:  # a string state the C walk may have made
+            rep = self.lex.get(state[0][0])
+            got = self.lexrows.find(rep, state[0][1]) if rep is not None else -1
+            if got >= 0:
+                self.ids[state] = got
+                return got
+        n = int(self.lexrows.n[0])
         if n >= HARD_STATES:
             return PYTHON
         if n == len(self.lives):
             self.trans = np.concatenate([self.trans, np.full(n * 256, UNKNOWN, dtype=np.int32)])
             self.lives = np.concatenate([self.lives, np.zeros(n, dtype=np.uint8)])
             self.inside = np.concatenate([self.inside, np.zeros(n, dtype=np.uint8)])
+            self.generic = np.concatenate([self.generic, np.full(n, UNKNOWN, dtype=np.int32)])
             self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
-            self.keys.set_inside(self.inside)
+            self.keys.set_inside(self.inside, self.generic)
+            self.lexrows.grow(2 * n, self.inside, self.lives, HARD_STATES)
+            self.account()
         self.ids[state] = n
+        self.states.sync(n)
         self.states.append(state)
+        self.lexrows.n[0] = n + 1
         cands = self.machine.candidates(state)
         if cands is None:
             self.lives[n] = 1  # (MaskEngine._lives: a state taking any byte lets a token end)
@@ -108,7 +145,36 @@ class StateTable:
             self.lex.setdefault(top, n)  # (most states are never stepped from: shared lazily)
             if top[0] == "S" and top[7] is FREE and not (top[3] or top[4] or top[5]):
                 self.inside[n] = 1
+            if lexeme:
+                self.lexrows.register(n, self.lex[top], state[0][1], lexeme)
         return n
+
+    def _string_lexeme(self, state: tuple) -> int:
+        """table_walk.c's kind of a state: 1 a plain string body (no enum: any byte may come)
+        whose quote ends it, 2 one inside an escape or a UTF-8 sequence, 0 anything else."""
+        if not self.lexemes or len(state) != 1 or state[0] is None:
+            return 0
+        top = state[0][0]
+        if type(top) is not tuple or top[0] != "S" or top[1].enum is not None:
+            return 0
+        return 2 if top[3] or top[4] else 1
+
+    def set_generic(self, p: int, parent: tuple, t: int) -> None:
+        """When key state p's close `t` (from concrete `parent`) is that of a key of
+        additionalProperties, make it p's close for every key text but the registered ones:
+        the declared properties and the keys already seen (UNKNOWN: Python derives them)."""
+        rest = parent[0][1]
+        obj, key = rest[0], parent[0][0][7]
+        node, seen = obj[1], obj[3]
+        if obj[0] != "O" or node.key_node is None or node.key_node.residual is not None:
+            return  # (a propertyNames check reads the key's text at its close)
+        after = self.states[t][0][0]
+        if not extra_key(node, key) or key in seen or after[0] != "O" or after[4] is not EXTRA:
+            return
+        for k in set(node.props) | seen:
+            if (p, k) not in self.in_c:  # (those are registered with their own close)
+                self.keys.add(p, k.encode("utf-8"), UNKNOWN)
+        self.generic[p] = t
 
     def inside_step(self, s: int, b: int) -> Optional[int]:
         """The transition of state s on byte b read off another state of its lexeme, when b
@@ -141,16 +207,20 @@ class TableWalker:
         # JSON / regex states are canonicalized; EBNF states (ebnf.py) are pure as they are
         self._json = isinstance(engine.machine, Machine)
         self.table = StateTable(engine.machine, self._json)
+        self.table.lock = engine._walk_lock  # (the engine holds it around `walk`)
         self._canon = canonical if self._json else (lambda state: state)
         self._stack = np.zeros(257, dtype=np.int32)
         self._at = np.zeros(1, dtype=np.int32)
         self._path = np.zeros(258, dtype=np.uint8)  # the C walk's current path
+        self._pend = np.zeros(258, dtype=np.int32)  # bytes to derive at a stop (count first)
 
     def walk(self, state: tuple, hist: bytes, trie, lists) -> np.ndarray:
         """bool [n_slots]: the tokens of `trie` allowed from `state` (the Python walk's result)."""
         eng, tab = self.engine, self.table
         if len(tab.states) > SOFT_STATES or len(tab.closes) > 4 * SOFT_STATES:
             tab.reset()
+        tab.account()
+        BUDGET.before_walk(tab)
         root = tab.intern(self._canon(state))
         if root == PYTHON:
             return eng._walk_py(state, hist, trie, lists)
@@ -159,20 +229,21 @@ class TableWalker:
         stack[0], at[0] = root, 0
         tab.keys.set_head(root_key(state) if self._json else None)
         args = (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
-                ctypes.addressof(tab.keys.struct), self._path.ctypes.data)
-        fn = self.lib.cfg_table_walk
+                ctypes.addressof(tab.keys.struct), self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct),
+                self._pend.ctypes.data)
+        fn, count = self.lib.cfg_table_walk, tab.lexrows.n
         while True:
             code = fn(*tab.addr, *args)
+            tab.states.sync(int(count[0]))
             if code == 0:
                 break
             i = int(at[0])
             d = lists[1][i]
-            if code == 1:  # node i and its later siblings (the walk meets them next): one stop
-                s, j, n = int(stack[d - 1]), i, trie.n_nodes
-                while j < n and lists[1][j] == d:
-                    if tab.trans[s * 256 + lists[0][j]] == UNKNOWN:
-                        self._derive(s, lists[0][j], hist, trie, j, d)
-                    j = lists[2][j]
+            if code == 1:  # node i and its later siblings C cannot read off a rep: one stop
+                s, pend = int(stack[d - 1]), self._pend
+                for b in pend[1:1 + pend[0]].tolist():
+                    if tab.trans[s * 256 + b] == UNKNOWN:
+                        self._derive(s, b, hist, trie, i, d)
             elif code == 3 and tab.lives[stack[d]] != IN_PYTHON:
                 self._liveness(int(stack[d]), hist, trie, i, d)
             else:  # node i's step (code 2) or its token's liveness (3) reads the output text
@@ -226,6 +297,8 @@ class TableWalker:
         if t is None:
             got = self.engine.machine.advance(parent, 0x22, len(hist) + d - 1, _ctx(hist, path))
             t = tab.closes[key] = tab.intern(self._canon(got)) if got else DEAD
+            if t >= 0 and tab.generic[p] == UNKNOWN:
+                tab.set_generic(p, parent, t)
         elif t != PYTHON and key not in tab.in_c:  # met again: from now on the C walk finds it
             tab.in_c.add(key)
             tab.keys.add(p, key[1].encode("utf-8"), t)
@@ -243,8 +316,8 @@ class TableWalker:
     def _derive(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
         tab = self.table
         st = tab.states[s]
-        if b == 0x22 and self._json and has_free(st):  # the quote closing a string whose text was abstracted
-            tab.trans[s * 256 + b] = PYTHON
+        if self._json and ((b == 0x22 and has_free(st)) or free_number_exponent(st, b)):
+            tab.trans[s * 256 + b] = PYTHON  # (a string's text or a number's digits were abstracted)
             return
         got = tab.inside_step(s, b)
         if got is not None:
@@ -267,6 +340,10 @@ class TableWalker:
             tab.lives[t] = IN_PYTHON
             return
         tab.lives[t] = 1 if lives else 2
+
+
+def _give_back(held: list) -> None:
+    BUDGET.resize(-held[0])
 
 
 def _replay(machine, state: tuple, hist: bytes, prefix: bytes, ctx) -> tuple:

@@ -1,0 +1,131 @@
+"""String-body lexeme states made by the C walk (table_walk.c `cfg_lex`).
+
+A string body's inside steps do not read the stack below it (canonical.py: lexemes), so
+a state (S frame over stack R) steps on such a byte to (S' over R) where S' is what the
+lexeme's first state with frame S steps to. The C walk composes that state itself: it
+finds (the id of S', the id of R) in an open-addressing map or makes a new state id, and
+records where its top frame comes from (`src`); Python builds the tuple only when it
+reads the state (`States`). Python-made string states are registered in the same map, so
+one (frame, stack below) has one id whichever side met it first.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+_GOLDEN, _MASK = 0x9E3779B97F4A7C15, (1 << 64) - 1
+
+
+class CfgLex(ctypes.Structure):
+    """Mirrors cfg_lex in table_walk.c."""
+
+    _fields_ = [("rep", ctypes.c_void_p), ("below", ctypes.c_void_p), ("kind", ctypes.c_void_p),
+                ("src", ctypes.c_void_p), ("inside", ctypes.c_void_p), ("lives", ctypes.c_void_p),
+                ("map", ctypes.c_void_p), ("map_cap", ctypes.c_int64), ("n", ctypes.c_void_p),
+                ("cap", ctypes.c_int32)]
+
+
+def _slot(key: int, cap: int) -> int:
+    return ((key * _GOLDEN) & _MASK) >> 29 & (cap - 1)
+
+
+class LexRows:
+    """Per-state lexeme fields (rep, below, kind, src: int32 / uint8 [cap]), the map
+    (rep, below) -> id (int64 [map_cap x 2]) and the state count shared with C."""
+
+    def __init__(self):
+        self.struct = CfgLex()
+        self.n = np.zeros(1, dtype=np.int32)  # states in the table (C increments it too)
+        self.clear(64)
+
+    def clear(self, cap: int) -> None:
+        self.n[0] = 0
+        self.below_ids: dict = {}  # stack below a string frame -> its id
+        self.rep = np.full(cap, -1, dtype=np.int32)
+        self.below = np.full(cap, -1, dtype=np.int32)
+        self.kind = np.zeros(cap, dtype=np.uint8)
+        self.src = np.full(cap, -1, dtype=np.int32)
+        self._new_map(4 * cap)
+        self.struct.n = self.n.ctypes.data
+
+    def grow(self, cap: int, inside: np.ndarray, lives: np.ndarray, limit: int) -> None:
+        """Arrays to `cap` rows; C makes states while n < min(cap, limit)."""
+        old = len(self.rep)
+        if cap > old:
+            self.rep = np.concatenate([self.rep, np.full(cap - old, -1, dtype=np.int32)])
+            self.below = np.concatenate([self.below, np.full(cap - old, -1, dtype=np.int32)])
+            self.kind = np.concatenate([self.kind, np.zeros(cap - old, dtype=np.uint8)])
+            self.src = np.concatenate([self.src, np.full(cap - old, -1, dtype=np.int32)])
+            keys = self.map[self.map[:, 0] != -1]
+            self._new_map(4 * cap)
+            for key, value in keys.tolist():
+                self._put(key, value)
+        st = self.struct
+        st.rep, st.below, st.kind, st.src = (a.ctypes.data for a in (self.rep, self.below, self.kind, self.src))
+        st.inside, st.lives, st.cap = inside.ctypes.data, lives.ctypes.data, min(cap, limit)
+
+    def nbytes(self) -> int:
+        return self.rep.nbytes + self.below.nbytes + self.kind.nbytes + self.src.nbytes + self.map.nbytes
+
+    def _new_map(self, cap: int) -> None:
+        self.map = np.full((cap, 2), -1, dtype=np.int64)
+        self.struct.map, self.struct.map_cap = self.map.ctypes.data, cap
+
+    def _put(self, key: int, value: int) -> None:
+        cap = len(self.map)
+        slot = _slot(key, cap)
+        while self.map[slot, 0] != -1:
+            slot = (slot + 1) & (cap - 1)
+        self.map[slot] = (key, value)
+
+    def find(self, rep: int, below) -> int:
+        """The id of (frame of state `rep`, stack `below`), or -1."""
+        b = self.below_ids.get(below)
+        if b is None:
+            return -1
+        key, cap = (rep << 32) | b, len(self.map)
+        slot = _slot(key, cap)
+        while self.map[slot, 0] != -1:
+            if self.map[slot, 0] == key:
+                return int(self.map[slot, 1])
+            slot = (slot + 1) & (cap - 1)
+        return -1
+
+    def register(self, n: int, rep: int, below, kind: int) -> None:
+        """Python interned string state n (its frame's first state `rep`, over `below`)."""
+        b = self.below_ids.setdefault(below, len(self.below_ids))
+        self.rep[n], self.below[n], self.kind[n] = rep, b, kind
+        if self.find(rep, below) < 0:
+            self._put((rep << 32) | b, n)
+
+
+class States(list):
+    """The table's states by id; an id the C walk made (None here) is built on first read:
+    the top frame of its `src` state over the stack below of its id."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = table
+        self._belows: list = []
+
+    def __getitem__(self, i):
+        got = list.__getitem__(self, i)
+        if got is None:
+            tab = self.table
+            lx = tab.lexrows
+            if len(self._belows) < len(lx.below_ids):
+                self._belows = list(lx.below_ids)
+            src = list.__getitem__(self, int(lx.src[i]))  # (made by Python: a rep's step)
+            got = ((src[0][0], self._belows[int(lx.below[i])]),)
+            list.__setitem__(self, i, got)
+            tab.ids.setdefault(got, i)
+        return got
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def sync(self, n: int) -> None:
+        """Room for the ids up to n (those C made since)."""
+        if n > len(self):
+            self.extend([None] * (n - len(self)))

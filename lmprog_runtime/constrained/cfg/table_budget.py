@@ -1,0 +1,60 @@
+"""The memory of every grammar's mask table (table.py) together, bounded.
+
+A table is ~1 KB per interned state and lives as long as its compiled grammar (the
+backend's LRU keeps 256): without a bound the tables of many grammars used hard could
+add up to gigabytes. Tables report their bytes here as they grow; before a walk, when the
+total is past TOTAL_BYTES, tables are emptied, the least recently walked first, until it is
+under LOW_BYTES (a table another thread is walking is skipped: its lock is held).
+Emptying a table costs only speed (it refills on demand); masks are unchanged.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+
+TOTAL_BYTES = 256 << 20  # all grammars' tables together
+LOW_BYTES = 192 << 20    # what an eviction brings the total down to
+
+
+class TableBudget:
+    """Bytes held by live tables (each registered with `track`)."""
+
+    def __init__(self, total: int = TOTAL_BYTES, low: int = LOW_BYTES):
+        self.total, self.low = total, low
+        self.used = 0
+        self._lock = threading.Lock()
+        self._tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # table -> last walk
+        self._clock = itertools.count()
+
+    def track(self, table) -> None:
+        with self._lock:
+            self._tables[table] = next(self._clock)
+
+    def resize(self, delta: int) -> None:
+        """A table's bytes changed by `delta` (a table's finalizer gives its bytes back)."""
+        with self._lock:
+            self.used += delta
+
+    def before_walk(self, table) -> None:
+        """Called with `table`'s own walk lock held: marks it walked; evicts past the total."""
+        with self._lock:
+            self._tables[table] = next(self._clock)
+            if self.used <= self.total:
+                return
+            order = sorted(self._tables.items(), key=lambda kv: kv[1])
+        for other, _ in order:  # least recently walked first; the walker's own table last
+            if self.used <= self.low:
+                return
+            if other is table:
+                continue
+            if other.lock.acquire(blocking=False):
+                try:
+                    other.reset()
+                finally:
+                    other.lock.release()
+        if self.used > self.low:
+            table.reset()
+
+
+BUDGET = TableBudget()
