@@ -135,8 +135,10 @@ def grammar_coverage(results_dir: str) -> List[str]:
            "over compiled schemas; fully correct = compiled and every instance right, over all schemas. "
            "Compile time is the first request's wait for its grammar (cold cache); mask µs/token is the "
            "scheduler's `write_mask` per token of the valid instances, first visits of states included. "
-           "`cfg` is lmprog's grammar engine, `outlines` the regex-DFA default; llguidance and xgrammar "
-           "are the optional adapters behind the same interface." + (f" {d['note']}" if d.get("note") else ""), "",
+           "`cfg` is lmprog's grammar engine and the default backend, `outlines` the regex-DFA backend "
+           "(the default before cfg); llguidance and xgrammar are the optional adapters behind the same "
+           "interface (an engine missing from the table was not installed for that run)."
+           + (f" Run on a {d['note']}." if d.get("note") else ""), "",
            "| corpus | engine | compiles % | valid accepted % | invalid rejected % | fully correct % | "
            "compile p50 / p95 ms | mask µs/token mean / p99 |",
            "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -180,8 +182,9 @@ def speculative(results_dir: str) -> List[str]:
                    f"{_f(p['tokens_per_s_on'], 1)} | **{_f(p['speedup'], 2)}x** | {_f(p['mean_accept_length'], 2)} | "
                    f"{'yes' if p['identical_outputs'] else 'no'} |")
     if d.get("llama_cpp"):
+        note = f" ({d['llama_cpp_note']})" if d.get("llama_cpp_note") else ""
         out += ["", "llama.cpp `llama-server -np 1` on the same prompts at batch 1 (its `--spec-type`; drafts "
-                    "accepted / proposed from its own timings):", "",
+                    f"accepted / proposed from its own timings){note}:", "",
                 "| workload | spec type | tok/s | drafts accepted / proposed |", "|---|---|---:|---:|"]
         for r in d["llama_cpp"]:
             out.append(f"| {r['workload']} | {r['spec_type']} | {_f(r['tokens_per_s'], 1)} | "
