@@ -23,14 +23,19 @@ def resolve_pointer(root, ref: str):
     """Resolve a local `$ref` (`#`, `#/a/b`, `#/definitions/x`) against `root`."""
     if not ref.startswith("#"):
         raise UnsupportedSchemaError(f"$ref {ref!r}: only local references (#/...) are supported")
-    node = root
     path = ref[1:]
     if path in ("", "/"):
         return root
     if not path.startswith("/"):
         raise UnsupportedSchemaError(f"$ref {ref!r}: anchors are not supported")
-    for raw in path[1:].split("/"):
-        key = unquote(raw).replace("~1", "/").replace("~0", "~")
+    return walk_pointer(root, unquote(path), ref)
+
+
+def walk_pointer(node, pointer: str, ref: str):
+    """The value at JSON Pointer `pointer` ("/a/b", percent-decoded as a URI fragment is
+    before it is parsed, RFC 6901 §6) under `node`; `ref` names the reference in errors."""
+    for raw in pointer[1:].split("/") if pointer else ():
+        key = raw.replace("~1", "/").replace("~0", "~")
         if isinstance(node, list) and key.isdigit() and int(key) < len(node):
             node = node[int(key)]
         elif isinstance(node, dict) and key in node:

@@ -21,6 +21,7 @@ from typing import Optional
 
 from lmprog_runtime.constrained.cfg.registry import SchemaRegistry, join, split
 from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
+from lmprog_runtime.constrained.schema_merge import walk_pointer
 
 MAX_INDEXED = 200_000  # schema objects indexed per compile
 _DATA = frozenset(("enum", "const", "default", "examples", "example"))  # values, not schemas
@@ -68,16 +69,7 @@ class RefIndex:
             if got is None:
                 raise UnsupportedSchemaError(f"$ref {ref!r}: unknown anchor {frag!r} in {doc_uri or 'the schema'}")
             return got
-        node = target
-        for raw in frag[1:].split("/") if frag else ():
-            key = raw.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, list) and key.isdigit() and int(key) < len(node):
-                node = node[int(key)]
-            elif isinstance(node, dict) and key in node:
-                node = node[key]
-            else:
-                raise UnsupportedSchemaError(f"$ref {ref!r} does not resolve")
-        return node
+        return walk_pointer(target, frag, ref)  # frag: percent-decoded by split
 
     def _resource(self, doc_uri: str, ref: str, uri: str):
         if doc_uri == self.root_base:
