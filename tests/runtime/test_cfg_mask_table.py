@@ -43,6 +43,22 @@ def backend():
     return tok, CfgBackend(tok, len(tok), [tok.eos_token_id])
 
 
+def _walk(tok, g0, oracle, text: str, label, must_accept: bool = False) -> int:
+    """C masks against the Python walk's (`oracle`) along `text`'s tokens from grammar `g0`,
+    up to the first token the grammar refuses (`must_accept`: none may be); how many."""
+    sh, g, n = g0._shared, g0.copy(), 0
+    for tid in tok.encode(text, add_special_tokens=False):
+        hist = bytes(g._hist)
+        got, want = sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)
+        assert np.array_equal(got, want), (label, hist, np.nonzero(got != want)[0][:8])
+        n += 1
+        if not want[tid]:
+            assert not must_accept, (label, hist, tid)
+            break
+        g.accept_token(tid)
+    return n
+
+
 def _compare(tok, be, schema, instances) -> int:
     """Masks compared along each instance; returns how many (0 when the schema is refused)."""
     try:
@@ -51,17 +67,7 @@ def _compare(tok, be, schema, instances) -> int:
         return 0
     sh = g0._shared
     oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
-    n = 0
-    for inst in instances:
-        g = g0.copy()
-        for tid in tok.encode(compact(inst), add_special_tokens=False):
-            hist = bytes(g._hist)
-            got, want = sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)
-            assert np.array_equal(got, want), (schema, hist, np.nonzero(got != want)[0][:8])
-            n += 1
-            if not want[tid]:
-                break
-            g.accept_token(tid)
+    n = sum(_walk(tok, g0, oracle, compact(inst), schema) for inst in instances)
     assert sh.engine._tw, "the C table walk was not used"
     return n
 
@@ -89,15 +95,7 @@ def test_table_walk_masks_equal_python_walk_on_ebnf_and_regex(backend):
         g0 = be.compile(kind, spec)
         sh = g0._shared
         oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
-        for text in texts:
-            g = g0.copy()
-            for tid in tok.encode(text, add_special_tokens=False):
-                hist = bytes(g._hist)
-                got, want = sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)
-                assert np.array_equal(got, want), (kind, hist)
-                assert want[tid], (kind, hist, tid)
-                g.accept_token(tid)
-                n += 1
+        n += sum(_walk(tok, g0, oracle, text, kind, must_accept=True) for text in texts)
         assert sh.engine._tw
     assert n > 10
 
@@ -163,16 +161,7 @@ def _compare_texts(tok, be, schema, texts, rounds: int = 2) -> int:
     n = 0
     for _ in range(rounds):
         sh.engine._memo.clear()
-        for text in texts:
-            g = g0.copy()
-            for tid in tok.encode(text, add_special_tokens=False):
-                hist = bytes(g._hist)
-                got, want = sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)
-                assert np.array_equal(got, want), (schema, hist, np.nonzero(got != want)[0][:8])
-                n += 1
-                if not want[tid]:
-                    break
-                g.accept_token(tid)
+        n += sum(_walk(tok, g0, oracle, text, schema) for text in texts)
     return n
 
 

@@ -85,6 +85,19 @@ def _two_sample_chi2(a: dict, b: dict, min_count: int = 10):
     return stat, max(len(keys) - 1, 1)
 
 
+def assert_same_token_distributions(ref: list, outs: list, positions: int) -> None:
+    """At each of the first `positions` output positions, the tokens of the `outs` samples
+    and of the `ref` samples pass a two-sample chi-square test (alpha 1e-3)."""
+    for pos in range(positions):
+        a, b = {}, {}
+        for o in ref:
+            a[o["output_ids"][pos]] = a.get(o["output_ids"][pos], 0) + 1
+        for o in outs:
+            b[o["output_ids"][pos]] = b.get(o["output_ids"][pos], 0) + 1
+        stat, df = _two_sample_chi2(a, b)
+        assert stat < _chi2_critical(df), (pos, stat, df, a, b)
+
+
 def test_sampling_matches_plain_distribution(plain, tiny_model_path):
     """N seeded requests, temperature 1 with top_k 3 (a few outcomes per position), with
     and without speculation (the target drafting for itself, so drafts are accepted with
@@ -105,11 +118,4 @@ def test_sampling_matches_plain_distribution(plain, tiny_model_path):
     # speculation really happened (the CPU's per-step draft cap lets ~24 of the 256 running
     # requests draft in one step, so far from every position is drafted)
     assert state["spec_num_accepted_tokens"] >= n // 4, state
-    for pos in range(positions):
-        a, b = {}, {}
-        for o in ref:
-            a[o["output_ids"][pos]] = a.get(o["output_ids"][pos], 0) + 1
-        for o in outs:
-            b[o["output_ids"][pos]] = b.get(o["output_ids"][pos], 0) + 1
-        stat, df = _two_sample_chi2(a, b)
-        assert stat < _chi2_critical(df), (pos, stat, df, a, b)
+    assert_same_token_distributions(ref, outs, positions)

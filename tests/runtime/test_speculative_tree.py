@@ -14,7 +14,7 @@ import pytest
 
 from engine_helpers import make_engine
 from lmprog_runtime.speculative.base import Draft, DraftSource
-from test_speculative_standalone import _chi2_critical, _two_sample_chi2
+from test_speculative_standalone import assert_same_token_distributions
 
 PROMPTS = [
     "The cat sat on the mat. The cat sat on the",
@@ -109,14 +109,7 @@ def test_tree_sampling_matches_plain_distribution(tiny_model_path):
     finally:
         eng.shutdown()
     assert state["spec_num_accepted_tokens"] > 0 and state["spec_num_verify"] > 0, state
-    for pos in range(positions):
-        a, b = {}, {}
-        for o in ref:
-            a[o["output_ids"][pos]] = a.get(o["output_ids"][pos], 0) + 1
-        for o in outs:
-            b[o["output_ids"][pos]] = b.get(o["output_ids"][pos], 0) + 1
-        stat, df = _two_sample_chi2(a, b)
-        assert stat < _chi2_critical(df), (pos, stat, df, a, b)
+    assert_same_token_distributions(ref, outs, positions)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
