@@ -53,13 +53,13 @@ def canonical(state: tuple) -> tuple:
 
 
 def _free_number(top) -> bool:
-    """A number's text is read only by its bounds (none here: `number_ok` is then true of
+    """A number's text is read only by its bounds and a numeric enum (none here: `number_ok` is then true of
     every complete text without exponent the steps allow), by its exponent's size (so
     exponent states keep their text, and a free number's `e` is stepped from the concrete
     state: `free_number_exponent`) and by the MAX_NUMBER_CHARS cap, which a walk (at most
     256 bytes deep) cannot reach from a text this short: it becomes "0"."""
     node, text = top[1], top[2]
-    return (node.lo is None and node.hi is None and node.multiple_of is None and top[3] <= 5
+    return (node.lo is None and node.hi is None and node.multiple_of is None and node.num_enum is None and top[3] <= 5
             and text != "0" and len(text) < MAX_NUMBER_CHARS - 257)
 
 

@@ -291,7 +291,7 @@ class Machine(StringFrames):
                 return []
             if node.integer_only() and (nd >= 6 or (nd == 5 and b != 0x30)):
                 return []  # integers: digits, or a zero fraction (1.0 is an integer); no exponent
-            if nd <= 5 and not node.number_prefix_ok(text + chr(b)):
+            if not (node.number_prefix_ok(text + chr(b)) if nd <= 5 else node.number_exponent_ok(text + chr(b))):
                 return []
             return [(("N", node, text + chr(b), nd), rest)]
         if d not in NUM_COMPLETE or not node.number_ok(text):

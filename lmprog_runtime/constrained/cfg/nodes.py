@@ -22,7 +22,7 @@ ALL_TYPES = frozenset(("null", "boolean", "object", "array", "string", "number",
 
 class Node:
     __slots__ = ("schema", "types", "literals", "min_len", "max_len", "patterns", "enum", "lo", "lo_excl",
-                 "hi", "hi_excl", "multiple_of", "integer", "props", "pattern_props", "additional",
+                 "hi", "hi_excl", "multiple_of", "integer", "num_enum", "props", "pattern_props", "additional",
                  "required", "min_props", "max_props", "dep_required", "key_node", "prefix", "items",
                  "min_items", "max_items", "unique", "alts", "residual", "never", "_child", "name")
 
@@ -39,6 +39,7 @@ class Node:
         self.hi_excl = False
         self.multiple_of: Optional[Decimal] = None
         self.integer = False                          # numbers must be integral
+        self.num_enum: Optional[tuple[Decimal, ...]] = None  # an enum's numbers: a number must equal one
         self.props: dict[str, "Node"] = {}
         self.pattern_props: tuple[tuple[int, "Node"], ...] = ()
         self.additional: Optional["Node"] = None      # None: undeclared keys are refused
@@ -75,13 +76,28 @@ class Node:
 
     def number_prefix_ok(self, text: str) -> bool:
         """Some completion of the number prefix `text` (sign, integer digits, fraction; no
-        exponent) can lie within [lo, hi]: a number drifting out of bounds is stopped at the
-        digit that leaves them, not left to grow forever."""
-        if self.lo is None and self.hi is None:
+        exponent) can lie within [lo, hi] and equal a number of the enum: a number drifting
+        out of bounds, or away from every enum value, is stopped at the digit that leaves
+        them, not left to grow forever."""
+        try:
+            with localcontext(_EXACT):
+                if self.num_enum is not None and not any(
+                        _enum_mantissa_ok(text, v, not self.integer_only()) for v in self.num_enum):
+                    return False
+                if self.lo is None and self.hi is None:
+                    return True
+                return any(self._meets(a, b) for a, b in _reachable(text, self._bound_digits()))
+        except ArithmeticError:
+            return True
+
+    def number_exponent_ok(self, text: str) -> bool:
+        """Some completion of `text`, a number prefix inside its exponent (`1.5e`, `2E-0`),
+        equals a number of the enum (true without one: bounds read the complete text)."""
+        if self.num_enum is None:
             return True
         try:
             with localcontext(_EXACT):
-                return any(self._meets(a, b) for a, b in _reachable(text, self._bound_digits()))
+                return any(_enum_exponent_ok(text, v) for v in self.num_enum)
         except ArithmeticError:
             return True
 
@@ -130,3 +146,43 @@ def _reachable(text: str, max_more: int):
         spans.append((d.scaleb(max_more + 1), Decimal("Infinity")))
     for a, b in spans:
         yield (-b, -a) if neg else (a, b)
+
+
+def _enum_mantissa_ok(text: str, v: Decimal, exponent: bool) -> bool:
+    """Some JSON number starting with `text` (no exponent yet) equals v. With an exponent
+    still possible only the significant digits and the sign decide (the exponent scales);
+    without (integers) the integer digits are the value."""
+    neg = text.startswith("-")
+    if v and neg != (v < 0):
+        return False
+    ip, dot, frac = text.lstrip("-").partition(".")
+    digits = (ip + frac).lstrip("0")
+    if not v:
+        return not digits
+    if exponent:
+        sig = "".join(map(str, abs(v).normalize().as_tuple().digits))  # no leading or trailing zeros
+        return digits[:len(sig)] == sig[:len(digits)] and not digits[len(sig):].strip("0")
+    if v != v.to_integral_value():
+        return False
+    whole = str(abs(int(v)))
+    return (ip == whole) if dot else whole.startswith(ip)
+
+
+def _enum_exponent_ok(text: str, v: Decimal) -> bool:
+    """Some completion of the exponent of `text` (mantissa complete, `e` and maybe a sign
+    and digits typed) makes the number equal v."""
+    mant, _, exp = text.replace("E", "e").partition("e")
+    m = Decimal(mant)
+    sign, digits = (exp[0], exp[1:]) if exp[:1] in ("+", "-") else ("", exp)
+    if not v or not m:
+        return not v and not m  # 0 times any power is 0
+    if (m < 0) != (v < 0):
+        return False
+    ratio = (abs(v) / abs(m)).normalize()
+    if ratio.as_tuple().digits != (1,):
+        return False  # not a power of ten
+    need = ratio.as_tuple().exponent  # v = m * 10**need
+    if (sign == "-" and need > 0) or (sign == "+" and need < 0):
+        return False
+    typed = digits.lstrip("0")
+    return str(abs(need)).startswith(typed) if need else not typed

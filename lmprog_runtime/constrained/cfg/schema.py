@@ -218,6 +218,9 @@ class SchemaCompiler:
         n.types = n.types & frozenset(kinds)
         n.literals = frozenset(lits)
         n.enum = tuple(sorted({v for v in values if isinstance(v, str)}))
+        nums = {Decimal(repr(v)) if isinstance(v, float) else Decimal(v)
+                for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        n.num_enum = tuple(sorted(nums)) if nums else None  # also numbers: a number must equal one
         if kinds - {"boolean", "null", "string"}:
             n.residual = s  # numbers, objects, arrays in an enum: compared on the complete value
 

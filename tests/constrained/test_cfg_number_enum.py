@@ -1,0 +1,92 @@
+"""Numbers under an `enum` / `const` (cfg engine): the mask follows only digits that can
+still spell one of the enum's numbers (any spelling JSON allows: `1.0`, `10e-1`, `0.1E1`),
+so sampling can never wander into a number no completion makes valid (before, the enum was
+checked on the complete value only, and a model could write `441.000...` until its length
+ran out)."""
+import json
+from decimal import Decimal
+
+import pytest
+import torch
+
+from lmprog_runtime.constrained import create_grammar_backend
+from lmprog_runtime.constrained.cfg.nodes import _enum_exponent_ok, _enum_mantissa_ok
+
+
+@pytest.fixture(scope="module")
+def cfg(tokenizer):
+    be = create_grammar_backend("cfg", tokenizer, vocab_size=49152 + 64, eos_token_ids=[tokenizer.eos_token_id])
+    yield be
+    be.shutdown()
+
+
+def _grammar(be, schema):
+    return be.get_future("json", json.dumps(schema)).result(timeout=60)
+
+
+def _accepts(be, tokenizer, schema, text) -> bool:
+    g = _grammar(be, schema)
+    row = torch.zeros(be.vocab_size, dtype=torch.bool)
+    for t in tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]:
+        row.numpy().fill(False)
+        g.fill_mask(row)
+        if not row[t]:
+            return False
+        g.accept_token(t)
+    return True
+
+
+@pytest.mark.parametrize("text, value, exponent, ok", [
+    ("", Decimal(22), True, True), ("-", Decimal(22), True, False), ("2", Decimal(22), True, True),
+    ("0.00", Decimal(22), True, True), ("0.0022", Decimal(22), True, True), ("0.0023", Decimal(22), True, False),
+    ("220", Decimal(22), True, True), ("2201", Decimal(22), True, False), ("4", Decimal(22), True, False),
+    ("-2.5", Decimal("-25"), True, True), ("2.5", Decimal("-25"), True, False),
+    ("0.000", Decimal(0), True, True), ("-0.0", Decimal(0), True, True), ("0.01", Decimal(0), True, False),
+    ("33", Decimal(333), False, True), ("333.", Decimal(333), False, True), ("33.", Decimal(333), False, False),
+    ("3334", Decimal(333), False, False), ("0", Decimal(0), False, True), ("1", Decimal("1.5"), False, False),
+])
+def test_mantissa_prefixes(text, value, exponent, ok):
+    assert _enum_mantissa_ok(text, value, exponent) is ok
+
+
+@pytest.mark.parametrize("text, value, ok", [
+    ("1e", Decimal(100), True), ("1e2", Decimal(100), True), ("1e3", Decimal(100), False),
+    ("1e+00", Decimal(100), True), ("1e-", Decimal(100), False), ("10e-", Decimal(1), True),
+    ("10e-1", Decimal(1), True), ("10e-2", Decimal(1), False), ("2e", Decimal(100), False),
+    ("0e", Decimal(0), True), ("0e", Decimal(5), False), ("-1E1", Decimal(-10), True), ("1E1", Decimal(-10), False),
+    ("2.5e", Decimal("0.25"), True), ("2.5e-1", Decimal("0.25"), True), ("1e0", Decimal(1), True),
+    ("1e1", Decimal(1), False),
+])
+def test_exponent_prefixes(text, value, ok):
+    assert _enum_exponent_ok(text, value) is ok
+
+
+def test_integer_enum_spellings(cfg, tokenizer):
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "enum": [1, 22, 333]}},
+              "required": ["a"], "additionalProperties": False}
+    for a in ("1", "22", "333", "1.0", "22.000", "333.0"):
+        assert _accepts(cfg, tokenizer, schema, '{"a": %s}' % a), a
+    for a in ("2", "4", "221", "3330", "1.5", "-1", "1e0"):  # integers take no exponent here
+        assert not _accepts(cfg, tokenizer, schema, '{"a": %s}' % a), a
+
+
+def test_number_enum_spellings(cfg, tokenizer):
+    schema = {"enum": [0.25, 100, -3, "x", None]}
+    for text in ("0.25", "2.5e-1", "25E-2", "100", "1e2", "1.00E+2", "-3", "-30e-1", '"x"', "null"):
+        assert _accepts(cfg, tokenizer, schema, text), text
+    for text in ("0.26", "2.5e-2", "1e3", "3", "-3.5", '"y"', "true"):
+        assert not _accepts(cfg, tokenizer, schema, text), text
+
+
+def _first_numbers(be, tokenizer, schema):
+    g = _grammar(be, schema)
+    row = torch.zeros(be.vocab_size, dtype=torch.bool)
+    g.fill_mask(row)
+    texts = {tokenizer.decode([t]) for t in row.nonzero().view(-1).tolist() if t != tokenizer.eos_token_id}
+    return {s for s in texts if s.strip()[:1].isdigit()}
+
+
+def test_first_digits_follow_the_enum(cfg, tokenizer):
+    """An integer's digits must spell the value; a number's may start `0.` (0.333e3)."""
+    assert _first_numbers(cfg, tokenizer, {"type": "integer", "const": 333}) == {"3"}
+    assert _first_numbers(cfg, tokenizer, {"const": 333}) == {"0", "3"}
