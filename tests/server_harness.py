@@ -45,7 +45,7 @@ class LiveServer:
         self.log_path = os.path.join(str(log_dir), f"server-{self.port}.log")
         self.argv = [sys.executable, "-m", "lmprog_runtime", "serve", "--model-path", str(model_path),
                      "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
-                     "--max-total-tokens", "8192", "--num-threads", "1", "--grammar-backend", "outlines",
+                     "--max-total-tokens", "8192", "--num-threads", "1",
                      "--log-level", "warning", *extra_args]
         self.proc: Optional[subprocess.Popen] = None
 

@@ -64,7 +64,7 @@ def test_server_process_never_imports_torch(tiny_model_path, tmp_path):
     port = free_port()
     argv = ["serve", "--model-path", str(tiny_model_path), "--host", "127.0.0.1", "--port", str(port),
             "--dtype", "float32", "--max-total-tokens", "4096", "--num-threads", "1",
-            "--grammar-backend", "outlines", "--log-level", "warning"]
+            "--log-level", "warning"]
     script = tmp_path / "drive_server.py"
     script.write_text(DRIVER % (HEAVY, port, argv))
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
