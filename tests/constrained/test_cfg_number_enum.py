@@ -90,3 +90,20 @@ def test_first_digits_follow_the_enum(cfg, tokenizer):
     """An integer's digits must spell the value; a number's may start `0.` (0.333e3)."""
     assert _first_numbers(cfg, tokenizer, {"type": "integer", "const": 333}) == {"3"}
     assert _first_numbers(cfg, tokenizer, {"const": 333}) == {"0", "3"}
+
+
+def test_object_and_array_constants_are_structure(cfg, tokenizer):
+    """An enum of objects / arrays is their structure (keys in any order, numbers in any
+    spelling), so a model cannot start an object no enum value matches."""
+    schema = {"enum": [{"a": 1, "b": [True, "x"]}, [1, 2], "s"]}
+    for text in ('{"a": 1, "b": [true, "x"]}', '{"b": [true, "x"], "a": 1.0}', "[1, 2]", "[1.0,2e0]", '"s"'):
+        assert _accepts(cfg, tokenizer, schema, text), text
+    for text in ('{"a": 1}', '{"a": 1, "b": [true, "x"], "c": 0}', "[1]", "[1, 2, 3]", "[2, 1]", '"t"', "1"):
+        assert not _accepts(cfg, tokenizer, schema, text), text
+    g = _grammar(cfg, schema)
+    for t in tokenizer.encode('{"', add_special_tokens=False):
+        g.accept_token(t)
+    row = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    g.fill_mask(row)
+    firsts = {tokenizer.decode([t])[:1] for t in row.nonzero().view(-1).tolist()}
+    assert firsts <= {"a", "b", "\\"}, sorted(firsts)  # a key of the constant (or an escape spelling one)

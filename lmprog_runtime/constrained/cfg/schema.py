@@ -135,6 +135,11 @@ class SchemaCompiler:
             if combo in s:
                 self._choice(n, s, combo)
                 return
+        choice = _enum_as_choice(s)
+        if choice is not None:  # objects / arrays in an enum: their structure, checked whole at the end
+            self._choice(n, self._made(choice, s), "anyOf")
+            n.residual = s
+            return
         self._typed(n, s)
         if set(s) - EXACT:
             n.residual = s
@@ -304,6 +309,40 @@ class SchemaCompiler:
         n.min_items = int(s.get("minItems", 0))
         n.max_items = int(s["maxItems"]) if "maxItems" in s else None
         n.unique = bool(s.get("uniqueItems"))
+
+
+def _enum_as_choice(s: dict) -> Optional[dict]:
+    """An enum / const holding objects or arrays as `anyOf` of their literal structures (each
+    object's keys required and no others, each array's items in place) plus one branch of its
+    other values; None when there are none (or they nest too deep to spell out). The
+    structure keeps a model from writing an object or array no value of the enum matches;
+    the enum itself is still decided on the complete value (residual)."""
+    if "const" in s and "enum" in s:
+        return None
+    values = [s["const"]] if "const" in s else s.get("enum")
+    if not isinstance(values, list) or not any(isinstance(v, (dict, list)) for v in values):
+        return None
+    try:
+        alts = [_literal_schema(v, 0) for v in values if isinstance(v, (dict, list))]
+    except RecursionError:
+        return None
+    scalars = [v for v in values if not isinstance(v, (dict, list))]
+    if scalars:
+        alts.append({"enum": scalars})
+    return {**{k: v for k, v in s.items() if k not in ("enum", "const")}, "anyOf": alts}
+
+
+def _literal_schema(v, depth: int) -> dict:
+    """The schema whose only instances equal the JSON value v (JSON Schema equality)."""
+    if depth > 64:
+        raise RecursionError("constant nested too deep")
+    if isinstance(v, dict):
+        return {"type": "object", "properties": {k: _literal_schema(x, depth + 1) for k, x in v.items()},
+                "required": list(v), "additionalProperties": False}
+    if isinstance(v, list):
+        return {"type": "array", "prefixItems": [_literal_schema(x, depth + 1) for x in v], "items": False,
+                "minItems": len(v)}
+    return {"const": v}
 
 
 def _same(a, b) -> bool:
