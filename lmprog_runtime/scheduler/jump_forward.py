@@ -73,6 +73,8 @@ def grammar_draft(g, tokens: List[int], vocab_size: int, cut_after=None):
             g.write_mask(rows[kept])
     finally:
         g.rollback(kept)
+    while kept and not rows[kept].any():  # a draft into a dead end: no verify row samples from nothing
+        kept -= 1
     return tokens[:kept], torch.from_numpy(rows[:kept + 1])
 
 

@@ -113,7 +113,7 @@ def grammar_tree_draft(g, tokens: List[int], parents: List[int], vocab_size: int
                 walked += 1
             if not (g.is_terminated() or (cut_after is not None and cut_after(g))):
                 g.write_mask(rows[j + 1])
-                ok[j] = True
+                ok[j] = bool(rows[j + 1].any())  # not a node into a dead end (nothing to sample after it)
         finally:
             g.rollback(walked)
     kept_t, kept_p = keep_nodes(tokens, parents, ok)

@@ -31,3 +31,38 @@ def test_drafts_respect_limits_and_grammar(tokenizer):
         be.shutdown()
     r = SimpleNamespace(output_ids=[1, 2, 3], max_new_tokens=10, min_new_tokens=0)
     assert draft_limit(r) == 6  # 6 drafts + a bonus = the 7 tokens left
+
+
+class _DeadEndMatcher:
+    """A matcher whose language has a dead end: after token 1 nothing may follow (an engine
+    bug the draft must not turn into a verify row sampled from an empty mask)."""
+
+    def __init__(self, vocab):
+        self.vocab, self.out = vocab, []
+
+    def write_mask(self, row):
+        row[:] = False
+        if not self.out:
+            row[1] = row[2] = True
+        elif self.out[-1] == 2:
+            row[3] = True
+
+    def accept_token(self, t):
+        self.out.append(t)
+
+    def rollback(self, n):
+        del self.out[len(self.out) - n:]
+
+    def is_terminated(self):
+        return False
+
+
+def test_a_draft_stops_before_a_dead_end():
+    from lmprog_runtime.scheduler.jump_forward import grammar_draft
+    from lmprog_runtime.speculative.tree import grammar_tree_draft
+
+    g = _DeadEndMatcher(8)
+    kept, mask = grammar_draft(g, [1], 8)
+    assert kept == [] and mask.shape == (1, 8) and mask[0].any() and g.out == []
+    kept, parents, mask = grammar_tree_draft(g, [1, 2], [-1, -1], 8)
+    assert (kept, parents) == ([2], [-1]) and bool(mask.any(dim=-1).all()) and g.out == []

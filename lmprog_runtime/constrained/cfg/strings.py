@@ -104,6 +104,8 @@ class StringFrames:
                 return []  # only a low surrogate (counted with its pair) may follow a full string
             if node.enum is not None and not _enum_next_ok(node, text, lambda c: True):
                 return []
+            if pats and not hs and not self._pats_can(pats, 0, 0, 21):
+                return []  # an escape spells a character: refused where no pattern takes any more
             return [(("S", node, count, 0, 1, hs, pats, text), rest)]
         if b < 0x20:
             return []

@@ -1,8 +1,15 @@
-"""Numbers under an `enum` / `const` (cfg engine): the mask follows only digits that can
-still spell one of the enum's numbers (any spelling JSON allows: `1.0`, `10e-1`, `0.1E1`),
-so sampling can never wander into a number no completion makes valid (before, the enum was
-checked on the complete value only, and a model could write `441.000...` until its length
-ran out)."""
+"""No dead ends in the cfg engine: every prefix the mask lets through can still be
+completed to a valid instance, so sampling never wanders where nothing valid follows.
+
+- Numbers under an `enum` / `const` follow only digits that can still spell one of the
+  enum's numbers (any spelling JSON allows: `1.0`, `10e-1`, `0.1E1`); before, the enum was
+  checked on the complete value only, and a model could write `441.000...` until its length
+  ran out.
+- Objects and arrays in an enum are their literal structure.
+- A string whose pattern takes no more characters refuses a backslash (an escape spells one
+  more character); before, `\\` was allowed there and `\\u` led to an empty mask, which a
+  verify step then sampled from (NaN probabilities, the request failed).
+"""
 import json
 from decimal import Decimal
 
@@ -107,3 +114,15 @@ def test_object_and_array_constants_are_structure(cfg, tokenizer):
     g.fill_mask(row)
     firsts = {tokenizer.decode([t])[:1] for t in row.nonzero().view(-1).tolist()}
     assert firsts <= {"a", "b", "\\"}, sorted(firsts)  # a key of the constant (or an escape spelling one)
+
+
+def test_no_escape_after_a_full_pattern(cfg, tokenizer):
+    schema = {"type": "string", "pattern": "^[A-Fa-f\\d]{4}$"}
+    assert _accepts(cfg, tokenizer, schema, '"ab\\u0063d"')  # an escape spelling the 3rd character
+    g = _grammar(cfg, schema)
+    for t in tokenizer.encode('"abcd', add_special_tokens=False):
+        g.accept_token(t)
+    row = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    g.fill_mask(row)
+    allowed = [tokenizer.decode([t]) for t in row.nonzero().view(-1).tolist()]
+    assert allowed and all(a.startswith('"') for a in allowed), allowed[:20]  # only the closing quote
