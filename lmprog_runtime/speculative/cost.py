@@ -83,6 +83,11 @@ class StepCost:
             return
         self.fits.setdefault(b, _Fit()).add(drafts, seconds - base[1])
 
+    def plain_known(self, batch: int) -> bool:
+        """Plain decode steps of this batch size measured (MIN_PLAIN of them)."""
+        base = self.plain.get(bucket(batch))
+        return base is not None and base[0] >= MIN_PLAIN
+
     def model(self, batch: int):
         """(c, s, m) for this batch size: seconds per plain-decoded token, fixed verify
         cost, seconds per draft token; None until both kinds of step were measured."""
@@ -134,9 +139,10 @@ def expected_gain(a: float, k: int) -> float:
     return sum(a ** j for j in range(1, k + 1))
 
 
-def worth_it(model, plans) -> bool:
+def worth_it(model, plans, sunk: bool = False) -> bool:
     """`plans`: (acceptance rate, draft length, draft tokens incl. tree alternatives) per
-    request that drafts: does the step's expected gain exceed its verify cost?"""
+    request that drafts: does the step's expected gain exceed its verify cost? `sunk`: the
+    step verifies (forced text) anyway, so the fixed cost s is paid whatever the drafts."""
     c, s, m = model
     gain = c * sum(expected_gain(a, k) for a, k, _ in plans)
-    return gain > s + m * sum(n for _, _, n in plans)
+    return gain > (0.0 if sunk else s) + m * sum(n for _, _, n in plans)
