@@ -67,6 +67,11 @@ class _Fit:
 
 
 class StepCost:
+    """Per bucket: P (plain), and the (s, m) fit of verify steps. A bucket not measured
+    itself but lying between two that are gets their linear interpolation in the batch
+    size (a decode step's time grows smoothly with it), so a draining batch (16 → 8 → ...
+    → 1) does not measure every size on the way."""
+
     def __init__(self):
         self.plain: Dict[int, list] = {}  # bucket -> [EMA weight, EMA of step seconds]
         self.fits: Dict[int, _Fit] = {}
@@ -78,25 +83,48 @@ class StepCost:
             w, t = self.plain.get(b, (0.0, 0.0))
             self.plain[b] = [DECAY * w + 1, (DECAY * w * t + seconds) / (DECAY * w + 1)]
             return
-        base = self.plain.get(b)
-        if base is None or base[0] < MIN_PLAIN:
-            return
-        self.fits.setdefault(b, _Fit()).add(drafts, seconds - base[1])
+        base = self._plain(b)
+        if base is not None:
+            self.fits.setdefault(b, _Fit()).add(drafts, seconds - base)
 
     def plain_known(self, batch: int) -> bool:
-        """Plain decode steps of this batch size measured (MIN_PLAIN of them)."""
-        base = self.plain.get(bucket(batch))
-        return base is not None and base[0] >= MIN_PLAIN
+        """A plain decode step time for this batch size: measured (MIN_PLAIN steps) or
+        interpolated between measured ones."""
+        return self._plain(bucket(batch)) is not None
 
     def model(self, batch: int):
         """(c, s, m) for this batch size: seconds per plain-decoded token, fixed verify
-        cost, seconds per draft token; None until both kinds of step were measured."""
+        cost, seconds per draft token; None until both kinds of step were measured (or
+        can be interpolated)."""
         b = bucket(batch)
-        base, fit = self.plain.get(b), self.fits.get(b)
-        if base is None or base[0] < MIN_PLAIN or fit is None or fit.w < MIN_VERIFY:
+        base = self._plain(b)
+        sm = self._verify(b)
+        if base is None or sm is None:
             return None
-        s, m = fit.solve()
-        return base[1] / batch, s, m
+        return base / batch, sm[0], sm[1]
+
+    def _plain(self, b: int):
+        """P(b) in seconds, or None."""
+        known = {x: (w_t[1],) for x, w_t in self.plain.items() if w_t[0] >= MIN_PLAIN}
+        got = _between(b, known)
+        return None if got is None else got[0]
+
+    def _verify(self, b: int):
+        """(s, m) at b, or None."""
+        return _between(b, {x: f.solve() for x, f in self.fits.items() if f.w >= MIN_VERIFY})
+
+
+def _between(b: int, known: Dict[int, tuple]):
+    """known[b]; else the linear interpolation (in the batch size) of the values at the
+    nearest buckets below and above b; None without both."""
+    if b in known:
+        return known[b]
+    lo = max((x for x in known if x < b), default=None)
+    hi = min((x for x in known if x > b), default=None)
+    if lo is None or hi is None:
+        return None
+    f = (b - lo) / (hi - lo)
+    return tuple(a + f * (z - a) for a, z in zip(known[lo], known[hi]))
 
 
 class Acceptance:

@@ -29,15 +29,18 @@ from lmprog_runtime.speculative.base import Draft, DraftSource
 # A draft needs at least this many tokens of matching context: a single common token
 # (" the", a comma) predicts its continuation too poorly to pay for verifying it.
 MIN_MATCH = 2
+# A chain draft stops where its path's estimated probability would fall below this.
+MIN_PATH_PROB = 0.4
 
 
 class _Node:
-    __slots__ = ("children", "count", "best")
+    __slots__ = ("children", "count", "best", "total")
 
     def __init__(self):
         self.children: Optional[Dict[int, "_Node"]] = None
         self.count = 0
         self.best = -1  # token id of the most frequent child, -1 = none
+        self.total = 0  # sum of the children's counts
 
     def child(self, token: int) -> Optional["_Node"]:
         return None if self.children is None else self.children.get(token)
@@ -98,6 +101,7 @@ class NgramCorpus:
             node = parent.children[token] = _Node()
             self.nodes += 1
         node.count += 1
+        parent.total += 1
         if parent.best < 0 or node.count >= parent.children[parent.best].count:
             parent.best = token
         return node
@@ -109,16 +113,25 @@ class NgramCorpus:
 
     # -- drafting -------------------------------------------------------------------------
     def draft(self, tail: List[int], k: int) -> List[int]:
-        """Up to k tokens continuing `tail` (the sequence's last tokens)."""
+        """Up to k tokens continuing `tail` (the sequence's last tokens), ending where the
+        path's estimated probability (the product of count(best) / count(all children)
+        along it) falls below MIN_PATH_PROB: past a point where the corpus has seen many
+        different continuations (a JSON value after its key: the previous requests'
+        values) every drafted row is likely wasted."""
         out: List[int] = []
+        p = 1.0
         while len(out) < k:
             node = self._deepest_match(tail + out)
             if node is None:
                 break
             before = len(out)
             while len(out) < k and node.best >= 0:
+                child = node.children[node.best]
+                p *= child.count / node.total
+                if p < MIN_PATH_PROB:
+                    return out
                 out.append(node.best)
-                node = node.children[node.best]
+                node = child
             if len(out) == before:
                 break
         return out

@@ -85,6 +85,20 @@ def test_ngram_prefers_frequent_and_longer_contexts():
     assert corpus.draft([3, 2], 1) == []       # only "2" matches: too short a context
 
 
+def test_ngram_chain_stops_where_the_corpus_has_seen_many_continuations():
+    """After "1 2" the corpus saw 3 different values once each (a JSON key followed by the
+    earlier requests' values): p = 1/3 < MIN_PATH_PROB, no row is drafted there; where one
+    continuation dominates the chain goes on (p = 1 at every unbranched node)."""
+    from lmprog_runtime.speculative.ngram import MIN_PATH_PROB, _SeqState
+    corpus = NgramCorpus(max_depth=4, capacity=10_000)
+    corpus.feed(_SeqState(corpus.gen), [1, 2, 30, 9, 1, 2, 31, 9, 1, 2, 32, 9, 5, 6, 7, 8])
+    assert 1 / 3 < MIN_PATH_PROB <= 1 / 2
+    assert corpus.draft([0, 1, 2], 3) == []
+    assert corpus.draft([0, 5, 6], 3) == [7, 8]
+    corpus.feed(_SeqState(corpus.gen), [1, 2, 32, 9])  # now 32 twice of four: p = 1/2
+    assert corpus.draft([0, 1, 2], 2) == [32, 9]
+
+
 def test_ngram_tree_branches_best_first_by_count():
     corpus = NgramCorpus(max_depth=4, capacity=10_000)
     from lmprog_runtime.speculative.ngram import _SeqState
@@ -552,3 +566,20 @@ def test_shadow_drafts_resolve_like_a_verify():
     assert main_chain([5, 6, 7], None) == [5, 6, 7]
     # root -> 0 -> 2 -> 4 (first children); 1 and 3 are alternatives
     assert main_chain([10, 11, 12, 13, 14], [-1, -1, 0, 0, 2]) == [10, 12, 14]
+
+
+def test_cost_model_interpolates_between_measured_batch_sizes():
+    """Batch sizes 1 and 4 measured: 2 and 3 get the linear interpolation of P, s and m (a
+    draining batch does not measure every size); 5 and up, beyond both, stay unknown."""
+    from lmprog_runtime.speculative.cost import StepCost
+    cost = StepCost()
+    for b, plain, s, m in ((1, 0.020, 0.002, 0.004), (4, 0.050, 0.008, 0.010)):
+        for _ in range(5):
+            cost.observe(b, 0, plain)
+        for d in (1, 3, 5, 7, 2, 4) * 2:
+            cost.observe(b, d, plain + s + m * d)
+    c, s, m = cost.model(2)
+    assert abs(c * 2 - 0.030) < 1e-9 and abs(s - 0.004) < 1e-6 and abs(m - 0.006) < 1e-6
+    assert cost.plain_known(3) and not cost.plain_known(5) and cost.model(6) is None
+    cost.observe(3, 2, 0.040 + 0.006 + 2 * 0.008)  # a verify at 3 is fitted against P(3) interpolated
+    assert 3 in cost.fits
