@@ -3,9 +3,12 @@ and output, shared by all requests, so recent requests feed each other's drafts.
 
 A path root → ... → node spells an n-gram; `count` is how often it was seen and `best`
 the most frequent next token (ties: the latest seen). A draft continues a request's
-tokens: find the longest suffix of them (at most max_depth - 1 tokens) that is a path
+tokens: find the longest suffix of them (MIN_MATCH to max_depth - 1 tokens) that is a path
 with a continuation, follow `best` children; at a leaf, match again with the drafted
-tokens appended. With topk > 1 (`draft_tree`) the draft is a tree: where a node has
+tokens appended. A chain stops where its path's estimated probability (the product of
+count(best) / count(all children)) falls below MIN_PATH_PROB; where no suffix of
+MIN_MATCH tokens matches, the last token alone may start it, discounted by
+SHORT_MATCH_PRIOR (so only a token always followed by the same one drafts). With topk > 1 (`draft_tree`) the draft is a tree: where a node has
 several continuations, up to topk of them (the most frequent first) become children,
 and nodes join the tree best-first by their path's estimated probability (the product
 of count(child) / count(all children) along the path) until the tree holds k nodes.
@@ -31,6 +34,11 @@ from lmprog_runtime.speculative.base import Draft, DraftSource
 MIN_MATCH = 2
 # A chain draft stops where its path's estimated probability would fall below this.
 MIN_PATH_PROB = 0.4
+# Where no context of MIN_MATCH tokens matches, a chain may start from the last token alone,
+# its probability discounted by this: it survives only where that token has (nearly) always
+# been followed by the same one (a name copied from the prompt into a JSON value: 'Alice'
+# → ' Martin', where the tokens before differ), never after a common token (' the', ',').
+SHORT_MATCH_PRIOR = 0.5
 
 
 class _Node:
@@ -121,7 +129,10 @@ class NgramCorpus:
         out: List[int] = []
         p = 1.0
         while len(out) < k:
-            node = self._deepest_match(tail + out)
+            node, _ = self._deepest_match(tail + out)
+            if node is None:  # the last token alone (SHORT_MATCH_PRIOR)
+                node, _ = self._deepest_match((tail + out)[-1:], 1)
+                p *= SHORT_MATCH_PRIOR
             if node is None:
                 break
             before = len(out)
@@ -143,7 +154,7 @@ class NgramCorpus:
         parents: List[int] = []
         paths: List[List[int]] = []  # paths[j]: tokens from the root to node j, inclusive
         heap: list = []  # (-probability, tie, parent index, token, trie node of the token)
-        self._push_children(heap, self._deepest_match(tail), 1.0, -1, topk)
+        self._push_children(heap, self._deepest_match(tail)[0], 1.0, -1, topk)
         while heap and len(tokens) < k:
             neg_p, _, parent, token, node = heapq.heappop(heap)
             j = len(tokens)
@@ -151,7 +162,7 @@ class NgramCorpus:
             parents.append(parent)
             paths.append((paths[parent] if parent >= 0 else []) + [token])
             if node.best < 0:  # a leaf: match again with the path appended
-                node = self._deepest_match(tail + paths[j])
+                node = self._deepest_match(tail + paths[j])[0]
             self._push_children(heap, node, -neg_p, j, topk)
         return tokens, parents
 
@@ -165,22 +176,22 @@ class NgramCorpus:
         for token, child in top:
             heapq.heappush(heap, (-prob * child.count / total, next(self._tie), parent, token, child))
 
-    def _deepest_match(self, seq: List[int]) -> Optional[_Node]:
-        """The node of the longest suffix of `seq` (MIN_MATCH .. max_depth - 1 tokens) that
-        has a child."""
+    def _deepest_match(self, seq: List[int], least: int = MIN_MATCH) -> Tuple[Optional[_Node], int]:
+        """(the node of the longest suffix of `seq` (least .. max_depth - 1 tokens) that has
+        a child, that suffix's length); (None, 0) when there is none."""
         longest = min(len(seq), self.max_depth - 1)
         for root in (self.current, self.previous):
             if root is None:
                 continue
-            for m in range(longest, MIN_MATCH - 1, -1):
+            for m in range(longest, least - 1, -1):
                 node = root
                 for t in seq[len(seq) - m:]:
                     node = node.child(t)
                     if node is None:
                         break
                 if node is not None and node.best >= 0:
-                    return node
-        return None
+                    return node, m
+        return None, 0
 
 
 class NgramDraftSource(DraftSource):

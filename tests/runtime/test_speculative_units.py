@@ -99,6 +99,19 @@ def test_ngram_chain_stops_where_the_corpus_has_seen_many_continuations():
     assert corpus.draft([0, 1, 2], 2) == [32, 9]
 
 
+def test_ngram_chain_may_start_from_the_last_token_alone():
+    """No 2-token context matches: the last token alone drafts only where it has always been
+    followed by the same token (discounted by SHORT_MATCH_PRIOR), e.g. a name from the prompt
+    (40 41 = "Alice Martin") continued in a JSON value whose opening token (7) differs from
+    the prompt's (3); a token seen before several different ones (3) does not draft."""
+    from lmprog_runtime.speculative.ngram import MIN_PATH_PROB, SHORT_MATCH_PRIOR, _SeqState
+    corpus = NgramCorpus(max_depth=4, capacity=10_000)
+    corpus.feed(_SeqState(corpus.gen), [3, 40, 41, 50, 3, 60, 3, 61])
+    assert SHORT_MATCH_PRIOR >= MIN_PATH_PROB
+    assert corpus.draft([7, 40], 2) == [41, 50]  # 40 → 41 by the one token, then "40 41" → 50
+    assert corpus.draft([7, 3], 2) == []          # 3 was followed by 40, 60 and 61
+
+
 def test_ngram_tree_branches_best_first_by_count():
     corpus = NgramCorpus(max_depth=4, capacity=10_000)
     from lmprog_runtime.speculative.ngram import _SeqState
