@@ -62,12 +62,13 @@ GPU_STEP_DRAFT_TOKENS = 1024
 
 
 SHADOW_TOKENS = 4     # length of a shadow draft (shadow.py): an idled request's acceptance, measured
+SHADOW_GAP = 8        # output tokens between a decided shadow and the next (each costs a lookup)
 
 
 class DraftBudget:
     """One request's adaptive draft length (see the module docstring)."""
 
-    __slots__ = ("k", "misses", "cooldown", "rate", "acc", "shadow")
+    __slots__ = ("k", "misses", "cooldown", "rate", "acc", "shadow", "shadow_after")
 
     def __init__(self, k: int, acc: Optional[Acceptance] = None):
         self.k = k
@@ -76,6 +77,7 @@ class DraftBudget:
         self.rate = 0.5  # EMA of accepted / proposed
         self.acc = acc or Acceptance()  # per-position acceptance, for the cost rule
         self.shadow: Optional[Shadow] = None  # a draft not verified, checked against the output
+        self.shadow_after = 0  # output length before which no new shadow is drafted
 
     def update(self, proposed: int, accepted: int, max_k: int) -> None:
         self.acc.update(proposed, accepted)
@@ -128,7 +130,7 @@ class Speculator:
         if plans and model is not None and not self._could_pay(model, plans, forced):
             self.stats["spec_num_steps_declined"] += 1
             idle, plans = idle + [r for r, _ in plans], []
-        shadows = [r for r in idle if self.budgets[r.rid].shadow is None] if self.cost_rule else []
+        shadows = [r for r in idle if self._wants_shadow(r)] if self.cost_rule else []
         if not plans and not shadows:
             return {}
         found = self._drafts(plans, forced, shadows)
@@ -250,12 +252,17 @@ class Speculator:
             if b is not None and b.shadow is None and chain:
                 b.shadow = Shadow(len(r.output_ids) + nf, chain)
 
+    def _wants_shadow(self, r) -> bool:
+        b = self.budgets[r.rid]
+        return b.shadow is None and len(r.output_ids) >= b.shadow_after
+
     def _check_shadow(self, b: DraftBudget, output_ids) -> None:
         """A decided shadow counts as a verify would for the request's acceptance."""
         got = b.shadow.resolve(output_ids)
         if got is None:
             return
         b.shadow = None
+        b.shadow_after = len(output_ids) + SHADOW_GAP
         reach, matched = got
         b.acc.update(reach, matched)
         self.accept.update(reach, matched)
