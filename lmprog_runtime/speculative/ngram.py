@@ -195,6 +195,8 @@ class NgramCorpus:
 
 
 class NgramDraftSource(DraftSource):
+    cheap = True  # a trie lookup per request
+
     def __init__(self, max_depth: int = 18, capacity: int = 1_000_000, topk: int = 1):
         self.corpus = NgramCorpus(max_depth, capacity)
         self.topk = topk  # 1: chains; > 1: trees of up to topk children per node

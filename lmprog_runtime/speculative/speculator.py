@@ -62,7 +62,8 @@ GPU_STEP_DRAFT_TOKENS = 1024
 
 
 SHADOW_TOKENS = 4     # length of a shadow draft (shadow.py): an idled request's acceptance, measured
-SHADOW_GAP = 8        # output tokens between a decided shadow and the next (each costs a lookup)
+SHADOW_GAP = 8        # output tokens between a decided shadow and the next (each costs a lookup);
+                      # x 4 for a source whose proposal runs a forward (a draft model)
 
 
 class DraftBudget:
@@ -262,7 +263,7 @@ class Speculator:
         if got is None:
             return
         b.shadow = None
-        b.shadow_after = len(output_ids) + SHADOW_GAP
+        b.shadow_after = len(output_ids) + SHADOW_GAP * (1 if self.source.cheap else 4)
         reach, matched = got
         b.acc.update(reach, matched)
         self.accept.update(reach, matched)

@@ -338,6 +338,8 @@ def test_cost_rule_turns_poor_drafters_off_and_keeps_good_ones():
     from lmprog_runtime.speculative.speculator import Speculator
 
     class Fixed(DraftSource):
+        cheap = True
+
         def propose(self, reqs, budgets, prefixes=None):
             return [Draft([1, 2, 3, 4, 5, 6][:k]) for k in budgets]
 
@@ -489,7 +491,8 @@ def _measured_b16(sp, plain_s=0.165, s=0.080, m=0.017):
 
 
 class _Counting:
-    """A draft source that always finds a 4-token draft, counting its calls."""
+    """A draft source that always finds a 4-token draft, counting its calls (a lookup)."""
+    cheap = True
 
     def __init__(self):
         self.calls = []
