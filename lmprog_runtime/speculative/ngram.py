@@ -11,7 +11,8 @@ MIN_MATCH tokens matches, the last token alone may start it, discounted by
 SHORT_MATCH_PRIOR (so only a token always followed by the same one drafts). With topk > 1 (`draft_tree`) the draft is a tree: where a node has
 several continuations, up to topk of them (the most frequent first) become children,
 and nodes join the tree best-first by their path's estimated probability (the product
-of count(child) / count(all children) along the path) until the tree holds k nodes.
+of count(child) / count(all children) along the path) until the tree holds k nodes or
+the next best path's probability is below MIN_PATH_PROB.
 
 Memory is bounded by `capacity` nodes in two generations: new n-grams go to the current
 trie; when it holds capacity / 2 nodes it becomes the previous one (the older previous is
@@ -149,13 +150,15 @@ class NgramCorpus:
 
     def draft_tree(self, tail: List[int], k: int, topk: int) -> Tuple[List[int], List[int]]:
         """Up to k tree nodes continuing `tail`: (tokens, parents), parents[j] < j the index
-        of node j's parent, -1 = the last token of `tail`. Best-first (see the docstring)."""
+        of node j's parent, -1 = the last token of `tail`. Best-first (see the docstring);
+        a node whose path probability is below MIN_PATH_PROB is not drawn (each node costs
+        a verify row)."""
         tokens: List[int] = []
         parents: List[int] = []
         paths: List[List[int]] = []  # paths[j]: tokens from the root to node j, inclusive
         heap: list = []  # (-probability, tie, parent index, token, trie node of the token)
         self._push_children(heap, self._deepest_match(tail)[0], 1.0, -1, topk)
-        while heap and len(tokens) < k:
+        while heap and len(tokens) < k and -heap[0][0] >= MIN_PATH_PROB:
             neg_p, _, parent, token, node = heapq.heappop(heap)
             j = len(tokens)
             tokens.append(token)

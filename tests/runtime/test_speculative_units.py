@@ -97,6 +97,10 @@ def test_ngram_chain_stops_where_the_corpus_has_seen_many_continuations():
     assert corpus.draft([0, 5, 6], 3) == [7, 8]
     corpus.feed(_SeqState(corpus.gen), [1, 2, 32, 9])  # now 32 twice of four: p = 1/2
     assert corpus.draft([0, 1, 2], 2) == [32, 9]
+    tokens, parents = corpus.draft_tree([0, 1, 2], 6, topk=3)  # trees: 30 and 31 (1/4 each) not drawn
+    assert tokens[:2] == [32, 9] and parents[:2] == [-1, 0] and not {30, 31} & set(tokens)
+    corpus.feed(_SeqState(corpus.gen), [1, 2, 33, 9, 1, 2, 34, 9])  # 32 is now 2 of 6: 1/3
+    assert corpus.draft_tree([0, 1, 2], 6, topk=3) == ([], [])
 
 
 def test_ngram_chain_may_start_from_the_last_token_alone():
