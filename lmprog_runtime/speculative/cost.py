@@ -28,8 +28,12 @@ from typing import Dict
 DECAY = 0.9           # EMA weight of the past per measurement
 MIN_PLAIN = 4.0       # plain steps (EMA weight) a bucket needs before the model speaks
 MIN_VERIFY = 6.0      # verify steps (EMA weight) likewise
-PRIOR_SUCCESS = 0.5   # acceptance prior: a = (successes + 0.5) / (successes + failures + 1)
-PRIOR_FAILURE = 0.5
+# Acceptance prior: a = (successes + 0.25) / (successes + failures + 0.5); 1/2 with no data.
+# With ACCEPT_DECAY the failures of a request that never accepts reach 1 / (1 - 0.8) = 5, so
+# its a bottoms out at 0.25 / 5.5 = 0.045 (with a prior of 0.5 + 0.5: 0.083, which at batch 1,
+# where a 1-token verify costs a few % of a step, kept such requests verifying forever).
+PRIOR_SUCCESS = 0.25
+PRIOR_FAILURE = 0.25
 ACCEPT_DECAY = 0.8    # per verify, for a request's acceptance counts
 
 

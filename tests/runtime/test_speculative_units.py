@@ -603,3 +603,14 @@ def test_cost_model_interpolates_between_measured_batch_sizes():
     assert cost.plain_known(3) and not cost.plain_known(5) and cost.model(6) is None
     cost.observe(3, 2, 0.040 + 0.006 + 2 * 0.008)  # a verify at 3 is fitted against P(3) interpolated
     assert 3 in cost.fits
+
+
+def test_acceptance_of_a_request_that_never_accepts_falls_below_5_percent():
+    """Its failures saturate at 1 / (1 - ACCEPT_DECAY) = 5: the prior must not hold a above
+    the few % of a step that a 1-token verify costs at batch 1."""
+    from lmprog_runtime.speculative.cost import Acceptance
+    a = Acceptance()
+    assert a.rate == 0.5
+    for _ in range(40):
+        a.update(1, 0)
+    assert a.rate < 0.05
