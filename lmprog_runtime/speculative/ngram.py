@@ -5,8 +5,9 @@ A path root → ... → node spells an n-gram; `count` is how often it was seen 
 the most frequent next token (ties: the latest seen). A draft continues a request's
 tokens: find the longest suffix of them (MIN_MATCH to max_depth - 1 tokens) that is a path
 with a continuation, follow `best` children; at a leaf, match again with the drafted
-tokens appended. A chain stops where its path's estimated probability (the product of
-count(best) / count(all children)) falls below MIN_PATH_PROB; where no suffix of
+tokens appended. A chain stops where its path's estimated probability (the product, per
+drafted token, of how often it followed the last CONFIDENCE_CONTEXT tokens, of all the
+continuations seen there) falls below MIN_PATH_PROB; where no suffix of
 MIN_MATCH tokens matches, the last token alone may start it, discounted by
 SHORT_MATCH_PRIOR (so only a token always followed by the same one drafts). With topk > 1 (`draft_tree`) the draft is a tree: where a node has
 several continuations, up to topk of them (the most frequent first) become children,
@@ -40,6 +41,8 @@ MIN_PATH_PROB = 0.4
 # been followed by the same one (a name copied from the prompt into a JSON value: 'Alice'
 # → ' Martin', where the tokens before differ), never after a common token (' the', ',').
 SHORT_MATCH_PRIOR = 0.5
+# The context whose continuation counts give a drafted token's probability.
+CONFIDENCE_CONTEXT = 4
 
 
 class _Node:
@@ -123,10 +126,10 @@ class NgramCorpus:
     # -- drafting -------------------------------------------------------------------------
     def draft(self, tail: List[int], k: int) -> List[int]:
         """Up to k tokens continuing `tail` (the sequence's last tokens), ending where the
-        path's estimated probability (the product of count(best) / count(all children)
-        along it) falls below MIN_PATH_PROB: past a point where the corpus has seen many
-        different continuations (a JSON value after its key: the previous requests'
-        values) every drafted row is likely wasted."""
+        path's estimated probability (the product of each token's `_share`) falls below
+        MIN_PATH_PROB: past a point where the corpus has seen many different continuations
+        (a JSON value after its key: the previous requests' values) every drafted row is
+        likely wasted."""
         out: List[int] = []
         p = 1.0
         while len(out) < k:
@@ -139,7 +142,7 @@ class NgramCorpus:
             before = len(out)
             while len(out) < k and node.best >= 0:
                 child = node.children[node.best]
-                p *= child.count / node.total
+                p *= self._share(tail + out, node.best, child.count / node.total)
                 if p < MIN_PATH_PROB:
                     return out
                 out.append(node.best)
@@ -147,6 +150,19 @@ class NgramCorpus:
             if len(out) == before:
                 break
         return out
+
+    def _share(self, seq: List[int], token: int, deep: float) -> float:
+        """How often `token` followed the last CONFIDENCE_CONTEXT tokens of `seq`, of all
+        continuations seen there (the deepest context matched is often one earlier request,
+        whose single continuation says p = 1); `deep` where that context is not in the
+        current trie."""
+        node = self.current
+        for t in seq[-CONFIDENCE_CONTEXT:]:
+            node = node.child(t)
+            if node is None:
+                return deep
+        child = node.child(token)
+        return deep if child is None else child.count / node.total
 
     def draft_tree(self, tail: List[int], k: int, topk: int) -> Tuple[List[int], List[int]]:
         """Up to k tree nodes continuing `tail`: (tokens, parents), parents[j] < j the index

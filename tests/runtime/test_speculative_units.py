@@ -103,6 +103,19 @@ def test_ngram_chain_stops_where_the_corpus_has_seen_many_continuations():
     assert corpus.draft_tree([0, 1, 2], 6, topk=3) == ([], [])
 
 
+def test_ngram_chain_probability_comes_from_a_short_context():
+    """The deepest context matched is one earlier sequence (9 1 2 3 4 → 50, seen once: p = 1
+    there), but after the last CONFIDENCE_CONTEXT tokens (1 2 3 4) three different tokens
+    followed: p = 1/3, so the chain stops (each earlier request's own value after a JSON key)."""
+    from lmprog_runtime.speculative.ngram import CONFIDENCE_CONTEXT, _SeqState
+    assert CONFIDENCE_CONTEXT == 4
+    corpus = NgramCorpus(max_depth=8, capacity=10_000)
+    for lead, value in ((9, 50), (8, 51), (7, 52)):
+        corpus.feed(_SeqState(corpus.gen), [lead, 1, 2, 3, 4, value, 60, 61])
+    assert corpus.draft([9, 1, 2, 3, 4], 3) == []
+    assert corpus.draft([9, 1, 2, 3, 4, 50], 2) == [60, 61]  # 50 → 60 always
+
+
 def test_ngram_chain_may_start_from_the_last_token_alone():
     """No 2-token context matches: the last token alone drafts only where it has always been
     followed by the same token (discounted by SHORT_MATCH_PRIOR), e.g. a name from the prompt
