@@ -34,6 +34,12 @@ class Shadow:
         return len(self.tokens), matched
 
 
+def make_shadow(start: int, tokens: List[int], parents: Optional[List[int]]) -> Optional[Shadow]:
+    """A draft made when the output had `start` tokens, as a shadow (None if empty)."""
+    chain = main_chain(tokens, parents)
+    return Shadow(start, chain) if chain else None
+
+
 def main_chain(tokens: List[int], parents: Optional[List[int]]) -> List[int]:
     """A chain's tokens; of a tree, the path of first children from the root."""
     if parents is None:

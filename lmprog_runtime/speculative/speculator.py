@@ -46,7 +46,7 @@ from lmprog_runtime.scheduler.batch import PlannedDraft
 from lmprog_runtime.scheduler.faults import Stage, fail_request
 from lmprog_runtime.scheduler.jump_forward import grammar_draft
 from lmprog_runtime.speculative.cost import Acceptance, StepCost, draft_length, worth_it
-from lmprog_runtime.speculative.shadow import Shadow, main_chain
+from lmprog_runtime.speculative.shadow import Shadow, make_shadow
 from lmprog_runtime.speculative.tree import chain_parents, depths, grammar_tree_draft, well_formed
 
 logger = logging.getLogger(__name__)
@@ -137,7 +137,8 @@ class Speculator:
         found = self._drafts(plans, forced, shadows)
         if found and model is not None and not self._pays(model, found, bool(forced)):
             self.stats["spec_num_steps_declined"] += 1
-            self._shadow([(r, d.tokens, d.parents, d.num_forced) for r, d in found])
+            # not a draft after forced text: that is verified this step and may be rejected
+            self._shadow([(r, d.tokens, d.parents) for r, d in found if not d.num_forced])
             return {}
         self._count_step(found, model)
         return {id(r): d for r, d in self._cap(found)}
@@ -185,7 +186,7 @@ class Speculator:
         reqs += shadows
         budgets += [min(SHADOW_TOKENS, self.spec.max_drafts)] * len(shadows)
         drafts = self._propose(reqs, budgets)
-        self._shadow([(r, d.tokens, d.parents, 0) for r, d in zip(shadows, drafts[n:]) if d is not None])
+        self._shadow([(r, d.tokens, d.parents) for r, d in zip(shadows, drafts[n:]) if d is not None])
         own = dict(zip(map(id, reqs[:n]), drafts[:n]))
         after = {}
         if prefixed:
@@ -244,14 +245,11 @@ class Speculator:
         return worth_it(model, plans, sunk=sunk)
 
     def _shadow(self, drafts) -> None:
-        """(req, tokens, parents, forced prefix length) drafts that will not be verified: their
-        main chains after the forced text become shadows where the request has none pending
-        (forced text is verified anyway; its tokens say nothing of the drafts)."""
-        for r, tokens, parents, nf in drafts:
+        """(req, tokens, parents) drafts that will not be verified: shadows (shadow.py)."""
+        for r, tokens, parents in drafts:
             b = self.budgets.get(r.rid)
-            chain = main_chain(tokens, parents)[nf:]
-            if b is not None and b.shadow is None and chain:
-                b.shadow = Shadow(len(r.output_ids) + nf, chain)
+            if b is not None:
+                b.shadow = b.shadow or make_shadow(len(r.output_ids), tokens, parents)
 
     def _wants_shadow(self, r) -> bool:
         b = self.budgets[r.rid]
@@ -260,15 +258,13 @@ class Speculator:
     def _check_shadow(self, b: DraftBudget, output_ids) -> None:
         """A decided shadow counts as a verify would for the request's acceptance."""
         got = b.shadow.resolve(output_ids)
-        if got is None:
-            return
-        b.shadow = None
-        b.shadow_after = len(output_ids) + SHADOW_GAP * (1 if self.source.cheap else 4)
-        reach, matched = got
-        b.acc.update(reach, matched)
-        self.accept.update(reach, matched)
-        self.stats["spec_num_shadow_drafts"] += 1
-        self.stats["spec_num_shadow_accepted"] += matched
+        if got is not None:
+            b.shadow = None
+            b.shadow_after = len(output_ids) + SHADOW_GAP * (1 if self.source.cheap else 4)
+            b.acc.update(*got)
+            self.accept.update(*got)
+            self.stats["spec_num_shadow_drafts"] += 1
+            self.stats["spec_num_shadow_accepted"] += got[1]
 
     def observe_step(self, plan, seconds: float) -> None:
         """A finished step's wall time, for the cost model: only steps of decodes and verifies."""
@@ -377,6 +373,7 @@ class Speculator:
         self.accept.update(reach, accepted)
         if b is not None:
             b.update(reach, accepted, self.spec.max_drafts)
+            b.shadow = None  # this verify measured it (a shadow would count the same tokens again)
         self.source.on_verified(r, appended, accepted)
 
     def release(self, r) -> None:
