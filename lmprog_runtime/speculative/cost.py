@@ -18,8 +18,9 @@ c * sum_i sum_j a_i^j, exceeds s + m * D (`worth_it`); otherwise it runs as a pl
 
 Until a bucket has both kinds of measurement (its own, or interpolated between measured
 buckets on both sides) the model abstains (None) and the caller falls back to its default
-budget; without a plain step time the caller runs plain steps to measure one. At batch 1 on any device m << c, so drafts stay long;
-at large batch on a CPU m approaches c and only well-accepted drafts remain.
+budget; without a plain step time the caller runs plain steps to measure one. At batch 1
+on any device m << c, so drafts stay long; at large batch on a CPU m approaches c and only
+well-accepted drafts remain.
 """
 
 from __future__ import annotations
