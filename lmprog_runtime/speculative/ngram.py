@@ -10,10 +10,10 @@ drafted token, of how often it followed the last CONFIDENCE_CONTEXT tokens, of a
 continuations seen there) falls below MIN_PATH_PROB; where no suffix of MIN_MATCH tokens
 matches, the last token alone may start it, discounted by SHORT_MATCH_PRIOR (so only a
 token always followed by the same one drafts). With topk > 1 (`draft_tree`) the draft is
-a tree: where a node has several continuations, up to topk of them (the most frequent first) become children,
-and nodes join the tree best-first by their path's estimated probability (the product
-of count(child) / count(all children) along the path) until the tree holds k nodes or
-the next best path's probability is below MIN_PATH_PROB.
+a tree: where a node has several continuations, up to topk of them (the most frequent
+first) become children, and nodes join the tree best-first by their path's estimated
+probability (the product of count(child) / count(all children) along the path) until the
+tree holds k nodes or the next best path's probability is below MIN_PATH_PROB.
 
 Memory is bounded by `capacity` nodes in two generations: new n-grams go to the current
 trie; when it holds capacity / 2 nodes it becomes the previous one (the older previous is
