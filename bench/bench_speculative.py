@@ -12,8 +12,11 @@ Workloads: (a) document QA whose answers quote the document, (b) JSON extraction
 schema (values copied from the prompt), (c) free chat. For each batch size the requests
 run in groups of that size (one `generate` call per group). Reports output tokens/s with
 speculation on and off, the speedup, the mean accept length (tokens per verify step,
-meta_info.spec_accept_length averaged over requests) and whether the greedy outputs were
-identical. Writes bench/results/speculative.json and speculative.png.
+meta_info.spec_accept_length averaged over requests), whether the greedy outputs were
+identical, and the step counts: steps off / on, and of the speculative engine's steps how
+many verified drafts, were declined by the cost rule, were decided by its heuristic (verify
+costs not yet measured) or ran plain to measure the batch size's plain step time
+(`counters_on`: the scheduler's spec_num_* counters summed over the runs). Writes bench/results/speculative.json and speculative.png.
 
 The peer, with `--llama-spec-types ngram-simple,ngram-mod` (needs the llama-server that
 bench_vs_llamacpp.py builds, or `--llama-server PATH`): the same prompts at batch 1 through
@@ -79,18 +82,27 @@ def workloads(tokenizer, n: int) -> dict:
     return {"doc_qa": (qa, {}), "json": (extract, {"json_schema": json.dumps(SCHEMA)}), "chat": (chat, {})}
 
 
+def _counters(engine) -> dict:
+    """The scheduler's step and speculation counters (internal state)."""
+    st = engine.get_internal_state()
+    return {k: v for k, v in st.items() if k == "num_steps" or k.startswith("spec_num_")}
+
+
 def run(engine, texts, params, batch: int) -> dict:
+    before = _counters(engine)
     t0 = time.perf_counter()
     outs = []
     for i in range(0, len(texts), batch):
         group = engine.generate(texts[i:i + batch], params)
         outs.extend(group if isinstance(group, list) else [group])
     wall = time.perf_counter() - t0
+    after = _counters(engine)
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     accept = [o["meta_info"]["spec_accept_length"] for o in outs if o["meta_info"].get("spec_verify_ct")]
     return {"requests": len(texts), "wall_s": wall, "completion_tokens": tokens,
             "output_tokens_per_s": tokens / wall,
             "mean_accept_length": statistics.mean(accept) if accept else None,
+            "counters": {k: after[k] - before.get(k, 0) for k in after},
             "output_ids": [o["output_ids"] for o in outs]}
 
 
@@ -212,10 +224,20 @@ def _point(engines, name, texts, params, b: int, repeats: int) -> list:
         points.append({"workload": name, "batch": b, "topk": topk, "requests": len(texts),
                        "tokens_per_s_off": off_tps, "tokens_per_s_on": on_tps, "speedup": on_tps / off_tps,
                        "mean_accept_length": statistics.mean(accepts) if accepts else None,
+                       "steps_off": sum(r["counters"]["num_steps"] for r in off),
+                       "counters_on": _summed([r["counters"] for r in rs]),
                        "identical_outputs": all(r["output_ids"] == off[0]["output_ids"] for r in rs)})
+        c = points[-1]["counters_on"]
         print(f"{name} batch {b} topk {topk}: off {off_tps:.1f} on {on_tps:.1f} tok/s "
-              f"({on_tps / off_tps:.2f}x), accept {points[-1]['mean_accept_length']}", flush=True)
+              f"({on_tps / off_tps:.2f}x), accept {points[-1]['mean_accept_length']}; steps off "
+              f"{points[-1]['steps_off']} on {c.get('num_steps')} (verifying {c.get('spec_num_steps_drafted')}, "
+              f"declined {c.get('spec_num_steps_declined')}, heuristic {c.get('spec_num_steps_heuristic')}, "
+              f"calibrating {c.get('spec_num_steps_calibrating')})", flush=True)
     return points
+
+
+def _summed(counters: list) -> dict:
+    return {k: sum(c.get(k, 0) for c in counters) for k in counters[0]} if counters else {}
 
 
 def plot(results, path):

@@ -164,6 +164,42 @@ def frontend_overhead(results_dir: str) -> List[str]:
             f"< {d['target_ms']} ms |", "", "```\npython bench/bench_frontend_overhead.py --url http://127.0.0.1:PORT\n```", ""]
 
 
+def _speculative_steps(d: dict) -> List[str]:
+    """Step counts per point (runs since #13 record them): what the cost rule decided."""
+    pts = [p for p in d["points"] if p.get("counters_on")]
+    if not pts:
+        return []
+    out = ["", "Steps of those runs (summed over the repeats): the plain engine's, the speculative one's, and of "
+               "the latter how many verified drafts, were declined by the cost rule, were decided by its "
+               "heuristic (verify costs not yet measured at that batch size) or ran plain to measure it:", "",
+           "| workload | batch | topk | steps off | steps on | verifying | declined | heuristic | calibrating |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in pts:
+        c = p["counters_on"]
+        out.append(f"| {p['workload']} | {p['batch']} | {p.get('topk', 1)} | {p['steps_off']} | {c.get('num_steps')} | "
+                   f"{c.get('spec_num_steps_drafted')} | {c.get('spec_num_steps_declined')} | "
+                   f"{c.get('spec_num_steps_heuristic')} | {c.get('spec_num_steps_calibrating')} |")
+    return out
+
+
+def _speculative_busy(results_dir: str) -> List[str]:
+    """A run on the busy development machine (bench/results/speculative_busy.json), labelled as such."""
+    d = _load(results_dir, "speculative_busy.json")
+    if not d:
+        return []
+    out = ["", f"On the busy development machine (`--quick --repeats {d['config'].get('repeats', 1)}`, other jobs "
+               "sharing its 2 cores: ratios of interleaved runs, not figures), after the #13 cost-rule changes. "
+               "Read the step counts: where steps on = off and (nearly) nothing verified, the two engines did "
+               "the same work, so the ratio there is the machine's noise:", "",
+           "| workload | batch | off tok/s | on tok/s | speedup | accept length | steps off | steps on |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in d["points"]:
+        out.append(f"| {p['workload']} | {p['batch']} | {_f(p['tokens_per_s_off'], 1)} | {_f(p['tokens_per_s_on'], 1)} | "
+                   f"{_f(p['speedup'], 2)}x | {_f(p['mean_accept_length'], 2)} | {p.get('steps_off', '')} | "
+                   f"{p.get('counters_on', {}).get('num_steps', '')} |")
+    return out
+
+
 def speculative(results_dir: str) -> List[str]:
     d = _load(results_dir, "speculative.json")
     if not d:
@@ -202,6 +238,7 @@ def speculative(results_dir: str) -> List[str]:
             out.append(f"| {p['workload']} | {p['batch']} | {_f(p['tokens_per_s_off'], 1)} | "
                        f"{_f(p['tokens_per_s_on'], 1)} | **{_f(p['speedup'], 2)}x** | "
                        f"{_f(p['mean_accept_length'], 2)} | {'yes' if p['identical_outputs'] else 'no'} |")
+    out += _speculative_steps(d) + _speculative_busy(results_dir)
     out += ["", "```\npython bench/bench_speculative.py [--quick] [--llama-spec-types ngram-simple,ngram-mod]\n"
             "python bench/bench_speculative.py --dtype float32 --out bench/results/speculative_fp32.json\n```",
             "![speculative](../bench/results/speculative.png)", ""]

@@ -32,6 +32,10 @@ class Draft:
 
 
 class DraftSource(abc.ABC):
+    # A proposal costs only a lookup (no forward): the speculator then also drafts, every
+    # few tokens, for requests it does not verify, to measure their acceptance (shadow.py).
+    cheap = False
+
     @abc.abstractmethod
     def propose(self, reqs: Sequence, budgets: Sequence[int],
                 prefixes: Optional[Sequence[List[int]]] = None) -> List[Optional[Draft]]:

@@ -16,9 +16,11 @@ its draft length is the largest k with a^k * c >= m (`draft_length`): 0 where ev
 first draft does not pay. A step verifies only when the gain of all its drafts together,
 c * sum_i sum_j a_i^j, exceeds s + m * D (`worth_it`); otherwise it runs as a plain decode.
 
-Until a bucket has both kinds of measurement the model abstains (None) and the caller
-falls back to its default budget. At batch 1 on any device m << c, so drafts stay long;
-at large batch on a CPU m approaches c and only well-accepted drafts remain.
+Until a bucket has both kinds of measurement (its own, or interpolated between measured
+buckets on both sides) the model abstains (None) and the caller falls back to its default
+budget; without a plain step time the caller runs plain steps to measure one. At batch 1
+on any device m << c, so drafts stay long; at large batch on a CPU m approaches c and only
+well-accepted drafts remain.
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ from typing import Dict
 DECAY = 0.9           # EMA weight of the past per measurement
 MIN_PLAIN = 4.0       # plain steps (EMA weight) a bucket needs before the model speaks
 MIN_VERIFY = 6.0      # verify steps (EMA weight) likewise
-PRIOR_SUCCESS = 0.5   # acceptance prior: a = (successes + 0.5) / (successes + failures + 1)
-PRIOR_FAILURE = 0.5
+# Acceptance prior: a = (successes + 0.25) / (successes + failures + 0.5); 1/2 with no data.
+# With ACCEPT_DECAY the failures of a request that never accepts reach 1 / (1 - 0.8) = 5, so
+# its a bottoms out at 0.25 / 5.5 = 0.045 (with a prior of 0.5 + 0.5: 0.083, which at batch 1,
+# where a 1-token verify costs a few % of a step, kept such requests verifying forever).
+PRIOR_SUCCESS = 0.25
+PRIOR_FAILURE = 0.25
 ACCEPT_DECAY = 0.8    # per verify, for a request's acceptance counts
 
 
@@ -67,6 +73,11 @@ class _Fit:
 
 
 class StepCost:
+    """Per bucket: P (plain), and the (s, m) fit of verify steps. A bucket not measured
+    itself but lying between two that are gets their linear interpolation in the batch
+    size (a decode step's time grows smoothly with it), so a draining batch (16 → 8 → ...
+    → 1) does not measure every size on the way."""
+
     def __init__(self):
         self.plain: Dict[int, list] = {}  # bucket -> [EMA weight, EMA of step seconds]
         self.fits: Dict[int, _Fit] = {}
@@ -78,20 +89,48 @@ class StepCost:
             w, t = self.plain.get(b, (0.0, 0.0))
             self.plain[b] = [DECAY * w + 1, (DECAY * w * t + seconds) / (DECAY * w + 1)]
             return
-        base = self.plain.get(b)
-        if base is None or base[0] < MIN_PLAIN:
-            return
-        self.fits.setdefault(b, _Fit()).add(drafts, seconds - base[1])
+        base = self._plain(b)
+        if base is not None:
+            self.fits.setdefault(b, _Fit()).add(drafts, seconds - base)
+
+    def plain_known(self, batch: int) -> bool:
+        """A plain decode step time for this batch size: measured (MIN_PLAIN steps) or
+        interpolated between measured ones."""
+        return self._plain(bucket(batch)) is not None
 
     def model(self, batch: int):
         """(c, s, m) for this batch size: seconds per plain-decoded token, fixed verify
-        cost, seconds per draft token; None until both kinds of step were measured."""
+        cost, seconds per draft token; None until both kinds of step were measured (or
+        can be interpolated)."""
         b = bucket(batch)
-        base, fit = self.plain.get(b), self.fits.get(b)
-        if base is None or base[0] < MIN_PLAIN or fit is None or fit.w < MIN_VERIFY:
+        base = self._plain(b)
+        sm = self._verify(b)
+        if base is None or sm is None:
             return None
-        s, m = fit.solve()
-        return base[1] / batch, s, m
+        return base / batch, sm[0], sm[1]
+
+    def _plain(self, b: int):
+        """P(b) in seconds, or None."""
+        known = {x: (w_t[1],) for x, w_t in self.plain.items() if w_t[0] >= MIN_PLAIN}
+        got = _between(b, known)
+        return None if got is None else got[0]
+
+    def _verify(self, b: int):
+        """(s, m) at b, or None."""
+        return _between(b, {x: f.solve() for x, f in self.fits.items() if f.w >= MIN_VERIFY})
+
+
+def _between(b: int, known: Dict[int, tuple]):
+    """known[b]; else the linear interpolation (in the batch size) of the values at the
+    nearest buckets below and above b; None without both."""
+    if b in known:
+        return known[b]
+    lo = max((x for x in known if x < b), default=None)
+    hi = min((x for x in known if x > b), default=None)
+    if lo is None or hi is None:
+        return None
+    f = (b - lo) / (hi - lo)
+    return tuple(a + f * (z - a) for a, z in zip(known[lo], known[hi]))
 
 
 class Acceptance:
@@ -134,9 +173,10 @@ def expected_gain(a: float, k: int) -> float:
     return sum(a ** j for j in range(1, k + 1))
 
 
-def worth_it(model, plans) -> bool:
+def worth_it(model, plans, sunk: bool = False) -> bool:
     """`plans`: (acceptance rate, draft length, draft tokens incl. tree alternatives) per
-    request that drafts: does the step's expected gain exceed its verify cost?"""
+    request that drafts: does the step's expected gain exceed its verify cost? `sunk`: the
+    step verifies (forced text) anyway, so the fixed cost s is paid whatever the drafts."""
     c, s, m = model
     gain = c * sum(expected_gain(a, k) for a, k, _ in plans)
-    return gain > s + m * sum(n for _, _, n in plans)
+    return gain > (0.0 if sunk else s) + m * sum(n for _, _, n in plans)

@@ -8,11 +8,14 @@ penalty (those would change between drafted positions), and at least 2 output to
 are left (k drafts produce up to k + 1 tokens; k <= remaining - 1 keeps max_new_tokens).
 
 Turning itself down, by measured cost (cost.py; docs/speculative.md "Turning itself
-down"): once this batch size's plain and verify step times are measured, a request drafts
-the longest k whose k-th draft token is still worth its cost (a^k * c >= m), a step
-verifies only when its drafts' expected gain beats the verify's cost, and after
-PROBE_EVERY steps without a verify the idled requests probe with one draft. Until then,
-the heuristic (per request, `DraftBudget`): the draft length starts at
+down"): a batch size whose plain decode step time is not yet measured runs plain steps
+until it is (they cost what a plain engine's steps cost). Once its plain and verify step
+times are both measured, a request drafts the longest k whose k-th draft token is still
+worth its cost (a^k * c >= m), and a step verifies only when its drafts' expected gain
+beats the verify's cost; when even full drafts could not pay, nothing is proposed. A
+request that does not verify keeps a shadow draft (shadow.py) checked against the tokens
+its plain steps produce, so its acceptance keeps being measured at no verify cost. Until
+the verify costs are measured, the heuristic (per request, `DraftBudget`): the draft length starts at
 INITIAL_DRAFTS; after a verify that accepted a of k drafts it becomes a + 1 (fewer wasted
 positions next time), and it doubles (up to the maximum) after a fully accepted one.
 After 2 verifies in a row that accepted nothing the request stops drafting for 2 steps,
@@ -43,6 +46,7 @@ from lmprog_runtime.scheduler.batch import PlannedDraft
 from lmprog_runtime.scheduler.faults import Stage, fail_request
 from lmprog_runtime.scheduler.jump_forward import grammar_draft
 from lmprog_runtime.speculative.cost import Acceptance, StepCost, draft_length, worth_it
+from lmprog_runtime.speculative.shadow import Shadow, make_shadow
 from lmprog_runtime.speculative.tree import chain_parents, depths, grammar_tree_draft, well_formed
 
 logger = logging.getLogger(__name__)
@@ -57,13 +61,15 @@ CPU_STEP_DRAFT_TOKENS = 48
 GPU_STEP_DRAFT_TOKENS = 1024
 
 
-PROBE_EVERY = 32      # steps without any verify after which requests the cost rule idles probe (1 draft)
+SHADOW_TOKENS = 4     # length of a shadow draft (shadow.py): an idled request's acceptance, measured
+SHADOW_GAP = 8        # output tokens between a decided shadow and the next (each costs a lookup);
+                      # x 4 for a source whose proposal runs a forward (a draft model)
 
 
 class DraftBudget:
     """One request's adaptive draft length (see the module docstring)."""
 
-    __slots__ = ("k", "misses", "cooldown", "rate", "acc")
+    __slots__ = ("k", "misses", "cooldown", "rate", "acc", "shadow", "shadow_after")
 
     def __init__(self, k: int, acc: Optional[Acceptance] = None):
         self.k = k
@@ -71,6 +77,8 @@ class DraftBudget:
         self.cooldown = 0
         self.rate = 0.5  # EMA of accepted / proposed
         self.acc = acc or Acceptance()  # per-position acceptance, for the cost rule
+        self.shadow: Optional[Shadow] = None  # a draft not verified, checked against the output
+        self.shadow_after = 0  # output length before which no new shadow is drafted
 
     def update(self, proposed: int, accepted: int, max_k: int) -> None:
         self.acc.update(proposed, accepted)
@@ -104,11 +112,12 @@ class Speculator:
         self.faults = faults
         self.budgets: Dict[str, DraftBudget] = {}
         stats.update(spec_num_verify=0, spec_num_draft_tokens=0, spec_num_accepted_tokens=0,
-                     spec_num_tree_moves=0, spec_num_steps_declined=0)
+                     spec_num_tree_moves=0, spec_num_steps_declined=0, spec_num_steps_heuristic=0,
+                     spec_num_steps_calibrating=0, spec_num_steps_drafted=0, spec_num_shadow_drafts=0,
+                     spec_num_shadow_accepted=0)
         self.cost = StepCost()       # measured step times → the cost rule (cost.py)
         self.cost_rule = cost_rule   # False: the budgets' own heuristic always decides
         self.accept = Acceptance()   # all requests' acceptance: a new request's prior
-        self.idle_steps = 0          # decode steps since the last one that verified a draft
 
     # -- before admission ---------------------------------------------------------------------
     def propose(self, running: List, forced: Optional[Dict[int, PlannedDraft]] = None) -> Dict[int, PlannedDraft]:
@@ -116,15 +125,56 @@ class Speculator:
         jump-forward drafts of this step (id(req) → forced text); such a request gets a draft
         here only where it beats the forced text alone (see `_choose`), and it replaces it."""
         forced = forced or {}
-        reqs, budgets, prefixed = [], [], []
-        model = self.cost.model(sum(not r.finished for r in running)) if self.cost_rule else None
-        probing = self.cost_rule and self.idle_steps >= PROBE_EVERY
+        model, calibrating = self._model(sum(not r.finished for r in running))
+        plans, idle = self._plans(running, model, calibrating)
+        self.stats["spec_num_steps_calibrating"] += calibrating and bool(idle)
+        if plans and model is not None and not self._could_pay(model, plans, forced):
+            self.stats["spec_num_steps_declined"] += 1
+            idle, plans = idle + [r for r, _ in plans], []
+        shadows = [r for r in idle if self._wants_shadow(r)] if self.cost_rule else []
+        if not plans and not shadows:
+            return {}
+        found = self._drafts(plans, forced, shadows)
+        if found and model is not None and not self._pays(model, found, bool(forced)):
+            self.stats["spec_num_steps_declined"] += 1
+            # not a draft after forced text: that is verified this step and may be rejected
+            self._shadow([(r, d.tokens, d.parents) for r, d in found if not d.num_forced])
+            return {}
+        self._count_step(found, model)
+        return {id(r): d for r, d in self._cap(found)}
+
+    def _model(self, batch: int):
+        """(the cost model or None, calibrating): with the rule on and no plain step time
+        measured at this batch size, the step runs plain (costs nothing a plain engine
+        would not) until it is (`cost.MIN_PLAIN` steps); then, until the verify costs are
+        measured too, the heuristic decides."""
+        if not self.cost_rule:
+            return None, False
+        model = self.cost.model(batch)
+        return model, model is None and not self.cost.plain_known(batch)
+
+    def _plans(self, running: List, model, calibrating: bool):
+        """([(req, draft depth > 0)], [eligible requests that do not draft]); shadow drafts
+        of the running requests are checked against their outputs first (shadow.py)."""
+        plans, idle = [], []
         for r in running:
             if not eligible(r):
                 continue
-            depth = self._depth(r, model, probing)
-            if not depth:
-                continue
+            b = self._budget(r)
+            if b.shadow is not None:
+                self._check_shadow(b, r.output_ids)
+            depth = 0 if calibrating else self._depth(b, model)
+            if depth:
+                plans.append((r, depth))
+            else:
+                idle.append(r)
+        return plans, idle
+
+    def _drafts(self, plans: List, forced: dict, shadows: List) -> List:
+        """[(req, PlannedDraft)] for `plans` (grammar-trimmed, joined with forced text); the
+        `shadows` requests' drafts (SHADOW_TOKENS, same source call) become their shadows."""
+        reqs, budgets, prefixed = [], [], []
+        for r, depth in plans:
             nodes = depth * self.spec.topk  # a tree of depth ~k has room for alternatives at each level
             k = min(nodes, self.spec.max_drafts, r.max_new_tokens - len(r.output_ids) - 1)
             reqs.append(r)
@@ -132,49 +182,89 @@ class Speculator:
             f = forced.get(id(r))
             if f is not None and k > len(f.tokens):
                 prefixed.append((r, f, k - len(f.tokens)))
-        if not reqs:
-            return {}
-        own = dict(zip(map(id, reqs), self._propose(reqs, budgets)))
+        n = len(reqs)
+        reqs += shadows
+        budgets += [min(SHADOW_TOKENS, self.spec.max_drafts)] * len(shadows)
+        drafts = self._propose(reqs, budgets)
+        self._shadow([(r, d.tokens, d.parents) for r, d in zip(shadows, drafts[n:]) if d is not None])
+        own = dict(zip(map(id, reqs[:n]), drafts[:n]))
         after = {}
         if prefixed:
             conts = self._propose([r for r, _, _ in prefixed], [k for _, _, k in prefixed],
                                   [f.tokens for _, f, _ in prefixed])
             after = {id(r): c for (r, _, _), c in zip(prefixed, conts)}
         found = []
-        for r, k in zip(reqs, budgets):
+        for r, k in zip(reqs[:n], budgets[:n]):
             if r.finished:
                 continue
             draft = self._choose(r, k, own.get(id(r)), forced.get(id(r)), after.get(id(r)))
             if draft is not None:
                 found.append((r, draft))
-        if model is not None and not probing and not self._pays(model, found):
-            self.stats["spec_num_steps_declined"] += 1
-            return {}
-        return {id(r): d for r, d in self._cap(found)}
+        return found
 
-    def _depth(self, r, model, probing: bool) -> int:
-        """How deep `r` drafts this step: by the cost rule (cost.py) once the step times of
-        this batch size are known, else by the budget's own heuristic; 0 = not at all."""
+    def _count_step(self, found: List, model) -> None:
+        """Which part decided a step that verifies drafts: the heuristic or the rule."""
+        if found:
+            self.stats["spec_num_steps_drafted"] += 1
+            self.stats["spec_num_steps_heuristic"] += model is None
+
+    def _budget(self, r) -> DraftBudget:
         b = self.budgets.get(r.rid)
         if b is None:
             b = self.budgets[r.rid] = DraftBudget(min(self.spec.max_drafts, INITIAL_DRAFTS), self.accept.seed())
+        return b
+
+    def _depth(self, b: DraftBudget, model) -> int:
+        """How deep a request drafts this step: by the cost rule (cost.py) once the step
+        times of this batch size are known, else by the budget's own heuristic; 0 = not at all."""
         if model is None:
             if b.cooldown:
                 b.cooldown -= 1
                 return 0
             return b.k
         c, _, m = model
-        depth = draft_length(b.acc.rate, c, m, self.spec.max_drafts)
-        return depth or (1 if probing else 0)
+        return draft_length(b.acc.rate, c, m, self.spec.max_drafts)
 
-    def _pays(self, model, found: List) -> bool:
-        """The step's drafts together are worth their verify cost (cost.worth_it)."""
+    def _could_pay(self, model, plans: List, forced: dict) -> bool:
+        """Would the step pay even if every request found a full draft? If not, nothing is
+        proposed (the n-gram lookups and grammar walks of a step the rule would decline)."""
+        bound = []
+        for r, depth in plans:
+            k = min(depth, r.max_new_tokens - len(r.output_ids) - 1)
+            bound.append((self.budgets[r.rid].acc.rate, k, min(k * self.spec.topk, self.spec.max_drafts)))
+        return worth_it(model, bound, sunk=bool(forced))
+
+    def _pays(self, model, found: List, sunk: bool) -> bool:
+        """The step's drafts together are worth their verify cost (cost.worth_it); `sunk`:
+        the step verifies forced text anyway, so its fixed cost is paid already."""
         plans = []
         for r, d in found:
             spec = len(d.tokens) - d.num_forced
             depth = spec if d.parents is None else max(depths(d.parents)) - d.num_forced
             plans.append((self.budgets[r.rid].acc.rate, depth, spec))
-        return worth_it(model, plans)
+        return worth_it(model, plans, sunk=sunk)
+
+    def _shadow(self, drafts) -> None:
+        """(req, tokens, parents) drafts that will not be verified: shadows (shadow.py)."""
+        for r, tokens, parents in drafts:
+            b = self.budgets.get(r.rid)
+            if b is not None:
+                b.shadow = b.shadow or make_shadow(len(r.output_ids), tokens, parents)
+
+    def _wants_shadow(self, r) -> bool:
+        b = self.budgets[r.rid]
+        return b.shadow is None and len(r.output_ids) >= b.shadow_after
+
+    def _check_shadow(self, b: DraftBudget, output_ids) -> None:
+        """A decided shadow counts as a verify would for the request's acceptance."""
+        got = b.shadow.resolve(output_ids)
+        if got is not None:
+            b.shadow = None
+            b.shadow_after = len(output_ids) + SHADOW_GAP * (1 if self.source.cheap else 4)
+            b.acc.update(*got)
+            self.accept.update(*got)
+            self.stats["spec_num_shadow_drafts"] += 1
+            self.stats["spec_num_shadow_accepted"] += got[1]
 
     def observe_step(self, plan, seconds: float) -> None:
         """A finished step's wall time, for the cost model: only steps of decodes and verifies."""
@@ -183,7 +273,6 @@ class Speculator:
             if it.num_tokens - it.num_draft > 1:
                 return  # a prefill chunk: not a decode-or-verify step
             drafts += it.num_draft
-        self.idle_steps = 0 if drafts else self.idle_steps + 1
         self.cost.observe(len(plan.items), drafts, seconds)
 
     def _choose(self, r, k: int, own, f: Optional[PlannedDraft], cont) -> Optional[PlannedDraft]:
@@ -284,6 +373,7 @@ class Speculator:
         self.accept.update(reach, accepted)
         if b is not None:
             b.update(reach, accepted, self.spec.max_drafts)
+            b.shadow = None  # this verify measured it (a shadow would count the same tokens again)
         self.source.on_verified(r, appended, accepted)
 
     def release(self, r) -> None:

@@ -109,6 +109,24 @@ def test_greedy_identical_to_plain_decoding(plain, spec_engine):
     assert state["avg_spec_accept_length"] > 1.0
 
 
+def test_cost_rule_on_stays_identical_and_measures(plain, tiny_model_path):
+    """The cost rule on (the default): whatever timing makes it decide, greedy outputs are the
+    plain ones and the audit holds; a batch size runs plain until its step time is measured
+    (calibrating) and the requests that do not verify get shadow drafts, both independent
+    of timing (how many drafts verify is not: on a loaded machine it may be none)."""
+    eng = make_engine(tiny_model_path, speculative_algorithm="NGRAM", **BASE)
+    try:
+        for name, prompts, params, kwargs in _cases():
+            if name in ("long", "stop_str", "logprobs", "json"):
+                _compare(plain[name], _run(eng, prompts, params, kwargs), bool(kwargs.get("return_logprob")))
+        eng.check_integrity()
+        state = eng.get_internal_state()
+        assert state["spec_num_steps_calibrating"] > 0, state
+        assert state["spec_num_shadow_drafts"] > 0 and state["spec_num_shadow_accepted"] >= 0, state
+    finally:
+        eng.shutdown()
+
+
 def test_one_at_a_time_and_streamed(plain, spec_engine):
     for i, prompt in enumerate(PROMPTS[:3]):
         out = spec_engine.generate(prompt, GREEDY)

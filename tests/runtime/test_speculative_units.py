@@ -85,6 +85,50 @@ def test_ngram_prefers_frequent_and_longer_contexts():
     assert corpus.draft([3, 2], 1) == []       # only "2" matches: too short a context
 
 
+def test_ngram_chain_stops_where_the_corpus_has_seen_many_continuations():
+    """After "1 2" the corpus saw 3 different values once each (a JSON key followed by the
+    earlier requests' values): p = 1/3 < MIN_PATH_PROB, no row is drafted there; where one
+    continuation dominates the chain goes on (p = 1 at every unbranched node)."""
+    from lmprog_runtime.speculative.ngram import MIN_PATH_PROB, _SeqState
+    corpus = NgramCorpus(max_depth=4, capacity=10_000)
+    corpus.feed(_SeqState(corpus.gen), [1, 2, 30, 9, 1, 2, 31, 9, 1, 2, 32, 9, 5, 6, 7, 8])
+    assert 1 / 3 < MIN_PATH_PROB <= 1 / 2
+    assert corpus.draft([0, 1, 2], 3) == []
+    assert corpus.draft([0, 5, 6], 3) == [7, 8]
+    corpus.feed(_SeqState(corpus.gen), [1, 2, 32, 9])  # now 32 twice of four: p = 1/2
+    assert corpus.draft([0, 1, 2], 2) == [32, 9]
+    tokens, parents = corpus.draft_tree([0, 1, 2], 6, topk=3)  # trees: 30 and 31 (1/4 each) not drawn
+    assert tokens[:2] == [32, 9] and parents[:2] == [-1, 0] and not {30, 31} & set(tokens)
+    corpus.feed(_SeqState(corpus.gen), [1, 2, 33, 9, 1, 2, 34, 9])  # 32 is now 2 of 6: 1/3
+    assert corpus.draft_tree([0, 1, 2], 6, topk=3) == ([], [])
+
+
+def test_ngram_chain_probability_comes_from_a_short_context():
+    """The deepest context matched is one earlier sequence (9 1 2 3 4 → 50, seen once: p = 1
+    there), but after the last CONFIDENCE_CONTEXT tokens (1 2 3 4) three different tokens
+    followed: p = 1/3, so the chain stops (each earlier request's own value after a JSON key)."""
+    from lmprog_runtime.speculative.ngram import CONFIDENCE_CONTEXT, _SeqState
+    assert CONFIDENCE_CONTEXT == 4
+    corpus = NgramCorpus(max_depth=8, capacity=10_000)
+    for lead, value in ((9, 50), (8, 51), (7, 52)):
+        corpus.feed(_SeqState(corpus.gen), [lead, 1, 2, 3, 4, value, 60, 61])
+    assert corpus.draft([9, 1, 2, 3, 4], 3) == []
+    assert corpus.draft([9, 1, 2, 3, 4, 50], 2) == [60, 61]  # 50 → 60 always
+
+
+def test_ngram_chain_may_start_from_the_last_token_alone():
+    """No 2-token context matches: the last token alone drafts only where it has always been
+    followed by the same token (discounted by SHORT_MATCH_PRIOR), e.g. a name from the prompt
+    (40 41 = "Alice Martin") continued in a JSON value whose opening token (7) differs from
+    the prompt's (3); a token seen before several different ones (3) does not draft."""
+    from lmprog_runtime.speculative.ngram import MIN_PATH_PROB, SHORT_MATCH_PRIOR, _SeqState
+    corpus = NgramCorpus(max_depth=4, capacity=10_000)
+    corpus.feed(_SeqState(corpus.gen), [3, 40, 41, 50, 3, 60, 3, 61])
+    assert SHORT_MATCH_PRIOR >= MIN_PATH_PROB
+    assert corpus.draft([7, 40], 2) == [41, 50]  # 40 → 41 by the one token, then "40 41" → 50
+    assert corpus.draft([7, 3], 2) == []          # 3 was followed by 40, 60 and 61
+
+
 def test_ngram_tree_branches_best_first_by_count():
     corpus = NgramCorpus(max_depth=4, capacity=10_000)
     from lmprog_runtime.speculative.ngram import _SeqState
@@ -265,7 +309,7 @@ def test_step_cap_gives_the_best_acceptors_their_drafts_first():
             return [Draft([1, 2, 3, 4][:k]) for k in budgets]
 
     sp = Speculator(SpecConfig("NGRAM", num_draft_tokens=5, num_steps=4), Fixed(), vocab_size=10,
-                    jump_forward=False, stats={}, step_draft_tokens=6)
+                    jump_forward=False, stats={}, step_draft_tokens=6, cost_rule=False)
     reqs = [_Running(r) for r in "abc"]
     drafts = sp.propose(reqs)
     assert [len(drafts[id(r)].tokens) if id(r) in drafts else 0 for r in reqs] == [4, 2, 0]
@@ -302,21 +346,25 @@ def test_cost_rule_draft_length_and_fit():
 
 def test_cost_rule_turns_poor_drafters_off_and_keeps_good_ones():
     """Measured step times where one draft token costs 40% of a decoded token's share of
-    the step: a request accepting nothing stops drafting (probing again after PROBE_EVERY
-    idle steps), one accepting everything keeps drafting."""
+    the step: a request accepting nothing stops drafting, one accepting everything keeps
+    drafting; the idled one's shadow drafts (checked against its plain outputs, no verify)
+    bring it back once its outputs follow them."""
     from lmprog_runtime.scheduler.batch import PlannedDraft, PlannedReq, StepPlan
     from lmprog_runtime.speculative.base import Draft, DraftSource
     from lmprog_runtime.speculative.config import SpecConfig
-    from lmprog_runtime.speculative.speculator import PROBE_EVERY, Speculator
+    from lmprog_runtime.speculative.speculator import Speculator
 
     class Fixed(DraftSource):
+        cheap = True
+
         def propose(self, reqs, budgets, prefixes=None):
             return [Draft([1, 2, 3, 4, 5, 6][:k]) for k in budgets]
 
     sp = Speculator(SpecConfig("NGRAM", num_draft_tokens=7, num_steps=6), Fixed(), vocab_size=10,
                     jump_forward=False, stats={}, step_draft_tokens=64)
     good, poor = _Running("good"), _Running("poor")
-    sp.propose([good, poor])  # no step times yet: the default budget; creates their budgets
+    assert sp.propose([good, poor]) == {}  # no plain step measured at batch 2: it runs plain
+    assert sp.stats["spec_num_steps_calibrating"] == 1
     for _ in range(6):
         sp.after_verify(good, 4, 4, [1, 2, 3, 4, 5])
         sp.after_verify(poor, 4, 0, [9])
@@ -332,12 +380,16 @@ def test_cost_rule_turns_poor_drafters_off_and_keeps_good_ones():
         sp.observe_step(step(0), 0.020)                  # c = 10 ms per token at batch 2
     for d in (2, 4, 6, 2, 4) * 2:
         sp.observe_step(step(d), 0.020 + 0.004 * d)      # m = 4 ms per draft token
+    poor.output_ids = [7]  # the shadow's tokens predict what follows this
     drafts = sp.propose([good, poor])
     assert id(poor) not in drafts and len(drafts[id(good)].tokens) >= 4
-    for _ in range(PROBE_EVERY):
-        sp.observe_step(step(0), 0.020)
-    drafts = sp.propose([good, poor])
-    assert len(drafts[id(poor)].tokens) == 1  # a probe
+    for _ in range(20):  # poor's plain steps produce exactly what its shadows said
+        if id(poor) in drafts:
+            break
+        poor.output_ids = poor.output_ids + [1, 2, 3, 4]
+        drafts = sp.propose([good, poor])
+    assert id(poor) in drafts and sp.stats["spec_num_shadow_accepted"] >= 4
+    assert sp.stats["spec_num_shadow_drafts"] == sp.stats["spec_num_shadow_accepted"] // 4
 
 
 @pytest.mark.parametrize("cost_rule", [True, False])
@@ -390,7 +442,7 @@ def test_forced_text_joins_the_ngram_continuation():
 
     src = Source()
     sp = Speculator(SpecConfig("NGRAM", num_draft_tokens=9, num_steps=8, topk=2), src, vocab_size=10,
-                    jump_forward=True, stats={}, step_draft_tokens=64)
+                    jump_forward=True, stats={}, step_draft_tokens=64, cost_rule=False)
     r = _Running("a")
     forced = {id(r): PlannedDraft([5, 6], forced=True)}
     d = sp.propose([r], forced)[id(r)]
@@ -432,3 +484,146 @@ def test_speculation_turns_the_overlap_loop_off():
     assert Scheduler._overlap_pool(ServerArgs(force_overlap_schedule=True), runner) is not None
     assert Scheduler._overlap_pool(ServerArgs(force_overlap_schedule=True, speculative_algorithm="NGRAM"),
                                    runner) is None
+
+
+def _measured_b16(sp, plain_s=0.165, s=0.080, m=0.017):
+    """Step times as measured for chat at batch 16 on the development CPU (docs/speculative.md):
+    a plain step 165 ms; a verify adds s = 80 ms plus m = 17 ms per draft token."""
+    from lmprog_runtime.scheduler.batch import PlannedDraft, PlannedReq, StepPlan
+
+    reqs = [_Running(f"r{i}") for i in range(16)]
+
+    def step(drafts: int) -> StepPlan:
+        plan = StepPlan()
+        for i, r in enumerate(reqs):
+            d = PlannedDraft([1] * drafts) if drafts and i == 0 else None
+            plan.items.append(PlannedReq(r, 1 + (drafts if d else 0), 10, None, draft=d))
+        return plan
+
+    for _ in range(5):
+        sp.observe_step(step(0), plain_s)
+    for d in (2, 6, 10, 14, 4, 8) * 2:
+        sp.observe_step(step(d), plain_s + s + m * d)
+    return reqs
+
+
+class _Counting:
+    """A draft source that always finds a 4-token draft, counting its calls (a lookup)."""
+    cheap = True
+
+    def __init__(self):
+        self.calls = []
+
+    def propose(self, reqs, budgets, prefixes=None):
+        from lmprog_runtime.speculative.base import Draft
+        self.calls.append(list(budgets))
+        return [Draft([1, 2, 3, 4][:k]) for k in budgets]
+
+    def on_verified(self, req, tokens, accepted):
+        pass
+
+
+def test_cost_rule_declines_poor_acceptance_at_batch_16():
+    """Measured costs at batch 16 injected (no timing of this run): a plain step 165 ms, a
+    verify 80 ms more plus 2 ms per draft token. Requests that accept about one draft token
+    in four each pay for a 1-token draft alone, but 16 of them do not pay for the verify:
+    the step never verifies, and the lookups for drafts the rule could not use are not made
+    (only shadow drafts, 4 tokens, once per request until decided). Requests accepting
+    everything verify. With chat's measured m = 17 ms (more than a decoded token's 10 ms
+    share) nothing ever drafts."""
+    from lmprog_runtime.speculative.config import SpecConfig
+    from lmprog_runtime.speculative.speculator import Speculator
+
+    src = _Counting()
+    sp = Speculator(SpecConfig("NGRAM", num_draft_tokens=5, num_steps=4), src, vocab_size=10,
+                    jump_forward=False, stats={}, step_draft_tokens=64)
+    reqs = _measured_b16(sp, m=0.002)
+    c, s, m = sp.cost.model(16)
+    assert abs(c - 0.165 / 16) < 1e-9 and abs(s - 0.080) < 1e-6 and abs(m - 0.002) < 1e-6
+    sp.propose(reqs)  # creates the budgets
+    for r in reqs:
+        for _ in range(8):
+            sp.after_verify(r, 4, 1, [1, 9])  # one of four accepted, every time
+    src.calls.clear()
+    declined = sp.stats["spec_num_steps_declined"]
+    for _ in range(10):
+        assert sp.propose(reqs) == {}
+    assert sp.stats["spec_num_steps_declined"] == declined + 10
+    assert src.calls in ([], [[4] * 16])  # at most the shadow drafts, once (outputs unchanged)
+    for r in reqs:
+        for _ in range(8):
+            sp.after_verify(r, 4, 4, [1, 2, 3, 4, 5])
+    drafts = sp.propose(reqs)
+    assert len(drafts) == 16 and all(len(d.tokens) == 4 for d in drafts.values())
+
+    chat = Speculator(SpecConfig("NGRAM", num_draft_tokens=5, num_steps=4), _Counting(), vocab_size=10,
+                      jump_forward=False, stats={}, step_draft_tokens=64)
+    reqs = _measured_b16(chat, m=0.017)
+    chat.propose(reqs)
+    for r in reqs:
+        for _ in range(8):
+            chat.after_verify(r, 4, 4, [1, 2, 3, 4, 5])
+    assert chat.propose(reqs) == {}
+
+
+def test_cost_rule_step_test_counts_the_fixed_cost_once():
+    """A request whose drafts pay their own tokens (a^k * c >= m) but not the step's fixed cost
+    alone: declined in a plain step; verified where the step verifies forced text anyway."""
+    from lmprog_runtime.scheduler.batch import PlannedDraft
+    from lmprog_runtime.speculative.config import SpecConfig
+    from lmprog_runtime.speculative.cost import worth_it
+    from lmprog_runtime.speculative.speculator import Speculator
+
+    sp = Speculator(SpecConfig("NGRAM", num_draft_tokens=5, num_steps=4), _Counting(), vocab_size=10,
+                    jump_forward=True, stats={}, step_draft_tokens=64)
+    reqs = _measured_b16(sp, m=0.002)
+    for r in reqs[1:]:
+        r.max_new_tokens = len(r.output_ids) + 1  # one token left: they do not draft
+    sp.propose(reqs)
+    for _ in range(8):
+        sp.after_verify(reqs[0], 4, 4, [1, 2, 3, 4, 5])
+    model = sp.cost.model(16)
+    a = sp.budgets[reqs[0].rid].acc.rate
+    assert not worth_it(model, [(a, 4, 4)]) and worth_it(model, [(a, 4, 4)], sunk=True)
+    assert sp.propose(reqs) == {}
+    forced = {id(reqs[1]): PlannedDraft([5], forced=True)}
+    assert len(sp.propose(reqs, forced)[id(reqs[0])].tokens) == 4
+
+
+def test_shadow_drafts_resolve_like_a_verify():
+    from lmprog_runtime.speculative.shadow import Shadow, main_chain
+    sh = Shadow(2, [5, 6, 7])
+    assert sh.resolve([1, 2]) is None and sh.resolve([1, 2, 5, 6]) is None  # agreeing so far
+    assert sh.resolve([1, 2, 5, 6, 7]) == (3, 3)
+    assert sh.resolve([1, 2, 5, 9]) == (3, 1) and sh.resolve([1, 2, 8]) == (3, 0)
+    assert main_chain([5, 6, 7], None) == [5, 6, 7]
+    # root -> 0 -> 2 -> 4 (first children); 1 and 3 are alternatives
+    assert main_chain([10, 11, 12, 13, 14], [-1, -1, 0, 0, 2]) == [10, 12, 14]
+
+
+def test_cost_model_interpolates_between_measured_batch_sizes():
+    """Batch sizes 1 and 4 measured: 2 and 3 get the linear interpolation of P, s and m (a
+    draining batch does not measure every size); 5 and up, beyond both, stay unknown."""
+    from lmprog_runtime.speculative.cost import StepCost
+    cost = StepCost()
+    for b, plain, s, m in ((1, 0.020, 0.002, 0.004), (4, 0.050, 0.008, 0.010)):
+        for _ in range(5):
+            cost.observe(b, 0, plain)
+        for d in (1, 3, 5, 7, 2, 4) * 2:
+            cost.observe(b, d, plain + s + m * d)
+    c, s, m = cost.model(2)
+    assert abs(c * 2 - 0.030) < 1e-9 and abs(s - 0.004) < 1e-6 and abs(m - 0.006) < 1e-6
+    assert cost.plain_known(3) and not cost.plain_known(5) and cost.model(6) is None
+    cost.observe(3, 2, 0.040 + 0.006 + 2 * 0.008)  # a verify at 3 is fitted against P(3) interpolated
+    assert 3 in cost.fits
+
+
+def test_acceptance_of_a_request_that_never_accepts_falls_below_5_percent():
+    """Its failures saturate at 1 / (1 - ACCEPT_DECAY) = 5: the prior must not hold a above
+    the few % of a step that a 1-token verify costs at batch 1."""
+    from lmprog_runtime.speculative.cost import Acceptance
+    a = Acceptance()
+    assert a.rate == 0.5
+    for _ in range(40):
+        a.update(1, 0)
+    assert a.rate < 0.05
