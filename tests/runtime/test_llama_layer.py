@@ -125,6 +125,28 @@ def test_fused_equals_layer_by_layer_with_qkv_bias(tmp_path, monkeypatch):
     _assert_paths_equal(runner, monkeypatch, batches=(1, 4))
 
 
+def test_hicache_load_gate_is_waited_before_each_layers_kv_write(tiny_model_path, monkeypatch):
+    """HiCache's layer-wise load-backs: layer i's KV slots are written only after wait(i)."""
+    runner = _runner(tiny_model_path, "int4", "int8", monkeypatch)
+    hb, pool = HandBatcher(runner), runner.attn_backend.kv_pool
+    runner.forward(hb.batch([(1, 0, [5, 6, 7])]))
+    fb = hb.batch([(1, 3, [8])])
+    slot = int(fb.out_cache_loc[0])
+    pool.k[:, slot] = float("nan")
+    waited = []
+
+    class Gate:
+        def wait(self, layer):
+            assert torch.isnan(pool.k[layer, slot]).all(), layer  # not written yet
+            waited.append(layer)
+
+    calls = _count_fused(monkeypatch)
+    monkeypatch.setattr(pool, "load_gate", Gate())
+    runner.forward(fb)
+    assert calls == [1] and waited == list(range(len(runner.model.layers)))
+    assert not torch.isnan(pool.k[:, slot]).any()
+
+
 def test_steps_at_dense_rows_run_layer_by_layer(tiny_model_path, monkeypatch):
     runner = _runner(tiny_model_path, "int8", "int8", monkeypatch, dense_rows_at=4)
     assert runner.formats.dense_rows == 4
