@@ -4,7 +4,8 @@ down, then the next layer's norm, qkv, rope + K/V write) and one attention-backe
 
 Used by `LlamaForCausalLM.run_layers` when `plan(model, T)` gives a `FusedLayers`: every
 projection of every layer is a `QuantLinear` on one of lmprog's C kernels (qdot.c's int8
-activations or qgemm.c's float32 ones), T is below every layer's `dense_rows`, the fused rope/KV
+activations or qgemm.c's float32 ones), T is below every layer's `dense_rows` and at most
+`MAX_ROWS`, the fused rope/KV
 conditions hold (`llama.fused_decode_ok`: the caller passes the rope table only then), the C ops
 are built and switched on, and `config.FUSED_LAYER` (LMPROG_NO_FUSED_LAYER unset) or this
 module's `enabled` allow it. The C code calls the very functions the layer-by-layer path calls
@@ -58,6 +59,10 @@ def _declare(lib: ctypes.CDLL) -> None:
 # no -march=native: this file only sequences calls (the maths is in the pointed-to builds)
 _KERNEL = native.Kernel(pathlib.Path(__file__).with_name("llama_layer.c"), ("-O2",), False, _declare)
 enabled = True  # tests and bench/one_batch.py's A/B switch the fused path off
+# Steps of more rows run layer by layer even without a dense crossover: what the fused path saves
+# is per-call overhead, which long prefills do not notice, and its buffers are kept (<= 64 rows:
+# ~2 MB for SmolLM2-135M)
+MAX_ROWS = 64
 
 
 def available() -> bool:
@@ -78,6 +83,9 @@ def _fusable(model) -> bool:
     for layer in model.layers:
         if not all(isinstance(m, QuantLinear) and m._c_kernel is not None for m in _projections(layer)):
             return False
+        biases = [m.bias for m in _projections(layer) if m.bias is not None]
+        if not all(b.dtype == torch.float32 and b.is_contiguous() for b in biases):
+            return False
         norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
         if not all(w.dtype == torch.float32 and w.is_contiguous() and w.device.type == "cpu" for w in norms):
             return False
@@ -92,8 +100,8 @@ class FusedLayers:
         self.layers = list(model.layers)
         self.H, self.KV, self.D = c.num_heads, c.num_kv_heads, c.head_dim
         self.hidden, self.I = c.hidden_size, c.intermediate_size
-        self.max_rows = min((m.dense_rows for layer in self.layers for m in _projections(layer)
-                             if m.dense_rows is not None), default=None)
+        self.max_rows = min([MAX_ROWS + 1] + [m.dense_rows for layer in self.layers for m in _projections(layer)
+                                              if m.dense_rows is not None])  # steps of fewer rows run fused
         lib = _KERNEL.lib()
         self.head, self.tail = lib.lm_layer_head, lib.lm_layer_tail
         self.ctx = _Ctx(norm=fused_ops.c_function_address("lm_add_rms_norm"),
@@ -132,9 +140,7 @@ class FusedLayers:
                        k_cache=pool.k[i].data_ptr(), v_cache=pool.v[i].data_ptr())
             for name, m in zip(("qkv", "o", "gate_up", "down"), _projections(layer)):
                 _, _, _, fn, K, N, q_ptr, s_ptr = m._bind_c()
-                bias = m._buffers["bias"]
-                if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-                    raise ValueError("a fused layer's bias must be float32 and contiguous")
+                bias = m._buffers["bias"]  # float32 contiguous or None (_fusable)
                 setattr(s, name, _Gemm(fn=_addr(fn), status=int(m._c_kernel.endswith("x8")), K=K, N=N,
                                        q=q_ptr, s=s_ptr, bias=0 if bias is None else bias.data_ptr()))
             self.structs.append(s)
@@ -203,6 +209,6 @@ def plan(model, T: int) -> Optional[FusedLayers]:
     fused = getattr(model, "_fused_layers", None)  # False: the model's layers are not all fusable
     if fused is None:
         fused = model._fused_layers = FusedLayers(model) if _fusable(model) else False
-    if fused is False or (fused.max_rows is not None and T >= fused.max_rows):
+    if fused is False or T >= fused.max_rows:
         return None
     return fused

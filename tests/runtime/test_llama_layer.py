@@ -156,6 +156,12 @@ def test_steps_at_dense_rows_run_layer_by_layer(tiny_model_path, monkeypatch):
     calls.clear()
     _decode(runner, _prompts(5), 2)  # 5 rows >= dense_rows: the dense copies, layer by layer
     assert calls == []
+    runner = _runner(tiny_model_path, "int8", "int8", monkeypatch)  # no dense copies: MAX_ROWS bounds
+    assert runner.formats.dense_rows is None
+    hb = HandBatcher(runner)
+    runner.forward(hb.batch([(1, 0, list(range(3, 3 + llama_layer.MAX_ROWS)))]))
+    runner.forward(hb.batch([(2, 0, list(range(3, 4 + llama_layer.MAX_ROWS)))]))
+    assert calls == [llama_layer.MAX_ROWS]
 
 
 def test_float32_models_and_the_switch_keep_the_layer_by_layer_path(tiny_model_path, monkeypatch):
