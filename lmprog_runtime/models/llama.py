@@ -149,7 +149,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2I]
-        if _c_quantized(self.gate_up_proj) and fused_ops.usable(gate_up, gate_up):
+        if _c_quantized(self.gate_up_proj) and fused_ops.act_usable(gate_up):
             # quantized on lmprog's C kernels: fused_ops.c's silu * up, the one llama_layer.c's
             # fused step calls (so both paths agree bit for bit); float32/dense models keep torch's
             return self.down_proj(fused_ops.silu_mul(gate_up))

@@ -185,5 +185,5 @@ def test_silu_mul_matches_torch_to_float_rounding():
     want = torch.nn.functional.silu(gu[:, :83].double()) * gu[:, 83:].double()
     assert got.shape == (5, 83) and torch.isnan(got[1, 0]) and torch.isnan(want[1, 0])
     ok = ~torch.isnan(want)
-    assert ((got.double() - want).abs()[ok] <= 1e-5 * want.abs()[ok] + 1e-30).all()
+    assert ((got.double() - want).abs()[ok] <= 1e-6 * want.abs()[ok] + 1e-30).all()
     assert torch.equal(fused_ops.silu_mul(gu[2:3].contiguous()), got[2:3])  # a row alone: the same bits
