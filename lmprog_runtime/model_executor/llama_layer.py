@@ -183,7 +183,10 @@ class FusedLayers:
         ctx.T, ctx.nthreads, ctx.table = T, torch.get_num_threads(), rope_table.data_ptr()
         ctx.pos, ctx.slots = pos.data_ptr(), slots.data_ptr()
         b = self.bufs
-        b["res"][:T].copy_(x)
+        # the embeddings become layer 0's residual: a plain memory copy, so no in-place torch op
+        # touches the buffers (made under inference mode or not, they work in and out of it)
+        x = x.contiguous()
+        ctypes.memmove(ctx.res, x.data_ptr(), 4 * x.numel())
         q = b["q"][:T].view(T, self.H, self.D)
         gate, ptrs, n = pool.load_gate, self.ptrs, len(self.ptrs)
         if gate is not None:  # HiCache's layer-wise load-backs: layer i copied before its KV is written

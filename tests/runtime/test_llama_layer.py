@@ -35,7 +35,8 @@ def _runner(path, fmt: str, act: str, monkeypatch, dense_rows_at: int = 10 ** 9)
 
 
 def _decode(runner, prompts, steps: int, shared: int = 0):
-    """Greedy: prefill, then `steps` decode steps -> (tokens per prompt, every step's logits).
+    """Greedy: prefill, then `steps` decode steps -> (tokens per prompt, the prefill's and every
+    decode step's logits).
     shared > 0: every request's first `shared` positions are the first request's KV slots
     (a common cached prefix the cascade reads once; prompts[i][:shared] equal)."""
     hb = HandBatcher(runner)
@@ -48,7 +49,7 @@ def _decode(runner, prompts, steps: int, shared: int = 0):
         logits = runner.forward(hb.batch([(r, shared, p[shared:]) for r, p in zip(rows, prompts)]))
     else:
         logits = runner.forward(hb.batch([(r, 0, p) for r, p in zip(rows, prompts)]))
-    outs, seen = [[] for _ in prompts], []
+    outs, seen = [[] for _ in prompts], [logits.clone()]  # the prefill's (an extend) too
     for _ in range(steps):
         for out, tok in zip(outs, logits.argmax(-1).tolist()):
             out.append(tok)
@@ -85,7 +86,7 @@ def _assert_paths_equal(runner, monkeypatch, batches=(1, 2, 5, 8), steps=3, shar
         assert not calls
         monkeypatch.setattr(llama_layer, "enabled", True)
         got, got_logits = _decode(runner, prompts, steps, shared)
-        assert calls.count(batch) == steps, (batch, calls)  # every decode step ran fused
+        assert calls.count(batch) == steps and len(calls) == steps + 1 + bool(shared), (batch, calls)  # all fused
         calls.clear()
         assert got == want, batch
         for a, b in zip(got_logits, want_logits):
