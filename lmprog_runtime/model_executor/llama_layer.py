@@ -97,7 +97,7 @@ class FusedLayers:
 
     def __init__(self, model):
         c = model.config
-        self.layers = list(model.layers)
+        self.layer_list, self.layers = model.layers, list(model.layers)
         self.H, self.KV, self.D = c.num_heads, c.num_kv_heads, c.head_dim
         self.hidden, self.I = c.hidden_size, c.intermediate_size
         self.max_rows = min([MAX_ROWS + 1] + [m.dense_rows for layer in self.layers for m in _projections(layer)
@@ -121,7 +121,12 @@ class FusedLayers:
         """(dicts, keys): where each object the structs point into lives (a module's _buffers or
         _parameters, the pool's __dict__); `_bound` compares those entries by identity."""
         dicts, keys = [pool.__dict__, pool.__dict__], ["k", "v"]
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            # the modules themselves too: a replaced layer, projection or norm rebinds
+            for mod, names in ((self.layer_list, (str(i),)), (layer, ("input_layernorm", "post_attention_layernorm")),
+                               (layer.self_attn, ("qkv_proj", "o_proj")), (layer.mlp, ("gate_up_proj", "down_proj"))):
+                dicts += [mod._modules] * len(names)
+                keys += names
             for m in _projections(layer):
                 scales = "scales" if m.fmt == "int8" else ("scale_mins" if m._c_kernel == "int4x8" else "scale_zeros")
                 for key in ("qweight", scales, "bias"):
@@ -133,6 +138,7 @@ class FusedLayers:
         return dicts, keys
 
     def _bind(self, pool) -> None:
+        self.layers = list(self.layer_list)
         self.structs = []
         for i, layer in enumerate(self.layers):
             s = _Layer(in_norm=layer.input_layernorm.weight.data_ptr(),
@@ -148,10 +154,18 @@ class FusedLayers:
         self.pool, (self.dicts, self.keys) = pool, self._slots_of(pool)
         self.held = list(map(operator.getitem, self.dicts, self.keys))
 
-    def _bound(self, pool) -> bool:
-        """Whether every tensor the structs point into is still the object bound (the check
-        QuantLinear makes per call, here ~420 identity tests per step, run in C by map)."""
-        return pool is self.pool and all(map(operator.is_, map(operator.getitem, self.dicts, self.keys), self.held))
+    def bound(self, pool) -> bool:
+        """Whether every module and tensor the structs point into is still the object bound (the
+        check QuantLinear makes per call, here ~630 identity tests per step, run in C by map)."""
+        return (pool is self.pool and len(self.layer_list) == len(self.layers)
+                and all(map(operator.is_, map(operator.getitem, self.dicts, self.keys), self.held)))
+
+    def rebind(self, model, pool) -> bool:
+        """Bind the model's current layers and pool; False (nothing bound) when they no longer fuse."""
+        if not _fusable(model):
+            return False
+        self._bind(pool)
+        return True
 
     def _reserve(self, T: int) -> None:
         """Activation buffers for T rows (grown to the largest T seen; rows [:T] used)."""
@@ -175,8 +189,7 @@ class FusedLayers:
 
     def _run(self, x: torch.Tensor, fb, backend, rope_table: torch.Tensor):
         T, pool = x.shape[0], backend.kv_pool
-        if not self._bound(pool):
-            self._bind(pool)
+        assert pool is self.pool, "plan() binds the pool the step uses"
         self._reserve(T)
         pos, slots = fb.positions.contiguous(), fb.out_cache_loc.contiguous()  # int64 [T]; kept alive here
         ctx = self.ctx
@@ -213,5 +226,9 @@ def plan(model, T: int) -> Optional[FusedLayers]:
     if fused is None:
         fused = model._fused_layers = FusedLayers(model) if _fusable(model) else False
     if fused is False or T >= fused.max_rows:
+        return None
+    pool = model.attn_backend.kv_pool
+    if not fused.bound(pool) and not fused.rebind(model, pool):
+        model._fused_layers = False
         return None
     return fused

@@ -148,6 +148,28 @@ def test_hicache_load_gate_is_waited_before_each_layers_kv_write(tiny_model_path
     assert not torch.isnan(pool.k[:, slot]).any()
 
 
+def test_replaced_modules_and_buffers_rebind(tiny_model_path, monkeypatch):
+    """A projection swapped for another QuantLinear (or its buffers for new objects) is what the
+    fused step then uses; one swapped for a dense Linear makes the model run layer by layer."""
+    from lmprog_runtime.model_executor.quant import QuantLinear
+
+    runner = _runner(tiny_model_path, "int8", "int8", monkeypatch)
+    _assert_paths_equal(runner, monkeypatch, batches=(2,), steps=1)
+    mlp, attn = runner.model.layers[1].mlp, runner.model.layers[0].self_attn
+    before = _decode(runner, _prompts(2), 1)[1]
+    old = mlp.down_proj
+    swapped = QuantLinear("int8", old.out_features, old.in_features, torch.int8)
+    swapped.set_weight(torch.randn(old.out_features, old.in_features) * 0.05)
+    mlp.down_proj = swapped
+    attn.o_proj.scales = attn.o_proj.scales * 1.5  # a new buffer object in the same module
+    _assert_paths_equal(runner, monkeypatch, batches=(2,), steps=1)
+    assert not torch.equal(_decode(runner, _prompts(2), 1)[1][-1], before[-1])
+    mlp.down_proj = torch.nn.Linear(old.in_features, old.out_features, bias=False)
+    calls = _count_fused(monkeypatch)
+    _decode(runner, _prompts(2), 1)
+    assert calls == [] and runner.model._fused_layers is False
+
+
 def test_steps_at_dense_rows_run_layer_by_layer(tiny_model_path, monkeypatch):
     runner = _runner(tiny_model_path, "int8", "int8", monkeypatch, dense_rows_at=4)
     assert runner.formats.dense_rows == 4
