@@ -14,7 +14,7 @@ own builds compile them), so both paths give the same logits bit for bit
 (tests/runtime/test_llama_layer.py).
 
 Buffers: one set per model, sized for the largest T seen so far (rows [:T] are used); the weight
-structs are bound once and rebound when a buffer object changes (the check QuantLinear makes).
+structs are bound once and rebound when a buffer or module object changes (`plan` checks).
 """
 
 from __future__ import annotations
@@ -86,6 +86,8 @@ def _fusable(model) -> bool:
         biases = [m.bias for m in _projections(layer) if m.bias is not None]
         if not all(b.dtype == torch.float32 and b.is_contiguous() for b in biases):
             return False
+        if not layer.input_layernorm.eps == layer.post_attention_layernorm.eps == model.layers[0].input_layernorm.eps:
+            return False  # the C context holds one eps
         norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
         if not all(w.dtype == torch.float32 and w.is_contiguous() and w.device.type == "cpu" for w in norms):
             return False
@@ -100,8 +102,7 @@ class FusedLayers:
         self.layer_list, self.layers = model.layers, list(model.layers)
         self.H, self.KV, self.D = c.num_heads, c.num_kv_heads, c.head_dim
         self.hidden, self.I = c.hidden_size, c.intermediate_size
-        self.max_rows = min([MAX_ROWS + 1] + [m.dense_rows for layer in self.layers for m in _projections(layer)
-                                              if m.dense_rows is not None])  # steps of fewer rows run fused
+        self.max_rows = MAX_ROWS + 1  # steps of fewer rows run fused (and below every dense_rows: _bind)
         lib = _KERNEL.lib()
         self.head, self.tail = lib.lm_layer_head, lib.lm_layer_tail
         self.ctx = _Ctx(norm=fused_ops.c_function_address("lm_add_rms_norm"),
@@ -139,6 +140,8 @@ class FusedLayers:
 
     def _bind(self, pool) -> None:
         self.layers = list(self.layer_list)
+        self.max_rows = min([MAX_ROWS + 1] + [m.dense_rows for layer in self.layers for m in _projections(layer)
+                                              if m.dense_rows is not None])
         self.structs = []
         for i, layer in enumerate(self.layers):
             s = _Layer(in_norm=layer.input_layernorm.weight.data_ptr(),
@@ -225,10 +228,10 @@ def plan(model, T: int) -> Optional[FusedLayers]:
     fused = getattr(model, "_fused_layers", None)  # False: the model's layers are not all fusable
     if fused is None:
         fused = model._fused_layers = FusedLayers(model) if _fusable(model) else False
-    if fused is False or T >= fused.max_rows:
+    if fused is False:
         return None
     pool = model.attn_backend.kv_pool
     if not fused.bound(pool) and not fused.rebind(model, pool):
         model._fused_layers = False
         return None
-    return fused
+    return fused if T < fused.max_rows else None
