@@ -10,7 +10,11 @@ prefill tokens/s for one prompt and decode tokens/s at several batch sizes throu
 
     python bench/one_batch.py --dtype float32 --batch-sizes 1 8 32 64 --input-len 512 --output-len 16
     python bench/one_batch.py --quantization auto --batch-sizes 1 8 32 --quick
-Writes bench/results/one_batch.json and bench/results/one_batch.png.
+    python bench/one_batch.py --quick --ab-fused-layer 1 4   # + fused vs layer-by-layer, interleaved
+Writes bench/results/one_batch.json and bench/results/one_batch.png. `--no-fused-layer` runs
+quantized decode steps layer by layer (model_executor/llama_layer.py off; LMPROG_NO_FUSED_LAYER=1
+does the same for a server); `--ab-fused-layer B...` adds an interleaved A/B of the two paths in
+this process (alternating steps, order flipped each round: ratios hold on a busy machine).
 """
 
 from __future__ import annotations
@@ -126,11 +130,18 @@ def main():
     ap.add_argument("--attention-backend", default=None, choices=["torch_native", "triton", "flashinfer"],
                     help="default: the runner's per-device default")
     ap.add_argument("--results-dir", default=RESULTS)
+    ap.add_argument("--no-fused-layer", action="store_true", help="quantized decode steps layer by layer")
+    ap.add_argument("--ab-fused-layer", type=int, nargs="*", default=None, metavar="B",
+                    help="interleaved A/B of fused vs layer-by-layer decode steps at these batch sizes")
+    ap.add_argument("--ab-rounds", type=int, default=60)
     args = ap.parse_args()
+    from lmprog_runtime.model_executor import llama_layer
+
+    llama_layer.enabled = not args.no_fused_layer
     if args.quick:
         args.batch_sizes, args.input_len, args.output_len = [1, 8, 32], 128, 8
 
-    max_bs, max_len = max(args.batch_sizes), args.input_len + args.output_len + 1
+    max_bs, max_len = max(args.batch_sizes + (args.ab_fused_layer or [])), args.input_len + args.output_len + 1
     global DEVICE
     runner = ModelRunner(ServerArgs(model_path=args.model_path, dtype=args.dtype, num_threads=args.num_threads,
                                     quantization=args.quantization,
@@ -180,6 +191,8 @@ def main():
         result["decode_b1_vs_bandwidth_floor"] = {"floor_ms": d1["floor_ms"], "ratio": d1["over_floor"]}
     if d1 and "32" in result["decode"]:
         result["decode_b32_over_b1_throughput"] = result["decode"]["32"]["tokens_per_s"] / d1["tokens_per_s"]
+    if args.ab_fused_layer:
+        result["fused_layer_ab"] = ab_fused_layer(runner, batches, args.ab_fused_layer, n, args.ab_rounds)
     report(result)
     save(result, args.results_dir)
     if args.profile:
@@ -189,6 +202,38 @@ def main():
         with profile() as prof:
             runner.forward(fb)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+def ab_fused_layer(runner, batches, sizes, cached: int, rounds: int) -> dict:
+    """Fused (llama_layer.c) vs layer-by-layer decode steps, one of each per round in this process,
+    order flipped every round: per batch size each side's median step and the median of the
+    per-round ratios fused / layer-by-layer (< 1: the fused step is faster)."""
+    import statistics
+
+    from lmprog_runtime.model_executor import llama_layer
+
+    out = {}
+    for bs in sizes:
+        times = {True: [], False: []}
+        for fused in (True, False, True, False):  # warm-up: buffers, binding, caches
+            llama_layer.enabled = fused
+            runner.forward(batches.make(bs, cached, 1))
+        llama_layer.enabled = True
+        fused_runs = llama_layer.plan(runner.model, bs) is not None
+        for r in range(rounds):
+            for fused in ((True, False) if r % 2 == 0 else (False, True)):
+                llama_layer.enabled = fused
+                fb = batches.make(bs, cached, 1)
+                t0 = time.perf_counter()
+                runner.forward(fb)
+                times[fused].append(time.perf_counter() - t0)
+        llama_layer.enabled = True
+        ratios = [a / b for a, b in zip(times[True], times[False])]
+        out[str(bs)] = {"rounds": rounds, "fused_path_taken": fused_runs,
+                        "median_ms_fused": 1e3 * statistics.median(times[True]),
+                        "median_ms_layer_by_layer": 1e3 * statistics.median(times[False]),
+                        "median_ratio_fused_over_layer_by_layer": statistics.median(ratios)}
+    return out
 
 
 def cpu_flags() -> str:
@@ -217,6 +262,10 @@ def report(r: dict) -> None:
         print(f"batch-1 step vs weight-bytes/bandwidth floor {f['floor_ms']:.2f} ms: {f['ratio']:.1f}x")
     if "decode_b32_over_b1_throughput" in r:
         print(f"decode throughput batch 32 / batch 1: {r['decode_b32_over_b1_throughput']:.1f}x")
+    for bs, a in r.get("fused_layer_ab", {}).items():
+        print(f"fused layer vs layer by layer, batch {bs} ({a['rounds']} interleaved rounds, fused path "
+              f"{'taken' if a['fused_path_taken'] else 'NOT taken'}): median {a['median_ms_fused']:.2f} ms vs "
+              f"{a['median_ms_layer_by_layer']:.2f} ms, median ratio {a['median_ratio_fused_over_layer_by_layer']:.3f}")
 
 
 def save(r: dict, results_dir: str = RESULTS) -> None:

@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmprog_runtime.model_executor import decode_ops, fused_ops
+from lmprog_runtime.model_executor import decode_ops, fused_ops, llama_layer
 from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 from lmprog_runtime.model_executor.loader import ModelConfig
+from lmprog_runtime.model_executor.quant import QuantLinear
 
 
 # -- rotary position embedding -------------------------------------------------------------------
@@ -147,8 +148,17 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        if _c_quantized(self.gate_up_proj) and fused_ops.act_usable(gate_up):
+            # quantized on lmprog's C kernels: fused_ops.c's silu * up, the one llama_layer.c's
+            # fused step calls (so both paths agree bit for bit); float32/dense models keep torch's
+            return self.down_proj(fused_ops.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [T, I] each
         return self.down_proj(F.silu(gate) * up)  # [T, hidden]
+
+
+def _c_quantized(linear: nn.Module) -> bool:
+    return isinstance(linear, QuantLinear) and linear._c_kernel is not None
 
 
 class DecoderLayer(nn.Module):
@@ -212,7 +222,12 @@ class LlamaForCausalLM(nn.Module):
 
     def run_layers(self, x, cos, sin, forward_batch, attn_backend, rope_table=None):
         """Every decoder layer: (last layer's mlp out, residual) [T, hidden] each; the hidden
-        state is their sum (left to the final norm, which adds them)."""
+        state is their sum (left to the final norm, which adds them). A quantized decode step
+        runs as two C calls per layer where llama_layer.plan allows (same bits, less Python)."""
+        if rope_table is not None:  # fused_decode_ok held: float32 on the CPU, positions in range
+            fused = llama_layer.plan(self, x.shape[0])
+            if fused is not None:
+                return fused.run(x, forward_batch, attn_backend, rope_table)
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, cos, sin, forward_batch, attn_backend, rope_table)

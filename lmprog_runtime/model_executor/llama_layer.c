@@ -1,0 +1,94 @@
+/* A quantized Llama decoder layer's CPU decode step as two C calls with no Python between its
+ * pieces (llama_layer.py binds the arguments once):
+ *
+ *   lm_layer_head: [res += x] -> h = rms_norm(res) -> qkv = h @ Wqkv (+ bias) -> rope(q, k),
+ *                  k and v written into the layer's KV slots, q to c->q
+ *   (the attention backend runs in Python: one call per layer, reading q and the KV pool)
+ *   lm_layer_tail: o = attn @ Wo -> res += o, h = rms_norm(res) -> gu = h @ Wgate_up ->
+ *                  act = silu(gate) * up -> x = act @ Wdown [-> the next layer's lm_layer_head]
+ *
+ * so a layer costs one C call and one attention call. Every piece is the exported function the
+ * layer-by-layer path calls, reached through the pointers in lm_ctx / lm_gemm (the very code of
+ * qdot.c / qgemm.c / fused_ops.c / decode_ops.c as their own builds compiled it, under their own
+ * flags): the two paths give the same bits, and an edit to any of those files reaches both.
+ * Each pointer's function opens its own OpenMP region (they are not re-entered from one here).
+ *
+ * Buffers (float32, row-major, contiguous, T rows): res, x, h, o [T, hidden]; qkv [T, (H + 2 KV) D];
+ * q [T, H, D]; gu [T, 2 I]; act [T, I]. The residual add is in place (sum_out = res): the norm
+ * writes each sum before reading it, lane for lane, as it would into another buffer.
+ * Returns 0, or -1 when a qdot.c matmul found no memory for its activation scratch.
+ */
+#include <stdint.h>
+#include <stddef.h>
+
+/* qdot.c's lm_q4x8_gemm / lm_q8x8_gemm (status) and qgemm.c's lm_q4_gemm / lm_q8_gemm (void) */
+typedef int (*gemm_status_fn)(const float *x, int T, int K, const void *q, const void *s, int64_t N, float *y,
+                              int nthreads);
+typedef void (*gemm_void_fn)(const float *x, int T, int K, const void *q, const void *s, int64_t N, float *y,
+                             int nthreads);
+typedef void (*norm_fn)(const float *x, const float *r, float *sum_out, const float *w, float *out, int64_t T,
+                        int64_t H, float eps, int nthreads);
+typedef void (*rope_kv_fn)(const float *qkv, int64_t T, int H, int KV, int D, const float *table,
+                           const int64_t *pos, const int64_t *slots, float *q_out, float *k_cache, float *v_cache,
+                           int nthreads);
+typedef void (*silu_mul_fn)(const float *gu, int64_t T, int64_t I, float *out, int nthreads);
+
+typedef struct {      /* one QuantLinear: y [T, N] = x [T, K] @ W.T (+ bias [N]) */
+    void *fn;         /* a gemm_status_fn when `status`, else a gemm_void_fn */
+    int64_t status;
+    int64_t K, N;
+    const void *q, *s;  /* the weight buffers the function takes */
+    const float *bias;  /* NULL: none */
+} lm_gemm;
+
+typedef struct {      /* one decoder layer's weights and KV slots */
+    lm_gemm qkv, o, gate_up, down;
+    const float *in_norm, *post_norm;  /* [hidden] */
+    float *k_cache, *v_cache;          /* [slots, KV, D] */
+} lm_layer;
+
+typedef struct {      /* one batch shape's buffers and the step's positions */
+    norm_fn norm;
+    rope_kv_fn rope_kv;
+    silu_mul_fn silu_mul;
+    int64_t T, hidden, H, KV, D, I;
+    int64_t nthreads;
+    double eps;
+    float *res, *x, *h, *qkv, *q, *o, *gu, *act;
+    const float *table;                /* [P, 2, D] */
+    const int64_t *pos, *slots;        /* [T] each, in range (llama.fused_decode_ok checked) */
+} lm_ctx;
+
+static int gemm(const lm_ctx *c, const lm_gemm *g, const float *x, float *y) {
+    if (g->status) {
+        if (((gemm_status_fn)g->fn)(x, (int)c->T, (int)g->K, g->q, g->s, g->N, y, (int)c->nthreads) != 0) return -1;
+    } else {
+        ((gemm_void_fn)g->fn)(x, (int)c->T, (int)g->K, g->q, g->s, g->N, y, (int)c->nthreads);
+    }
+    if (g->bias != NULL)  /* y + bias: the one rounding torch's add makes */
+        for (int64_t t = 0; t < c->T; t++)
+            for (int64_t n = 0; n < g->N; n++) y[t * g->N + n] += g->bias[n];
+    return 0;
+}
+
+/* first: res holds the layer's whole input (layer 0: the embeddings), else res + x is */
+int lm_layer_head(const lm_ctx *c, const lm_layer *w, int first) {
+    if (first)
+        c->norm(c->res, NULL, NULL, w->in_norm, c->h, c->T, c->hidden, (float)c->eps, (int)c->nthreads);
+    else
+        c->norm(c->x, c->res, c->res, w->in_norm, c->h, c->T, c->hidden, (float)c->eps, (int)c->nthreads);
+    if (gemm(c, &w->qkv, c->h, c->qkv)) return -1;
+    c->rope_kv(c->qkv, c->T, (int)c->H, (int)c->KV, (int)c->D, c->table, c->pos, c->slots, c->q, w->k_cache,
+               w->v_cache, (int)c->nthreads);
+    return 0;
+}
+
+/* attn [T, H * D]: the attention backend's output for this layer; next: NULL after the last */
+int lm_layer_tail(const lm_ctx *c, const lm_layer *w, const float *attn, const lm_layer *next) {
+    if (gemm(c, &w->o, attn, c->o)) return -1;
+    c->norm(c->o, c->res, c->res, w->post_norm, c->h, c->T, c->hidden, (float)c->eps, (int)c->nthreads);
+    if (gemm(c, &w->gate_up, c->h, c->gu)) return -1;
+    c->silu_mul(c->gu, c->T, c->I, c->act, (int)c->nthreads);
+    if (gemm(c, &w->down, c->act, c->x)) return -1;
+    return next != NULL ? lm_layer_head(c, next, 0) : 0;
+}

@@ -1,0 +1,237 @@
+"""The quantized Llama decode step with two C calls per layer (llama_layer.c), not ~45 ctypes and
+torch calls: per layer `lm_layer_tail(i - 1) + lm_layer_head(i)` (o, norm, gate_up, silu * up,
+down, then the next layer's norm, qkv, rope + K/V write) and one attention-backend call.
+
+Used by `LlamaForCausalLM.run_layers` when `plan(model, T)` gives a `FusedLayers`: every
+projection of every layer is a `QuantLinear` on one of lmprog's C kernels (qdot.c's int8
+activations or qgemm.c's float32 ones), T is below every layer's `dense_rows` and at most
+`MAX_ROWS`, the fused rope/KV
+conditions hold (`llama.fused_decode_ok`: the caller passes the rope table only then), the C ops
+are built and switched on, and `config.FUSED_LAYER` (LMPROG_NO_FUSED_LAYER unset) or this
+module's `enabled` allow it. The C code calls the very functions the layer-by-layer path calls
+(pointers to qdot.c's, qgemm.c's, fused_ops.c's and decode_ops.c's exports, compiled as their
+own builds compile them), so both paths give the same logits bit for bit
+(tests/runtime/test_llama_layer.py).
+
+Buffers: one set per model, sized for the largest T seen so far (rows [:T] are used); the weight
+structs are bound once and rebound when a buffer or module object changes (`plan` checks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import operator
+import pathlib
+import threading
+from typing import List, Optional
+
+import torch
+
+from lmprog_runtime import config, native
+from lmprog_runtime.model_executor import decode_ops, fused_ops, qgemm
+from lmprog_runtime.model_executor.quant import QuantLinear
+
+_p, _i64 = ctypes.c_void_p, ctypes.c_int64
+
+
+class _Gemm(ctypes.Structure):
+    _fields_ = [("fn", _p), ("status", _i64), ("K", _i64), ("N", _i64), ("q", _p), ("s", _p), ("bias", _p)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("qkv", _Gemm), ("o", _Gemm), ("gate_up", _Gemm), ("down", _Gemm), ("in_norm", _p),
+                ("post_norm", _p), ("k_cache", _p), ("v_cache", _p)]
+
+
+class _Ctx(ctypes.Structure):
+    _fields_ = [("norm", _p), ("rope_kv", _p), ("silu_mul", _p), ("T", _i64), ("hidden", _i64), ("H", _i64),
+                ("KV", _i64), ("D", _i64), ("I", _i64), ("nthreads", _i64), ("eps", ctypes.c_double),
+                *((name, _p) for name in ("res", "x", "h", "qkv", "q", "o", "gu", "act")),
+                ("table", _p), ("pos", _p), ("slots", _p)]
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.lm_layer_head.argtypes = [_p, _p, ctypes.c_int]
+    lib.lm_layer_tail.argtypes = [_p, _p, _p, _p]
+    lib.lm_layer_head.restype = lib.lm_layer_tail.restype = ctypes.c_int
+
+
+# no -march=native: this file only sequences calls (the maths is in the pointed-to builds)
+_KERNEL = native.Kernel(pathlib.Path(__file__).with_name("llama_layer.c"), ("-O2",), False, _declare)
+enabled = True  # tests and bench/one_batch.py's A/B switch the fused path off
+# Steps of more rows run layer by layer even without a dense crossover: what the fused path saves
+# is per-call overhead, which long prefills do not notice, and its buffers are kept (<= 64 rows:
+# ~2 MB for SmolLM2-135M)
+MAX_ROWS = 64
+
+
+def available() -> bool:
+    return (enabled and config.FUSED_LAYER and fused_ops.available() and decode_ops.available()
+            and qgemm.available() and _KERNEL.lib() is not None)
+
+
+def _addr(fn) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def _projections(layer) -> tuple:
+    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
+
+
+def _fusable(model) -> bool:
+    """Every projection a QuantLinear on a C kernel, every norm weight float32 (checked once)."""
+    for layer in model.layers:
+        if not all(isinstance(m, QuantLinear) and m._c_kernel is not None for m in _projections(layer)):
+            return False
+        biases = [m.bias for m in _projections(layer) if m.bias is not None]
+        if not all(b.dtype == torch.float32 and b.is_contiguous() for b in biases):
+            return False
+        if not layer.input_layernorm.eps == layer.post_attention_layernorm.eps == model.layers[0].input_layernorm.eps:
+            return False  # the C context holds one eps
+        norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        if not all(w.dtype == torch.float32 and w.is_contiguous() and w.device.type == "cpu" for w in norms):
+            return False
+    return len(model.layers) > 0
+
+
+class FusedLayers:
+    """One model's bound C layer structs and activation buffers."""
+
+    def __init__(self, model):
+        c = model.config
+        self.layer_list, self.layers = model.layers, list(model.layers)
+        self.H, self.KV, self.D = c.num_heads, c.num_kv_heads, c.head_dim
+        self.hidden, self.I = c.hidden_size, c.intermediate_size
+        self.max_rows = MAX_ROWS + 1  # steps of fewer rows run fused (and below every dense_rows: _bind)
+        lib = _KERNEL.lib()
+        self.head, self.tail = lib.lm_layer_head, lib.lm_layer_tail
+        self.ctx = _Ctx(norm=fused_ops.c_function_address("lm_add_rms_norm"),
+                        rope_kv=_addr(decode_ops._KERNEL.lib().lm_rope_kv),
+                        silu_mul=fused_ops.c_function_address("lm_silu_mul"),
+                        hidden=self.hidden, H=self.H, KV=self.KV, D=self.D, I=self.I,
+                        eps=self.layers[0].input_layernorm.eps)
+        self.ctx_ptr = ctypes.addressof(self.ctx)
+        self.capacity, self.bufs = 0, {}
+        self.lock = threading.Lock()  # one step at a time uses the buffers (forwards do not overlap today)
+        self.structs: List[_Layer] = []
+        self.pool, self.dicts, self.keys = None, [], []
+        self.held: list = []  # the objects whose pointers the structs hold (identity-checked per forward)
+
+    # -- binding --
+    def _slots_of(self, pool) -> tuple:
+        """(dicts, keys): where each object the structs point into lives (a module's _buffers or
+        _parameters, the pool's __dict__); `_bound` compares those entries by identity."""
+        dicts, keys = [pool.__dict__, pool.__dict__], ["k", "v"]
+        for i, layer in enumerate(self.layers):
+            # the modules themselves too: a replaced layer, projection or norm rebinds
+            for mod, names in ((self.layer_list, (str(i),)), (layer, ("input_layernorm", "post_attention_layernorm")),
+                               (layer.self_attn, ("qkv_proj", "o_proj")), (layer.mlp, ("gate_up_proj", "down_proj"))):
+                dicts += [mod._modules] * len(names)
+                keys += names
+            for m in _projections(layer):
+                scales = "scales" if m.fmt == "int8" else ("scale_mins" if m._c_kernel == "int4x8" else "scale_zeros")
+                for key in ("qweight", scales, "bias"):
+                    dicts.append(m._buffers)
+                    keys.append(key)
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                dicts.append(norm._parameters)
+                keys.append("weight")
+        return dicts, keys
+
+    def _bind(self, pool) -> None:
+        self.layers = list(self.layer_list)
+        self.max_rows = min([MAX_ROWS + 1] + [m.dense_rows for layer in self.layers for m in _projections(layer)
+                                              if m.dense_rows is not None])
+        self.structs = []
+        for i, layer in enumerate(self.layers):
+            s = _Layer(in_norm=layer.input_layernorm.weight.data_ptr(),
+                       post_norm=layer.post_attention_layernorm.weight.data_ptr(),
+                       k_cache=pool.k[i].data_ptr(), v_cache=pool.v[i].data_ptr())
+            for name, m in zip(("qkv", "o", "gate_up", "down"), _projections(layer)):
+                _, _, _, fn, K, N, q_ptr, s_ptr = m._bind_c()
+                bias = m._buffers["bias"]  # float32 contiguous or None (_fusable)
+                setattr(s, name, _Gemm(fn=_addr(fn), status=int(m._c_kernel.endswith("x8")), K=K, N=N,
+                                       q=q_ptr, s=s_ptr, bias=0 if bias is None else bias.data_ptr()))
+            self.structs.append(s)
+        self.ptrs = [ctypes.addressof(s) for s in self.structs]
+        self.pool, (self.dicts, self.keys) = pool, self._slots_of(pool)
+        self.held = list(map(operator.getitem, self.dicts, self.keys))
+
+    def bound(self, pool) -> bool:
+        """Whether every module and tensor the structs point into is still the object bound (the
+        check QuantLinear makes per call, here ~630 identity tests per step, run in C by map)."""
+        return (pool is self.pool and len(self.layer_list) == len(self.layers)
+                and all(map(operator.is_, map(operator.getitem, self.dicts, self.keys), self.held)))
+
+    def rebind(self, model, pool) -> bool:
+        """Bind the model's current layers and pool; False (nothing bound) when they no longer fuse."""
+        if not _fusable(model):
+            return False
+        self._bind(pool)
+        return True
+
+    def _reserve(self, T: int) -> None:
+        """Activation buffers for T rows (grown to the largest T seen; rows [:T] used)."""
+        if T <= self.capacity:
+            return
+        cap = max(T, 2 * self.capacity)
+        qkv = (self.H + 2 * self.KV) * self.D
+        widths = dict(res=self.hidden, x=self.hidden, h=self.hidden, o=self.hidden, qkv=qkv,
+                      q=self.H * self.D, gu=2 * self.I, act=self.I)
+        self.bufs = {k: torch.empty(cap, w, dtype=torch.float32) for k, w in widths.items()}
+        for k, t in self.bufs.items():
+            setattr(self.ctx, k, t.data_ptr())
+        self.capacity = cap
+
+    # -- the step --
+    def run(self, x: torch.Tensor, fb, backend, rope_table: torch.Tensor):
+        """x [T, hidden] float32 (the embeddings) -> (last layer's mlp out, residual) [T, hidden]
+        each, views of this object's buffers, valid until the next call."""
+        with self.lock:
+            return self._run(x, fb, backend, rope_table)
+
+    def _run(self, x: torch.Tensor, fb, backend, rope_table: torch.Tensor):
+        T, pool = x.shape[0], backend.kv_pool
+        assert pool is self.pool, "plan() binds the pool the step uses"
+        self._reserve(T)
+        pos, slots = fb.positions.contiguous(), fb.out_cache_loc.contiguous()  # int64 [T]; kept alive here
+        ctx = self.ctx
+        ctx.T, ctx.nthreads, ctx.table = T, torch.get_num_threads(), rope_table.data_ptr()
+        ctx.pos, ctx.slots = pos.data_ptr(), slots.data_ptr()
+        b = self.bufs
+        # the embeddings become layer 0's residual: a plain memory copy, so no in-place torch op
+        # touches the buffers (made under inference mode or not, they work in and out of it)
+        x = x.contiguous()
+        ctypes.memmove(ctx.res, x.data_ptr(), 4 * x.numel())
+        q = b["q"][:T].view(T, self.H, self.D)
+        gate, ptrs, n = pool.load_gate, self.ptrs, len(self.ptrs)
+        if gate is not None:  # HiCache's layer-wise load-backs: layer i copied before its KV is written
+            gate.wait(0)
+        if self.head(self.ctx_ptr, ptrs[0], 1):
+            raise MemoryError("llama_layer.c: no memory for a matmul's activation scratch")
+        for i in range(n):
+            out = backend.forward(q, None, None, i, fb, save_kv_cache=False)  # [T, H * D]
+            if out.dtype != torch.float32 or not out.is_contiguous():
+                out = out.float().contiguous()
+            nxt = ptrs[i + 1] if i + 1 < n else None
+            if nxt is not None and gate is not None:
+                gate.wait(i + 1)
+            if self.tail(self.ctx_ptr, ptrs[i], out.data_ptr(), nxt):
+                raise MemoryError("llama_layer.c: no memory for a matmul's activation scratch")
+        return b["x"][:T], b["res"][:T]
+
+
+def plan(model, T: int) -> Optional[FusedLayers]:
+    """The model's FusedLayers when a T-row step may run fused (see the module docstring), else None."""
+    if not available():
+        return None
+    fused = getattr(model, "_fused_layers", None)  # False: the model's layers are not all fusable
+    if fused is None:
+        fused = model._fused_layers = FusedLayers(model) if _fusable(model) else False
+    if fused is False:
+        return None
+    pool = model.attn_backend.kv_pool
+    if not fused.bound(pool) and not fused.rebind(model, pool):
+        model._fused_layers = False
+        return None
+    return fused if T < fused.max_rows else None
