@@ -49,6 +49,7 @@ def _walk(tok, g0, oracle, text: str, label, must_accept: bool = False) -> int:
     sh, g, n = g0._shared, g0.copy(), 0
     for tid in tok.encode(text, add_special_tokens=False):
         hist = bytes(g._hist)
+        oracle._memo.clear()  # (the oracle walks every state afresh: none of its masks is memoized)
         got, want = sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)
         assert np.array_equal(got, want), (label, hist, np.nonzero(got != want)[0][:8])
         n += 1
@@ -248,11 +249,12 @@ def test_string_steps_made_in_c_match_python_walk(backend):
             except GrammarError:
                 break
     tab = g._shared.engine._tw.table
-    made = np.nonzero(tab.lexrows.src[:len(tab.states)] >= 0)[0]
+    lx = tab.lexrows
+    made = np.nonzero((lx.src[:len(tab.states)] >= 0) & (lx.kind[:len(tab.states)] < 3))[0]
     assert len(made) > 0, "the C walk made no string state"
     for i in made[:50].tolist():  # built from their top's source over their own stack below
         st = tab.states[i]
-        assert st[0][0] == tab.states[int(tab.lexrows.src[i])][0][0] and st in tab.ids
+        assert st[0][0] == tab.states[int(lx.src[i])][0][0] and st in tab.ids
 
 
 def test_unbounded_numbers_share_states_and_keep_exponents_exact(backend):
@@ -297,3 +299,64 @@ def test_states_made_in_c_are_built_when_read_or_iterated():
     tab.lexrows.src[1], tab.lexrows.below[1] = 0, 1  # id 1: made by C (rep 0's frame over `below`)
     assert list.__getitem__(states, 1) is None
     assert list(states)[1] == ((top, below),) and tab.ids[((top, below),)] == 1
+
+
+def test_whitespace_steps_made_in_c_match_python_walk(backend):
+    """Whitespace between JSON tokens is a lexeme (lexrows.py kinds 3 / 4): in a new context
+    (another array item, another member) its steps are made in C off the first state with
+    the same whitespace state, its non-ws steps read off the context's first state; masks
+    stay those of the Python walk, with whitespace runs up to and past the pattern's limit,
+    and the states C made are the context's frame with their source's whitespace state."""
+    from lmprog_runtime.constrained.cfg.lexrows import WsContext, ws_of
+
+    tok, be = backend
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
+                                               "b": {"type": "object", "additionalProperties": {"type": "boolean"}}}}
+    pad = " " * 15
+    texts = ['{"a":[1, 2,\n 3 ,4],"b":{"x": true , "y":\tfalse}}', '{"a" :[' + pad + '5' + pad + ']}',
+             '{"b":{' + " " * 17 + '"z":null}}', '{ "a": [ ] , "b": { } }']
+    assert _compare_texts(tok, be, schema, texts) > 40
+    g = be.compile("json", json.dumps(schema))
+    for text in texts:
+        g2 = g.copy()
+        for tid in tok.encode(text, add_special_tokens=False):
+            g2.write_mask(np.zeros(len(tok), dtype=np.bool_))
+            try:
+                g2.accept_token(tid)
+            except GrammarError:  # (17 spaces: past the whitespace pattern's 16)
+                break
+    tab = g._shared.engine._tw.table
+    lx = tab.lexrows
+    n = len(tab.states)
+    made = np.nonzero((lx.src[:n] >= 0) & (lx.kind[:n] >= 3))[0]
+    assert len(made) > 10, "the C walk made no whitespace state"
+    belows = list(lx.below_ids)
+    for i in made.tolist():
+        st, src = tab.states[i], tab.states[int(lx.src[i])]
+        ctx = belows[int(lx.below[i])]
+        assert type(ctx) is WsContext and WsContext.of(st[0]) == ctx and st in tab.ids
+        assert ws_of(st[0][0]) == ws_of(src[0][0])
+
+
+def test_masks_under_a_pending_check_are_kept_but_for_the_text_reading_subtrees(backend):
+    """Under a residual check (a C frame: here the root's `not`, and a string's own), a
+    mask is memoized by the state, less the subtrees whose steps complete the checked value
+    (they read its text): those are walked again per text (mask.py _Split). Masks stay the
+    Python walk's, for texts the check accepts and refuses."""
+    from lmprog_runtime.constrained.cfg.mask import _Split
+
+    tok, be = backend
+    schema = {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "integer"},
+                                               "t": {"type": "string", "not": {"const": "xy"}}},
+              "not": {"required": ["bad"]}}
+    texts = ['{"s":"a long string value, with words and more words","n":12}', '{"bad":1}', '{"t":"xy"}',
+             '{"t":"xyz","s":"x"}', '{"n":1,"bad":2}', '{"s":"q","bad":[1,2]}']
+    g0 = be.compile("json", json.dumps(schema))
+    sh = g0._shared
+    oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
+    sh.engine._memo.clear()
+    assert sum(_walk(tok, g0, oracle, text, schema) for text in texts) > 40
+    splits = [v for v in sh.engine._memo.values() if type(v) is _Split and v.base is not None]
+    assert splits and all(len(v.deps) > 1 for v in splits), "no mask was kept apart from its text"
+    # again (memo kept): the kept masks met along other texts, their subtrees walked for each
+    assert sum(_walk(tok, g0, oracle, text, schema) for text in reversed(texts)) > 40

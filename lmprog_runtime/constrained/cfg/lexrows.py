@@ -7,6 +7,11 @@ finds (the id of S', the id of R) in an open-addressing map or makes a new state
 records where its top frame comes from (`src`); Python builds the tuple only when it
 reads the state (`States`). Python-made string states are registered in the same map, so
 one (frame, stack below) has one id whichever side met it first.
+
+Whitespace between JSON tokens is such a lexeme as well (kinds 3 / 4): its "below" is a
+`WsContext` (the V / O / A frame less its whitespace state, the stack under it), its rep
+the first state with the same whitespace state; a non-ws byte is stepped as the
+context's first state (`ctxrep`) steps it.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ class CfgLex(ctypes.Structure):
     _fields_ = [("rep", ctypes.c_void_p), ("below", ctypes.c_void_p), ("kind", ctypes.c_void_p),
                 ("src", ctypes.c_void_p), ("inside", ctypes.c_void_p), ("lives", ctypes.c_void_p),
                 ("map", ctypes.c_void_p), ("map_cap", ctypes.c_int64), ("n", ctypes.c_void_p),
-                ("cap", ctypes.c_int32)]
+                ("cap", ctypes.c_int32), ("ctxrep", ctypes.c_void_p)]
 
 
 def _slot(key: int, cap: int) -> int:
@@ -46,6 +51,7 @@ class LexRows:
         self.below = np.full(cap, -1, dtype=np.int32)
         self.kind = np.zeros(cap, dtype=np.uint8)
         self.src = np.full(cap, -1, dtype=np.int32)
+        self.ctxrep = np.full(cap, -1, dtype=np.int32)  # per below id: a whitespace context's first state
         self._new_map(4 * cap)
         self.struct.n = self.n.ctypes.data
 
@@ -57,16 +63,19 @@ class LexRows:
             self.below = np.concatenate([self.below, np.full(cap - old, -1, dtype=np.int32)])
             self.kind = np.concatenate([self.kind, np.zeros(cap - old, dtype=np.uint8)])
             self.src = np.concatenate([self.src, np.full(cap - old, -1, dtype=np.int32)])
+            self.ctxrep = np.concatenate([self.ctxrep, np.full(cap - old, -1, dtype=np.int32)])
             keys = self.map[self.map[:, 0] != -1]
             self._new_map(4 * cap)
             for key, value in keys.tolist():
                 self._put(key, value)
         st = self.struct
-        st.rep, st.below, st.kind, st.src = (a.ctypes.data for a in (self.rep, self.below, self.kind, self.src))
+        st.rep, st.below, st.kind, st.src, st.ctxrep = (a.ctypes.data for a in (self.rep, self.below, self.kind,
+                                                                               self.src, self.ctxrep))
         st.inside, st.lives, st.cap = inside.ctypes.data, lives.ctypes.data, min(cap, limit)
 
     def nbytes(self) -> int:
-        return self.rep.nbytes + self.below.nbytes + self.kind.nbytes + self.src.nbytes + self.map.nbytes
+        return (self.rep.nbytes + self.below.nbytes + self.kind.nbytes + self.src.nbytes + self.ctxrep.nbytes
+                + self.map.nbytes)
 
     def _new_map(self, cap: int) -> None:
         self.map = np.full((cap, 2), -1, dtype=np.int64)
@@ -96,8 +105,30 @@ class LexRows:
         """Python interned string state n (its frame's first state `rep`, over `below`)."""
         b = self.below_ids.setdefault(below, len(self.below_ids))
         self.rep[n], self.below[n], self.kind[n] = rep, b, kind
+        if kind >= 3 and self.ctxrep[b] < 0:
+            self.ctxrep[b] = n
         if self.find(rep, below) < 0:
             self._put((rep << 32) | b, n)
+
+
+def ws_of(frame: tuple) -> int:
+    """The whitespace state of a V / O / A frame."""
+    return frame[2] if frame[0] == "V" else frame[5]
+
+
+class WsContext(tuple):
+    """(a V / O / A frame with its whitespace state set to None, the stack under it)."""
+
+    def state(self, ws: int) -> tuple:
+        frame = self[0]
+        at = 2 if frame[0] == "V" else 5
+        return (frame[:at] + (ws,) + frame[at + 1:], self[1])
+
+    @classmethod
+    def of(cls, st) -> "WsContext":
+        frame = st[0]
+        at = 2 if frame[0] == "V" else 5
+        return cls((frame[:at] + (None,) + frame[at + 1:], st[1]))
 
 
 class States(list):
@@ -117,7 +148,11 @@ class States(list):
             if len(self._belows) < len(lx.below_ids):
                 self._belows = list(lx.below_ids)
             src = list.__getitem__(self, int(lx.src[i]))  # (made by Python: a rep's step)
-            got = ((src[0][0], self._belows[int(lx.below[i])]),)
+            below = self._belows[int(lx.below[i])]
+            if type(below) is WsContext:  # the context's frame with src's whitespace state
+                got = (below.state(ws_of(src[0][0])),)
+            else:
+                got = ((src[0][0], below),)
             list.__setitem__(self, i, got)
             tab.ids.setdefault(got, i)
         return got

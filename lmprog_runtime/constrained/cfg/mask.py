@@ -109,6 +109,28 @@ def _plain_chars(data: bytes) -> Optional[int]:
     return n
 
 
+class _Tracked(bytes):
+    """The committed output, recording whether a walk read any of it (`ctx` slices it only
+    when a pending check reads the captured text; positions come from len())."""
+
+    read = False
+
+    def __getitem__(self, index):
+        self.read = True
+        return bytes.__getitem__(self, index)
+
+
+class _Split:
+    """A memo entry: the mask of a state under a pending check, but for the subtrees whose
+    steps read the captured text (base: packed, deps: TableWalker.walk's list); base None:
+    the whole mask depends on the text (the Python walk read it)."""
+
+    __slots__ = ("base", "deps")
+
+    def __init__(self, base, deps):
+        self.base, self.deps = base, deps
+
+
 def _capture_start(state: tuple):
     """The first output byte a pending check (C / U frame) of `state` will read, or None."""
     start = None
@@ -142,28 +164,80 @@ class MaskEngine:
                 out = out | self.mask((st,), hist)
             return out
         key = self._fast_key(state)
-        memo_key = key if key is not None else state
-        start = _capture_start(state)
-        if start is not None:  # a residual check will read the captured text: it is part of the key
-            memo_key = (memo_key, hist[start:])
-        with self._lock:
-            packed = self._memo.get(memo_key)
-            if packed is not None:
-                self._memo.move_to_end(memo_key)
-        if packed is not None:
-            got = np.unpackbits(packed, count=self.vocab.n_slots).view(np.bool_)
-        else:
-            got = self._compute(key, state, hist)
-            with self._lock:
-                self._memo[memo_key] = np.packbits(got)
-                while len(self._memo) > MEMO_STATES:
-                    self._memo.popitem(last=False)
+        got = self._masked(key, state, hist)
         if key is None:
             return got
         out = got
         for st in state:  # each alternative's string body: plain tokens within its counters
             out = out | (self._alive_all((st[0][1],)) if st[0][0] == "R" else self._plain_part(st[0]))
         return out
+
+    def _masked(self, key, state: tuple, hist: bytes) -> np.ndarray:
+        """The walked part of the mask, memoized by `key` (or the state). Under a pending
+        check (C / U frame) only the subtrees whose steps read the captured text depend on
+        it: the rest is kept by the state (a _Split), those are walked again per text."""
+        base_key = key if key is not None else state
+        start = _capture_start(state)
+        memo_key = base_key
+        with self._lock:
+            got = self._memo.get(base_key)
+            if got is not None:
+                self._memo.move_to_end(base_key)
+            if type(got) is _Split:
+                memo_key = (base_key, hist[start:])
+                split, got = got, self._memo.get(memo_key)
+                if got is not None:
+                    self._memo.move_to_end(memo_key)
+        if got is not None:
+            return np.unpackbits(got, count=self.vocab.n_slots).view(np.bool_)
+        if memo_key is not base_key:
+            out = self._split_part(split, state, hist)
+            if out is None:  # (the table was emptied since: walked again whole)
+                out = self._compute(key, state, hist)
+        elif start is not None:
+            out, entry = self._compute_split(key, state, hist)
+            if entry is not None:
+                self._remember(base_key, entry)
+                memo_key = (base_key, hist[start:])
+        else:
+            out = self._compute(key, state, hist)
+        self._remember(memo_key, np.packbits(out))
+        return out
+
+    def _remember(self, memo_key, value) -> None:
+        with self._lock:
+            self._memo[memo_key] = value
+            while len(self._memo) > MEMO_STATES:
+                self._memo.popitem(last=False)
+
+    def _compute_split(self, key, state: tuple, hist: bytes):
+        """(the walked part, None when it read no captured text, else the _Split to keep)."""
+        tracked = _Tracked(hist)
+        trie, lists = self._trie_of(key, state)
+        if not self._walker():
+            out = self._walk_py(state, tracked, trie, lists)
+            return out, (_Split(None, None) if tracked.read else None)
+        deps: list = []
+        with self._walk_lock:
+            out = self._tw.walk(state, tracked, trie, lists, deps)
+        if deps[0] is None:  # (the Python walk ran: nothing deferred)
+            return out, (_Split(None, None) if tracked.read else None)
+        if len(deps) == 1:
+            return out, None
+        split = _Split(np.packbits(out), deps)
+        got = self._split_part(split, state, hist)
+        return (out | got if got is not None else self._compute(key, state, hist)), split
+
+    def _split_part(self, split: "_Split", state: tuple, hist: bytes) -> Optional[np.ndarray]:
+        """The mask of a state whose walk deferred text-reading subtrees, for this text."""
+        if split.base is None:
+            return None
+        trie, lists = self._trie_of(self._fast_key(state), state)
+        with self._walk_lock:
+            got = self._tw.walk_deps(state, hist, trie, lists, split.deps)
+        if got is None:
+            return None
+        return got | np.unpackbits(split.base, count=self.vocab.n_slots).view(np.bool_)
 
     def _plain_part(self, top) -> np.ndarray:
         """The plain tokens an S frame allows: all (or those its patterns survive), less
@@ -191,12 +265,17 @@ class MaskEngine:
 
     def _compute(self, key, state: tuple, hist: bytes) -> np.ndarray:
         """The walked part of a mask (all of it off the fast path)."""
+        return self._walk(state, hist, *self._trie_of(key, state))
+
+    def _trie_of(self, key, state: tuple):
+        """The trie a state's walk covers: all tokens, or on the string-body fast path the
+        special ones (and with patterns those cut mid-character): (trie, its lists)."""
         v = self.vocab
         if key is None:
-            return self._walk(state, hist, v.trie, v.lists)
-        if any(st[0][0] == "R" or st[0][6] for st in state):  # patterns: tokens cut mid-character are walked too
-            return self._walk(state, hist, v.special_or_cut, v.cut_lists)
-        return self._walk(state, hist, v.special, v.special_lists)
+            return v.trie, v.lists
+        if any(st[0][0] == "R" or st[0][6] for st in state):
+            return v.special_or_cut, v.cut_lists
+        return v.special, v.special_lists
 
     def _fast_key(self, state: tuple):
         """A key for the string-body fast path (every alternative inside a string body at a
@@ -217,12 +296,16 @@ class MaskEngine:
             parts.append((node, left, deficit, top[6], top[7], rest))
         return ("fast", tuple(parts)) if parts else None
 
-    def _walk(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
-        """The tokens of `trie` allowed from `state`: the C table walk where it is built."""
+    def _walker(self):
+        """The TableWalker, False where the C walk is not used."""
         if self._tw is None:
             lib = c_table_walker() if self.use_c else None
             self._tw = TableWalker(self, lib) if lib is not None else False
-        if self._tw:
+        return self._tw
+
+    def _walk(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
+        """The tokens of `trie` allowed from `state`: the C table walk where it is built."""
+        if self._walker():
             with self._walk_lock:
                 return self._tw.walk(state, hist, trie, lists)
         return self._walk_py(state, hist, trie, lists)

@@ -34,8 +34,8 @@ from lmprog_runtime import native
 from lmprog_runtime.constrained.cfg.canonical import (EXITS, canonical, exits, extra_key, free_number_exponent,
                                                       has_free, key_parent, root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
-from lmprog_runtime.constrained.cfg.lexrows import LexRows, States
-from lmprog_runtime.constrained.cfg.machine import Machine
+from lmprog_runtime.constrained.cfg.lexrows import LexRows, States, WsContext
+from lmprog_runtime.constrained.cfg.machine import WS, Machine
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 from lmprog_runtime.constrained.cfg.table_budget import BUDGET
 
@@ -78,7 +78,9 @@ class StateTable:
         BUDGET.track(self)
 
     def reset(self) -> None:
+        self.generation = getattr(self, "generation", -1) + 1  # (ids are reused after a reset)
         self.lex: dict = {}  # a lexeme's top frame -> the first state id interned with it
+        self.wsrep: dict = {}  # a whitespace state -> the first state id interned with it
         self.closes: dict = {}  # (state id inside a key, key text) -> the id after its closing quote
         self.in_c: set = set()  # the closes registered in self.keys (those met twice)
         self.ids: dict = {}
@@ -108,9 +110,16 @@ class StateTable:
         if got is not None:
             return got
         lexeme = self._string_lexeme(state)
+        ws = self._ws_lexeme(state) if not lexeme else None
         if lexeme:  # a string state the C walk may have made
             rep = self.lex.get(state[0][0])
             got = self.lexrows.find(rep, state[0][1]) if rep is not None else -1
+            if got >= 0:
+                self.ids[state] = got
+                return got
+        elif ws is not None:  # whitespace the C walk may have made
+            rep = self.wsrep.get(ws[1])
+            got = self.lexrows.find(rep, ws[2]) if rep is not None else -1
             if got >= 0:
                 self.ids[state] = got
                 return got
@@ -147,7 +156,26 @@ class StateTable:
                 self.inside[n] = 1
             if lexeme:
                 self.lexrows.register(n, self.lex[top], state[0][1], lexeme)
+        elif ws is not None:
+            self.lexrows.register(n, self.wsrep.setdefault(ws[1], n), ws[2], ws[0])
         return n
+
+    def _ws_lexeme(self, state: tuple):
+        """(table_walk.c's kind: 3 a ws byte may follow, 4 none may; the whitespace state;
+        its WsContext) of a state in whitespace between JSON tokens (one stack, a V / O / A
+        frame on top with a nullable whitespace state), or None."""
+        if not self.lexemes or len(state) != 1 or state[0] is None:
+            return None
+        top = state[0][0]
+        kind = top[0] if type(top) is tuple else None
+        if kind not in ("V", "O", "A") or (kind != "V" and top[2] == 4):
+            return None
+        ws = top[2] if kind == "V" else top[5]
+        pool = self.machine.pool
+        if not pool.nullable(ws):
+            return None
+        more = any(pool.step(ws, c) != pool.NONE for c in b" \t\n\r")
+        return (3 if more else 4), ws, WsContext.of(state[0])
 
     def _string_lexeme(self, state: tuple) -> int:
         """table_walk.c's kind of a state: 1 a plain string body (no enum: any byte may come)
@@ -175,6 +203,16 @@ class StateTable:
             if (p, k) not in self.in_c:  # (those are registered with their own close)
                 self.keys.add(p, k.encode("utf-8"), UNKNOWN)
         self.generic[p] = t
+
+    def ws_source(self, s: int, b: int) -> Optional[int]:
+        """The state whose step on b the C walk reads whitespace state s's off (its
+        context's first state for a non-ws byte, its whitespace state's first for a ws
+        byte), or None (not a whitespace state, or s is that state)."""
+        lx = self.lexrows
+        if lx.kind[s] < 3:
+            return None
+        r = int(lx.ctxrep[lx.below[s]]) if b not in WS else int(lx.rep[s])
+        return r if r >= 0 and r != s else None
 
     def inside_step(self, s: int, b: int) -> Optional[int]:
         """The transition of state s on byte b read off another state of its lexeme, when b
@@ -214,21 +252,57 @@ class TableWalker:
         self._path = np.zeros(258, dtype=np.uint8)  # the C walk's current path
         self._pend = np.zeros(258, dtype=np.int32)  # bytes to derive at a stop (count first)
 
-    def walk(self, state: tuple, hist: bytes, trie, lists) -> np.ndarray:
-        """bool [n_slots]: the tokens of `trie` allowed from `state` (the Python walk's result)."""
+    def walk(self, state: tuple, hist: bytes, trie, lists, deps: Optional[list] = None) -> np.ndarray:
+        """bool [n_slots]: the tokens of `trie` allowed from `state` (the Python walk's result).
+        deps (hist a mask._Tracked): a node whose Python step reads the committed output (a
+        pending check's captured text) is not walked but listed, (node, stack and path above
+        it), its subtree's tokens left out: the rest of the mask holds for every captured
+        text, `walk_deps` adds those subtrees for one. deps[0] is the walk's (generation,
+        root id) then, or None when the Python walk ran instead (nothing deferred)."""
         eng, tab = self.engine, self.table
         if len(tab.states) > SOFT_STATES or len(tab.closes) > 4 * SOFT_STATES:
             tab.reset()
         tab.account()
         BUDGET.before_walk(tab)
         root = tab.intern(self._canon(state))
+        if deps is not None:
+            deps.append((tab.generation, root) if root != PYTHON else None)
         if root == PYTHON:
             return eng._walk_py(state, hist, trie, lists)
         out = np.zeros(eng.vocab.n_slots, dtype=np.uint8)
+        self._stack[0] = root
+        self._run(state, hist, trie, lists, out, 0, trie.n_nodes, deps)
+        return self._tokens(out, trie)
+
+    def walk_deps(self, state: tuple, hist: bytes, trie, lists, deps: list) -> Optional[np.ndarray]:
+        """The subtrees a `walk(..., deps)` from a state of the same canonical form listed,
+        walked for this `hist`: bool [n_slots] of their tokens; None when the table no longer
+        holds that walk's states (emptied since, or `state` is canonically another one)."""
+        tab = self.table
+        if deps[0] is None or deps[0] != (tab.generation, tab.ids.get(self._canon(state))):
+            return None
+        out = np.zeros(self.engine.vocab.n_slots, dtype=np.uint8)
+        for i, stack, path in deps[1:]:
+            d = len(stack)
+            self._stack[:d], self._path[:d - 1] = stack, path
+            self._run(state, hist, trie, lists, out, i, lists[2][i], None)
+        tab.account()
+        return self._tokens(out, trie)
+
+    @staticmethod
+    def _tokens(out: np.ndarray, trie) -> np.ndarray:
+        got = out.view(np.bool_)  # (the C walk never writes the trie's sink slot)
+        if len(trie.dup_tok):
+            got[trie.dup_tok] = got[trie.dup_src]
+        return got
+
+    def _run(self, state: tuple, hist: bytes, trie, lists, out, i0: int, end: int, deps) -> None:
+        """The C walk over trie nodes [i0, end) (stack[:depth(i0)] set), Python at its stops."""
+        tab = self.table
         stack, at = self._stack, self._at
-        stack[0], at[0] = root, 0
+        at[0] = i0
         tab.keys.set_head(root_key(state) if self._json else None)
-        args = (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
+        args = (trie.nodes.ctypes.data, end, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
                 ctypes.addressof(tab.keys.struct), self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct),
                 self._pend.ctypes.data)
         fn, count = self.lib.cfg_table_walk, tab.lexrows.n
@@ -246,12 +320,16 @@ class TableWalker:
                         self._derive(s, b, hist, trie, i, d)
             elif code == 3 and tab.lives[stack[d]] != IN_PYTHON:
                 self._liveness(int(stack[d]), hist, trie, i, d)
-            else:  # node i's step (code 2) or its token's liveness (3) reads the output text
+            elif deps is None:  # node i's step (code 2) or its token's liveness (3) reads the output text
                 at[0] = self._concrete(state, hist, trie, lists, i, d, code == 2, out)
-        got = out.view(np.bool_)  # (the C walk never writes the trie's sink slot)
-        if len(trie.dup_tok):
-            got[trie.dup_tok] = got[trie.dup_src]
-        return got
+            else:
+                hist.read = False
+                at[0] = self._concrete(state, hist, trie, lists, i, d, code == 2, out)
+                if hist.read:  # (its subtree is text-dependent: left to walk_deps)
+                    deps.append((i, stack[:d].copy(), self._path[:d - 1].copy()))
+                    toks = trie.node_tok[i:lists[2][i]]
+                    out[toks[toks != trie.sink]] = 0
+                    at[0] = lists[2][i]
 
     def _concrete(self, root: tuple, hist: bytes, trie, lists, i: int, d: int, step: bool, out) -> int:
         """Node i from the concrete state (replayed from the walk's root along the path):
@@ -323,6 +401,13 @@ class TableWalker:
         if got is not None:
             tab.trans[s * 256 + b] = got
             return
+        r = tab.ws_source(s, b)
+        if r is not None:  # derived on the first state that C reads it off (then shared)
+            if tab.trans[r * 256 + b] == UNKNOWN:
+                self._derive(r, b, hist, trie, i, d)
+            if b not in WS:  # (a non-ws byte does not read the whitespace state: the context's row)
+                tab.trans[s * 256 + b] = tab.trans[r * 256 + b]
+                return
         try:
             nxt = self.engine.machine.advance(st, b, len(hist) + d - 1, _no_ctx)
         except _NeedsText:  # a captured value completes: its check reads the text
