@@ -224,9 +224,7 @@ class MaskEngine:
             return out, (_Split(None, None) if tracked.read else None)
         if len(deps) == 1:
             return out, None
-        split = _Split(np.packbits(out), deps)
-        got = self._split_part(split, state, hist)
-        return (out | got if got is not None else self._compute(key, state, hist)), split
+        return out, _Split(np.packbits(self._tw.without_deps(out, trie, deps)), deps)
 
     def _split_part(self, split: "_Split", state: tuple, hist: bytes) -> Optional[np.ndarray]:
         """The mask of a state whose walk deferred text-reading subtrees, for this text."""

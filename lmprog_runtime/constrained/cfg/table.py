@@ -255,10 +255,10 @@ class TableWalker:
     def walk(self, state: tuple, hist: bytes, trie, lists, deps: Optional[list] = None) -> np.ndarray:
         """bool [n_slots]: the tokens of `trie` allowed from `state` (the Python walk's result).
         deps (hist a mask._Tracked): a node whose Python step reads the committed output (a
-        pending check's captured text) is not walked but listed, (node, stack and path above
-        it), its subtree's tokens left out: the rest of the mask holds for every captured
-        text, `walk_deps` adds those subtrees for one. deps[0] is the walk's (generation,
-        root id) then, or None when the Python walk ran instead (nothing deferred)."""
+        pending check's captured text) is listed, (node, stack and path above it): the mask
+        less those subtrees (`without_deps`) holds for every captured text, `walk_deps`
+        walks them for one. deps[0] is the walk's (generation, root id) then, or None when
+        the Python walk ran instead (nothing listed)."""
         eng, tab = self.engine, self.table
         if len(tab.states) > SOFT_STATES or len(tab.closes) > 4 * SOFT_STATES:
             tab.reset()
@@ -273,6 +273,17 @@ class TableWalker:
         self._stack[0] = root
         self._run(state, hist, trie, lists, out, 0, trie.n_nodes, deps)
         return self._tokens(out, trie)
+
+    @staticmethod
+    def without_deps(got: np.ndarray, trie, deps: list) -> np.ndarray:
+        """A walk's mask less the tokens of the subtrees it listed in deps."""
+        base = got.copy()
+        for i, _, _ in deps[1:]:
+            toks = trie.node_tok[i:trie.skip[i]]
+            base[toks[toks != trie.sink]] = False
+        if len(trie.dup_tok):
+            base[trie.dup_tok] = base[trie.dup_src]
+        return base
 
     def walk_deps(self, state: tuple, hist: bytes, trie, lists, deps: list) -> Optional[np.ndarray]:
         """The subtrees a `walk(..., deps)` from a state of the same canonical form listed,
@@ -325,11 +336,8 @@ class TableWalker:
             else:
                 hist.read = False
                 at[0] = self._concrete(state, hist, trie, lists, i, d, code == 2, out)
-                if hist.read:  # (its subtree is text-dependent: left to walk_deps)
+                if hist.read and (len(deps) == 1 or i >= lists[2][deps[-1][0]]):  # (not inside the last)
                     deps.append((i, stack[:d].copy(), self._path[:d - 1].copy()))
-                    toks = trie.node_tok[i:lists[2][i]]
-                    out[toks[toks != trie.sink]] = 0
-                    at[0] = lists[2][i]
 
     def _concrete(self, root: tuple, hist: bytes, trie, lists, i: int, d: int, step: bool, out) -> int:
         """Node i from the concrete state (replayed from the walk's root along the path):
@@ -355,6 +363,8 @@ class TableWalker:
             self._stack[d] = t
         tok = lists[3][i]
         if tok != trie.sink:
+            if t is not None and tab.lives[t] == 0:
+                self._liveness(t, hist, trie, i, d)
             lives = tab.lives[t] if t is not None and tab.lives[t] in (1, 2) else None
             if lives is None:
                 lives = 1 if eng._lives(state, len(hist) + d, ctx, path, d) else 2
@@ -417,14 +427,24 @@ class TableWalker:
         tab.trans[s * 256 + b] = t
 
     def _liveness(self, t: int, hist: bytes, trie, i: int, d: int) -> None:
-        tab = self.table
-        path = bytearray(d + 1)
-        try:
-            lives = self.engine._lives(tab.states[t], len(hist) + d, _no_ctx, path, d)
-        except _NeedsText:  # the lookahead completes a captured value: per node, in Python
-            tab.lives[t] = IN_PYTHON
+        """MaskEngine._lives of state t without the output text: a lookahead byte that
+        completes a captured value (its check reads the text) is tried last, so only a
+        state that no other byte continues is IN_PYTHON (decided per node)."""
+        tab, m = self.table, self.engine.machine
+        state, pos = tab.states[t], len(hist) + d
+        cands = m.candidates(state)
+        if cands is None or m.complete(state):
+            tab.lives[t] = 1
             return
-        tab.lives[t] = 1 if lives else 2
+        needs = False
+        for c in (None, *cands):
+            try:
+                if m.accepting(state, pos, _no_ctx) if c is None else m.advance(state, c, pos, _no_ctx):
+                    tab.lives[t] = 1
+                    return
+            except _NeedsText:
+                needs = True
+        tab.lives[t] = IN_PYTHON if needs else 2
 
 
 def _give_back(held: list) -> None:
