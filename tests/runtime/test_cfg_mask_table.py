@@ -252,9 +252,13 @@ def test_string_steps_made_in_c_match_python_walk(backend):
     lx = tab.lexrows
     made = np.nonzero((lx.src[:len(tab.states)] >= 0) & (lx.kind[:len(tab.states)] < 3))[0]
     assert len(made) > 0, "the C walk made no string state"
-    for i in made[:50].tolist():  # built from their top's source over their own stack below
-        st = tab.states[i]
-        assert st[0][0] == tab.states[int(lx.src[i])][0][0] and st in tab.ids
+    belows, shared = list(lx.below_ids), 0
+    for i in made[:50].tolist():  # their source's frame with their own node, over their own stack
+        st, src = tab.states[i], tab.states[int(lx.src[i])]
+        assert (st[0][1], st[0][0][1]) == (belows[int(lx.below[i])][1], belows[int(lx.below[i])][0])
+        assert st[0][0][2:] == src[0][0][2:] and st[0][0][1].max_len == src[0][0][1].max_len and st in tab.ids
+        shared += st[0][0][1] is not src[0][0][1]
+    assert shared, "no string state took its steps off another node's"
 
 
 def test_unbounded_numbers_share_states_and_keep_exponents_exact(backend):
@@ -283,7 +287,7 @@ def test_unbounded_numbers_share_states_and_keep_exponents_exact(backend):
 
 
 def test_states_made_in_c_are_built_when_read_or_iterated():
-    from lmprog_runtime.constrained.cfg.lexrows import LexRows, States
+    from lmprog_runtime.constrained.cfg.lexrows import LexRows, States, StrContext
 
     class Tab:
         lexrows, ids = LexRows(), {}
@@ -291,14 +295,15 @@ def test_states_made_in_c_are_built_when_read_or_iterated():
     tab = Tab()
     states = States(tab)
     below = (("A", None, 4, 0, None, 0), (("D", 0), None))
-    top = ("S", None, 1, 0, 0, 0, (), None)
+    top = ("S", "node0", 1, 0, 0, 0, (), None)
     states.append(((top, (("O",), None)),))  # id 0: a rep, over another stack
-    tab.lexrows.register(0, 0, (("O",), None), 1)
-    tab.lexrows.below_ids[below] = 1
+    tab.lexrows.register(0, 0, StrContext(("node0", (("O",), None))), 1)
+    tab.lexrows.below_ids[StrContext(("node1", below))] = 1
     states.sync(2)
-    tab.lexrows.src[1], tab.lexrows.below[1] = 0, 1  # id 1: made by C (rep 0's frame over `below`)
+    tab.lexrows.src[1], tab.lexrows.below[1] = 0, 1  # id 1: made by C (rep 0's frame, node1, over `below`)
     assert list.__getitem__(states, 1) is None
-    assert list(states)[1] == ((top, below),) and tab.ids[((top, below),)] == 1
+    want = ((("S", "node1") + top[2:], below),)
+    assert list(states)[1] == want and tab.ids[want] == 1
 
 
 def test_whitespace_steps_made_in_c_match_python_walk(backend):

@@ -1,8 +1,10 @@
 """String-body lexeme states made by the C walk (table_walk.c `cfg_lex`).
 
-A string body's inside steps do not read the stack below it (canonical.py: lexemes), so
-a state (S frame over stack R) steps on such a byte to (S' over R) where S' is what the
-lexeme's first state with frame S steps to. The C walk composes that state itself: it
+A string body's inside steps do not read the stack below it (canonical.py: lexemes), nor
+of its node more than maxLength, so a state (S frame of node X over stack R) steps on such
+a byte to (S' of X over R) where S' is what the first state whose frame differs from S at
+most in a node of the same maxLength (its rep) steps to; "below" is then (X, R), a
+`StrContext`. The C walk composes that state itself: it
 finds (the id of S', the id of R) in an open-addressing map or makes a new state id, and
 records where its top frame comes from (`src`); Python builds the tuple only when it
 reads the state (`States`). Python-made string states are registered in the same map, so
@@ -116,6 +118,15 @@ def ws_of(frame: tuple) -> int:
     return frame[2] if frame[0] == "V" else frame[5]
 
 
+class StrContext(tuple):
+    """(a plain string body's node, the stack under its frame): string states of different
+    nodes with the same maxLength share their steps (a rep), each in its own context."""
+
+    @classmethod
+    def of(cls, st) -> "StrContext":
+        return cls((st[0][1], st[1]))
+
+
 class WsContext(tuple):
     """(a V / O / A frame with its whitespace state set to None, the stack under it)."""
 
@@ -151,8 +162,8 @@ class States(list):
             below = self._belows[int(lx.below[i])]
             if type(below) is WsContext:  # the context's frame with src's whitespace state
                 got = (below.state(ws_of(src[0][0])),)
-            else:
-                got = ((src[0][0], below),)
+            else:  # src's frame with the context's node, over the context's stack
+                got = ((src[0][0][:1] + (below[0],) + src[0][0][2:], below[1]),)
             list.__setitem__(self, i, got)
             tab.ids.setdefault(got, i)
         return got

@@ -34,7 +34,7 @@ from lmprog_runtime import native
 from lmprog_runtime.constrained.cfg.canonical import (EXITS, canonical, exits, extra_key, free_number_exponent,
                                                       has_free, key_parent, root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
-from lmprog_runtime.constrained.cfg.lexrows import LexRows, States, WsContext
+from lmprog_runtime.constrained.cfg.lexrows import LexRows, States, StrContext, WsContext
 from lmprog_runtime.constrained.cfg.machine import WS, Machine
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 from lmprog_runtime.constrained.cfg.table_budget import BUDGET
@@ -81,6 +81,7 @@ class StateTable:
         self.generation = getattr(self, "generation", -1) + 1  # (ids are reused after a reset)
         self.lex: dict = {}  # a lexeme's top frame -> the first state id interned with it
         self.wsrep: dict = {}  # a whitespace state -> the first state id interned with it
+        self.srep: dict = {}  # a plain string body's frame less its node -> its first state id
         self.closes: dict = {}  # (state id inside a key, key text) -> the id after its closing quote
         self.in_c: set = set()  # the closes registered in self.keys (those met twice)
         self.ids: dict = {}
@@ -112,8 +113,8 @@ class StateTable:
         lexeme = self._string_lexeme(state)
         ws = self._ws_lexeme(state) if not lexeme else None
         if lexeme:  # a string state the C walk may have made
-            rep = self.lex.get(state[0][0])
-            got = self.lexrows.find(rep, state[0][1]) if rep is not None else -1
+            rep = self.srep.get(_string_shape(state[0][0]))
+            got = self.lexrows.find(rep, StrContext.of(state[0])) if rep is not None else -1
             if got >= 0:
                 self.ids[state] = got
                 return got
@@ -155,7 +156,7 @@ class StateTable:
             if top[0] == "S" and top[7] is FREE and not (top[3] or top[4] or top[5]):
                 self.inside[n] = 1
             if lexeme:
-                self.lexrows.register(n, self.lex[top], state[0][1], lexeme)
+                self.lexrows.register(n, self.srep.setdefault(_string_shape(top), n), StrContext.of(state[0]), lexeme)
         elif ws is not None:
             self.lexrows.register(n, self.wsrep.setdefault(ws[1], n), ws[2], ws[0])
         return n
@@ -445,6 +446,12 @@ class TableWalker:
             except _NeedsText:
                 needs = True
         tab.lives[t] = IN_PYTHON if needs else 2
+
+
+def _string_shape(top: tuple) -> tuple:
+    """What a plain string body's inside steps read of its S frame: all but the node, of
+    which only maxLength (minLength is read at the closing quote, which ends the lexeme)."""
+    return (top[1].max_len,) + top[2:]
 
 
 def _give_back(held: list) -> None:
