@@ -343,12 +343,13 @@ def test_whitespace_steps_made_in_c_match_python_walk(backend):
         assert ws_of(st[0][0]) == ws_of(src[0][0])
 
 
-def test_masks_under_a_pending_check_are_kept_but_for_the_text_reading_subtrees(backend):
+def test_masks_under_a_pending_check_are_keyed_by_text_only_where_read(backend):
     """Under a residual check (a C frame: here the root's `not`, and a string's own), a
-    mask is memoized by the state, less the subtrees whose steps complete the checked value
-    (they read its text): those are walked again per text (mask.py _Split). Masks stay the
-    Python walk's, for texts the check accepts and refuses."""
-    from lmprog_runtime.constrained.cfg.mask import _Split
+    mask whose walk reads no captured text (no token completes the checked value) is
+    memoized by the state alone; one that does is keyed by the text too (mask.py _BY_TEXT).
+    Masks stay the Python walk's, for texts the check accepts and refuses, and when met
+    again along other texts."""
+    from lmprog_runtime.constrained.cfg.mask import _BY_TEXT, _capture_start
 
     tok, be = backend
     schema = {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "integer"},
@@ -356,12 +357,16 @@ def test_masks_under_a_pending_check_are_kept_but_for_the_text_reading_subtrees(
               "not": {"required": ["bad"]}}
     texts = ['{"s":"a long string value, with words and more words","n":12}', '{"bad":1}', '{"t":"xy"}',
              '{"t":"xyz","s":"x"}', '{"n":1,"bad":2}', '{"s":"q","bad":[1,2]}']
-    g0 = be.compile("json", json.dumps(schema))
-    sh = g0._shared
-    oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
-    sh.engine._memo.clear()
-    assert sum(_walk(tok, g0, oracle, text, schema) for text in texts) > 40
-    splits = [v for v in sh.engine._memo.values() if type(v) is _Split and v.base is not None]
-    assert splits and all(len(v.deps) > 1 for v in splits), "no mask was kept apart from its text"
-    # again (memo kept): the kept masks met along other texts, their subtrees walked for each
-    assert sum(_walk(tok, g0, oracle, text, schema) for text in reversed(texts)) > 40
+    for c_walk in (True, False):
+        g0 = be.compile("json", json.dumps(schema))
+        sh = g0._shared
+        sh.engine.use_c, sh.engine._tw, sh.engine._memo = c_walk, None, type(sh.engine._memo)()
+        oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
+        assert sum(_walk(tok, g0, oracle, text, schema) for text in texts) > 40
+        memo = sh.engine._memo
+        by_state = [k for k, v in memo.items() if v is not _BY_TEXT and type(k) is tuple and k[0] != "fast"
+                    and len(k) == 1 and _capture_start(k) is not None]
+        assert by_state, "no mask under the pending check was kept by its state"
+        assert any(v is _BY_TEXT for v in memo.values()), "no mask read the captured text"
+        # again, memo kept: masks met along other texts
+        assert sum(_walk(tok, g0, oracle, text, schema) for text in reversed(texts)) > 40

@@ -120,15 +120,7 @@ class _Tracked(bytes):
         return bytes.__getitem__(self, index)
 
 
-class _Split:
-    """A memo entry: the mask of a state under a pending check, but for the subtrees whose
-    steps read the captured text (base: packed, deps: TableWalker.walk's list); base None:
-    the whole mask depends on the text (the Python walk read it)."""
-
-    __slots__ = ("base", "deps")
-
-    def __init__(self, base, deps):
-        self.base, self.deps = base, deps
+_BY_TEXT = object()  # memo marker: this state's masks read the captured text (keyed by it too)
 
 
 def _capture_start(state: tuple):
@@ -174,68 +166,31 @@ class MaskEngine:
 
     def _masked(self, key, state: tuple, hist: bytes) -> np.ndarray:
         """The walked part of the mask, memoized by `key` (or the state). Under a pending
-        check (C / U frame) only the subtrees whose steps read the captured text depend on
-        it: the rest is kept by the state (a _Split), those are walked again per text."""
-        base_key = key if key is not None else state
+        check (C / U frame) the captured text is part of the key only when the walk read it
+        (some token completes the checked value; _BY_TEXT marks such states): the mask is
+        otherwise the same for every text."""
+        base_key = memo_key = key if key is not None else state
         start = _capture_start(state)
-        memo_key = base_key
         with self._lock:
             got = self._memo.get(base_key)
-            if got is not None:
+            if got is _BY_TEXT:
                 self._memo.move_to_end(base_key)
-            if type(got) is _Split:
                 memo_key = (base_key, hist[start:])
-                split, got = got, self._memo.get(memo_key)
-                if got is not None:
-                    self._memo.move_to_end(memo_key)
+                got = self._memo.get(memo_key)
+            if got is not None:
+                self._memo.move_to_end(memo_key)
         if got is not None:
             return np.unpackbits(got, count=self.vocab.n_slots).view(np.bool_)
-        if memo_key is not base_key:
-            out = self._split_part(split, state, hist)
-            if out is None:  # (the table was emptied since: walked again whole)
-                out = self._compute(key, state, hist)
-        elif start is not None:
-            out, entry = self._compute_split(key, state, hist)
-            if entry is not None:
-                self._remember(base_key, entry)
-                memo_key = (base_key, hist[start:])
-        else:
-            out = self._compute(key, state, hist)
-        self._remember(memo_key, np.packbits(out))
-        return out
-
-    def _remember(self, memo_key, value) -> None:
+        tracked = _Tracked(hist) if start is not None else hist
+        out = self._compute(key, state, tracked)
         with self._lock:
-            self._memo[memo_key] = value
+            if start is not None and tracked.read and memo_key is base_key:
+                self._memo[base_key] = _BY_TEXT
+                memo_key = (base_key, hist[start:])
+            self._memo[memo_key] = np.packbits(out)
             while len(self._memo) > MEMO_STATES:
                 self._memo.popitem(last=False)
-
-    def _compute_split(self, key, state: tuple, hist: bytes):
-        """(the walked part, None when it read no captured text, else the _Split to keep)."""
-        tracked = _Tracked(hist)
-        trie, lists = self._trie_of(key, state)
-        if not self._walker():
-            out = self._walk_py(state, tracked, trie, lists)
-            return out, (_Split(None, None) if tracked.read else None)
-        deps: list = []
-        with self._walk_lock:
-            out = self._tw.walk(state, tracked, trie, lists, deps)
-        if deps[0] is None:  # (the Python walk ran: nothing deferred)
-            return out, (_Split(None, None) if tracked.read else None)
-        if len(deps) == 1:
-            return out, None
-        return out, _Split(np.packbits(self._tw.without_deps(out, trie, deps)), deps)
-
-    def _split_part(self, split: "_Split", state: tuple, hist: bytes) -> Optional[np.ndarray]:
-        """The mask of a state whose walk deferred text-reading subtrees, for this text."""
-        if split.base is None:
-            return None
-        trie, lists = self._trie_of(self._fast_key(state), state)
-        with self._walk_lock:
-            got = self._tw.walk_deps(state, hist, trie, lists, split.deps)
-        if got is None:
-            return None
-        return got | np.unpackbits(split.base, count=self.vocab.n_slots).view(np.bool_)
+        return out
 
     def _plain_part(self, top) -> np.ndarray:
         """The plain tokens an S frame allows: all (or those its patterns survive), less

@@ -78,7 +78,6 @@ class StateTable:
         BUDGET.track(self)
 
     def reset(self) -> None:
-        self.generation = getattr(self, "generation", -1) + 1  # (ids are reused after a reset)
         self.lex: dict = {}  # a lexeme's top frame -> the first state id interned with it
         self.wsrep: dict = {}  # a whitespace state -> the first state id interned with it
         self.srep: dict = {}  # a plain string body's frame less its node -> its first state id
@@ -253,52 +252,19 @@ class TableWalker:
         self._path = np.zeros(258, dtype=np.uint8)  # the C walk's current path
         self._pend = np.zeros(258, dtype=np.int32)  # bytes to derive at a stop (count first)
 
-    def walk(self, state: tuple, hist: bytes, trie, lists, deps: Optional[list] = None) -> np.ndarray:
-        """bool [n_slots]: the tokens of `trie` allowed from `state` (the Python walk's result).
-        deps (hist a mask._Tracked): a node whose Python step reads the committed output (a
-        pending check's captured text) is listed, (node, stack and path above it): the mask
-        less those subtrees (`without_deps`) holds for every captured text, `walk_deps`
-        walks them for one. deps[0] is the walk's (generation, root id) then, or None when
-        the Python walk ran instead (nothing listed)."""
+    def walk(self, state: tuple, hist: bytes, trie, lists) -> np.ndarray:
+        """bool [n_slots]: the tokens of `trie` allowed from `state` (the Python walk's result)."""
         eng, tab = self.engine, self.table
         if len(tab.states) > SOFT_STATES or len(tab.closes) > 4 * SOFT_STATES:
             tab.reset()
         tab.account()
         BUDGET.before_walk(tab)
         root = tab.intern(self._canon(state))
-        if deps is not None:
-            deps.append((tab.generation, root) if root != PYTHON else None)
         if root == PYTHON:
             return eng._walk_py(state, hist, trie, lists)
         out = np.zeros(eng.vocab.n_slots, dtype=np.uint8)
         self._stack[0] = root
-        self._run(state, hist, trie, lists, out, 0, trie.n_nodes, deps)
-        return self._tokens(out, trie)
-
-    @staticmethod
-    def without_deps(got: np.ndarray, trie, deps: list) -> np.ndarray:
-        """A walk's mask less the tokens of the subtrees it listed in deps."""
-        base = got.copy()
-        for i, _, _ in deps[1:]:
-            toks = trie.node_tok[i:trie.skip[i]]
-            base[toks[toks != trie.sink]] = False
-        if len(trie.dup_tok):
-            base[trie.dup_tok] = base[trie.dup_src]
-        return base
-
-    def walk_deps(self, state: tuple, hist: bytes, trie, lists, deps: list) -> Optional[np.ndarray]:
-        """The subtrees a `walk(..., deps)` from a state of the same canonical form listed,
-        walked for this `hist`: bool [n_slots] of their tokens; None when the table no longer
-        holds that walk's states (emptied since, or `state` is canonically another one)."""
-        tab = self.table
-        if deps[0] is None or deps[0] != (tab.generation, tab.ids.get(self._canon(state))):
-            return None
-        out = np.zeros(self.engine.vocab.n_slots, dtype=np.uint8)
-        for i, stack, path in deps[1:]:
-            d = len(stack)
-            self._stack[:d], self._path[:d - 1] = stack, path
-            self._run(state, hist, trie, lists, out, i, lists[2][i], None)
-        tab.account()
+        self._run(state, hist, trie, lists, out)
         return self._tokens(out, trie)
 
     @staticmethod
@@ -308,13 +274,13 @@ class TableWalker:
             got[trie.dup_tok] = got[trie.dup_src]
         return got
 
-    def _run(self, state: tuple, hist: bytes, trie, lists, out, i0: int, end: int, deps) -> None:
-        """The C walk over trie nodes [i0, end) (stack[:depth(i0)] set), Python at its stops."""
+    def _run(self, state: tuple, hist: bytes, trie, lists, out) -> None:
+        """The C walk over the trie from stack[0], Python at its stops."""
         tab = self.table
         stack, at = self._stack, self._at
-        at[0] = i0
+        at[0] = 0
         tab.keys.set_head(root_key(state) if self._json else None)
-        args = (trie.nodes.ctypes.data, end, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
+        args = (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
                 ctypes.addressof(tab.keys.struct), self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct),
                 self._pend.ctypes.data)
         fn, count = self.lib.cfg_table_walk, tab.lexrows.n
@@ -332,13 +298,8 @@ class TableWalker:
                         self._derive(s, b, hist, trie, i, d)
             elif code == 3 and tab.lives[stack[d]] != IN_PYTHON:
                 self._liveness(int(stack[d]), hist, trie, i, d)
-            elif deps is None:  # node i's step (code 2) or its token's liveness (3) reads the output text
+            else:  # node i's step (code 2) or its token's liveness (3) reads the output text
                 at[0] = self._concrete(state, hist, trie, lists, i, d, code == 2, out)
-            else:
-                hist.read = False
-                at[0] = self._concrete(state, hist, trie, lists, i, d, code == 2, out)
-                if hist.read and (len(deps) == 1 or i >= lists[2][deps[-1][0]]):  # (not inside the last)
-                    deps.append((i, stack[:d].copy(), self._path[:d - 1].copy()))
 
     def _concrete(self, root: tuple, hist: bytes, trie, lists, i: int, d: int, step: bool, out) -> int:
         """Node i from the concrete state (replayed from the walk's root along the path):
