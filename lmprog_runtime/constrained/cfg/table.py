@@ -34,7 +34,7 @@ from lmprog_runtime import native
 from lmprog_runtime.constrained.cfg.canonical import (EXITS, canonical, exits, extra_key, free_number_exponent,
                                                       has_free, key_parent, root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
-from lmprog_runtime.constrained.cfg.lexrows import LexRows, States, StrContext, WsContext
+from lmprog_runtime.constrained.cfg.lexrows import LexRows, States, StrContext, WsContext, ws_of
 from lmprog_runtime.constrained.cfg.machine import WS, Machine
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 from lmprog_runtime.constrained.cfg.table_budget import BUDGET
@@ -157,8 +157,23 @@ class StateTable:
             if lexeme:
                 self.lexrows.register(n, self.srep.setdefault(_string_shape(top), n), StrContext.of(state[0]), lexeme)
         elif ws is not None:
+            first = ws[1] not in self.wsrep
             self.lexrows.register(n, self.wsrep.setdefault(ws[1], n), ws[2], ws[0])
+            if ws[0] == 3:
+                self.lives[n] = 1  # (MaskEngine._lives: a ws byte follows)
+            if first:  # every context's ws steps are read off this state's: derived now, not at walk stops
+                self._ws_steps(n, state[0])
         return n
+
+    def _ws_steps(self, n: int, st) -> None:
+        """Whitespace state n's steps on the ws bytes (Machine.step of a V / O / A frame on
+        one: the same frame with its whitespace state stepped, or nothing)."""
+        pool, ctx = self.machine.pool, WsContext.of(st)
+        ws = ws_of(st[0])
+        for b in WS:
+            if self.trans[n * 256 + b] == UNKNOWN:
+                got = pool.step(ws, b)
+                self.trans[n * 256 + b] = self.intern((ctx.state(got),)) if got != pool.NONE else DEAD
 
     def _ws_lexeme(self, state: tuple):
         """(table_walk.c's kind: 3 a ws byte may follow, 4 none may; the whitespace state;
