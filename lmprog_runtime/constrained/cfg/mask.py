@@ -150,19 +150,23 @@ class MaskEngine:
         self._table: Optional[ClassTable] = None
 
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
+        """bool [n_slots]: the tokens allowed from `state` after the output `hist`."""
+        return np.unpackbits(self.mask_packed(state, hist), count=self.vocab.n_slots).view(np.bool_)
+
+    def mask_packed(self, state: tuple, hist: bytes) -> np.ndarray:
+        """The same, packed (np.packbits, uint8 [ceil(n_slots / 8)]): memo hits are ORed as
+        packed words, unpacked once by the caller."""
         if len(state) > 1:  # alternatives are independent: the union of their masks (each cached)
-            out = self.mask(state[:1], hist)
+            out = self.mask_packed(state[:1], hist)
             for st in state[1:]:
-                out = out | self.mask((st,), hist)
+                out = out | self.mask_packed((st,), hist)
             return out
         key = self._fast_key(state)
         got = self._masked(key, state, hist)
         if key is None:
             return got
-        out = got
-        for st in state:  # each alternative's string body: plain tokens within its counters
-            out = out | (self._alive_all((st[0][1],)) if st[0][0] == "R" else self._plain_part(st[0]))
-        return out
+        top = state[0][0]  # (the string body's plain tokens within its counters)
+        return got | (self._packed_part(("R", top[1])) if top[0] == "R" else self._plain_part(top))
 
     def _masked(self, key, state: tuple, hist: bytes) -> np.ndarray:
         """The walked part of the mask, memoized by `key` (or the state). Under a pending
@@ -180,30 +184,38 @@ class MaskEngine:
             if got is not None:
                 self._memo.move_to_end(memo_key)
         if got is not None:
-            return np.unpackbits(got, count=self.vocab.n_slots).view(np.bool_)
+            return got
         tracked = _Tracked(hist) if start is not None else hist
-        out = self._compute(key, state, tracked)
+        out = np.packbits(self._compute(key, state, tracked))
         with self._lock:
             if start is not None and tracked.read and memo_key is base_key:
                 self._memo[base_key] = _BY_TEXT
                 memo_key = (base_key, hist[start:])
-            self._memo[memo_key] = np.packbits(out)
+            self._memo[memo_key] = out
             while len(self._memo) > MEMO_STATES:
                 self._memo.popitem(last=False)
         return out
 
     def _plain_part(self, top) -> np.ndarray:
-        """The plain tokens an S frame allows: all (or those its patterns survive), less
-        those longer than the characters left (cached per patterns and characters left)."""
-        node, count, pats = top[1], top[2], top[6]
+        """The plain tokens an S frame allows, packed: all (or those its patterns survive),
+        less those longer than the characters left (cached per patterns and characters left)."""
+        node, count = top[1], top[2]
         left = None if node.max_len is None else min(node.max_len - count, self.vocab.max_chars)
-        key = (pats, left)
+        return self._packed_part((top[6], left))
+
+    def _packed_part(self, key) -> np.ndarray:
+        """Packed string-body part `key`: (patterns, characters left or None), or ("R",
+        term) for a whole-output regex at a character boundary (MEMO_PARTS of them)."""
         got = self._parts.get(key)
         if got is None:
             v = self.vocab
-            got = v.plain if not pats else self._alive_all(pats)
-            if left is not None:
-                got = got & (v.chars <= left)
+            if key[0] == "R":
+                got = self._alive_all((key[1],))
+            else:
+                got = v.plain if not key[0] else self._alive_all(key[0])
+                if key[1] is not None:
+                    got = got & (v.chars <= key[1])
+            got = np.packbits(got)
             with self._lock:
                 if len(self._parts) >= MEMO_PARTS:
                     self._parts.clear()
