@@ -256,7 +256,8 @@ def test_string_steps_made_in_c_match_python_walk(backend):
     for i in made[:50].tolist():  # their source's frame with their own node, over their own stack
         st, src = tab.states[i], tab.states[int(lx.src[i])]
         assert (st[0][1], st[0][0][1]) == (belows[int(lx.below[i])][1], belows[int(lx.below[i])][0])
-        assert st[0][0][2:] == src[0][0][2:] and st[0][0][1].max_len == src[0][0][1].max_len and st in tab.ids
+        assert st[0][0][2:] == src[0][0][2:] and st in tab.ids
+        assert (st[0][0][1].max_len, st[0][0][1].min_len) == (src[0][0][1].max_len, src[0][0][1].min_len)
         shared += st[0][0][1] is not src[0][0][1]
     assert shared, "no string state took its steps off another node's"
 
@@ -284,6 +285,41 @@ def test_unbounded_numbers_share_states_and_keep_exponents_exact(backend):
     assert free
     for i in free:  # UNKNOWN, DEAD or PYTHON (no SmolLM2 token has the 19+ exponent digits a mask would show)
         assert all(tab.trans[i * 256 + b] < 0 for b in b"eE"), "an exponent stepped from the text 0"
+
+
+def test_string_steps_shared_across_nodes_keep_each_nodes_bounds(backend):
+    """Strings of different nodes share their steps only where the steps agree: the same
+    maxLength, and the same minLength (no maxLength: the canonical count is clamped at it)."""
+    tok, be = backend
+    schema = {"type": "object", "properties": {
+        "a": {"type": "string"}, "b": {"type": "string", "minLength": 3}, "c": {"type": "string", "minLength": 3},
+        "d": {"type": "string", "maxLength": 4}, "e": {"type": "string", "maxLength": 4, "minLength": 2}}}
+    valid = ['{"a":"x","b":"abc","c":"abcdef"}', '{"b":"abcd","a":""}', '{"d":"abcd","e":"ab","a":"q"}']
+    invalid = ['{"a":"x","b":"ab"}', '{"a":"xyz","c":"ab"}', '{"d":"x","e":"a"}', '{"e":"abcde"}']
+    assert _compare_texts(tok, be, schema, valid + invalid) > 60
+    g0 = be.compile("json", json.dumps(schema))
+    for text in valid:
+        assert _walk(tok, g0, MaskEngine(g0._shared.machine, g0._shared.engine.vocab, use_c=False), text, text,
+                     must_accept=True) > 5
+        g = g0.copy()
+        for tid in tok.encode(text, add_special_tokens=False):
+            g.accept_token(tid)
+        assert g._accepting(), text
+    for text in invalid:
+        g, ok = g0.copy(), True
+        for tid in tok.encode(text, add_special_tokens=False):
+            row = np.zeros(len(tok), dtype=np.bool_)
+            g.write_mask(row)
+            if not row[tid]:
+                ok = False
+                break
+            g.accept_token(tid)
+        assert not (ok and g._accepting()), text
+    tab = g0._shared.engine._tw.table
+    lx, n = tab.lexrows, len(tab.states)
+    for i in np.nonzero((lx.src[:n] >= 0) & (lx.kind[:n] < 3))[0].tolist():
+        node, src = tab.states[i][0][0][1], tab.states[int(lx.src[i])][0][0][1]
+        assert (node.min_len, node.max_len) == (src.min_len, src.max_len)
 
 
 def test_states_made_in_c_are_built_when_read_or_iterated():

@@ -426,8 +426,9 @@ class TableWalker:
 
 def _string_shape(top: tuple) -> tuple:
     """What a plain string body's inside steps read of its S frame: all but the node, of
-    which only maxLength (minLength is read at the closing quote, which ends the lexeme)."""
-    return (top[1].max_len,) + top[2:]
+    which only maxLength, and minLength for the canonical count (clamped at it when there
+    is no maxLength; the closing quote, which reads it too, ends the lexeme)."""
+    return (top[1].max_len, top[1].min_len) + top[2:]
 
 
 def _give_back(held: list) -> None:
