@@ -155,7 +155,8 @@ COLUMNS = ("compile_pct", "valid_accepted_pct", "invalid_rejected_pct", "fully_c
 
 def table(results) -> str:
     lines = ["| corpus | engine | compiles % | valid accepted % | invalid rejected % | fully correct % | "
-             "compile p50 ms | p95 ms | mask µs/token mean | p99 | mask CPU µs mean | p99 |", "|---|---|" + "---:|" * len(COLUMNS)]
+             "compile p50 ms | p95 ms | mask µs/token mean | p99 | mask CPU µs mean | p99 |",
+             "|---|---|" + "---:|" * len(COLUMNS)]
     for corpus, per in results["corpora"].items():
         for name, r in per.items():
             lines.append(f"| {corpus} | {name} | " + " | ".join(str(r.get(c)) for c in COLUMNS) + " |")

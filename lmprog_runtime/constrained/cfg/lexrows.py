@@ -103,6 +103,15 @@ class LexRows:
             slot = (slot + 1) & (cap - 1)
         return -1
 
+    def ws_source(self, s: int, b: int):
+        """The state whose step on b the C walk reads whitespace state s's off (its
+        context's first state for a non-ws byte, its whitespace state's first for a ws
+        byte), or None (not a whitespace state, or s is that state)."""
+        if self.kind[s] < 3:
+            return None
+        r = int(self.ctxrep[self.below[s]]) if b not in b" \t\n\r" else int(self.rep[s])
+        return r if r >= 0 and r != s else None
+
     def register(self, n: int, rep: int, below, kind: int) -> None:
         """Python interned string state n (its frame's first state `rep`, over `below`)."""
         b = self.below_ids.setdefault(below, len(self.below_ids))
@@ -140,6 +149,30 @@ class WsContext(tuple):
         frame = st[0]
         at = 2 if frame[0] == "V" else 5
         return cls((frame[:at] + (None,) + frame[at + 1:], st[1]))
+
+
+def ws_lexeme(pool, state: tuple):
+    """(table_walk.c's kind: 3 a ws byte may follow, 4 none may; the whitespace state;
+    its WsContext) of a state in whitespace between JSON tokens (one stack, a V / O / A
+    frame on top with a nullable whitespace state), or None."""
+    if len(state) != 1 or state[0] is None:
+        return None
+    top = state[0][0]
+    kind = top[0] if type(top) is tuple else None
+    if kind not in ("V", "O", "A") or (kind != "V" and top[2] == 4):
+        return None
+    ws = top[2] if kind == "V" else top[5]
+    if not pool.nullable(ws):
+        return None
+    more = any(pool.step(ws, c) != pool.NONE for c in b" \t\n\r")
+    return (3 if more else 4), ws, WsContext.of(state[0])
+
+
+def string_shape(top: tuple) -> tuple:
+    """What a plain string body's inside steps read of its S frame: all but the node, of
+    which only maxLength, and minLength for the canonical count (clamped at it when there
+    is no maxLength; the closing quote, which reads it too, ends the lexeme)."""
+    return (top[1].max_len, top[1].min_len) + top[2:]
 
 
 class States(list):

@@ -34,7 +34,8 @@ from lmprog_runtime import native
 from lmprog_runtime.constrained.cfg.canonical import (EXITS, canonical, exits, extra_key, free_number_exponent,
                                                       has_free, key_parent, root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
-from lmprog_runtime.constrained.cfg.lexrows import LexRows, States, StrContext, WsContext, ws_of
+from lmprog_runtime.constrained.cfg.lexrows import (LexRows, States, StrContext, WsContext, string_shape, ws_lexeme,
+                                                    ws_of)
 from lmprog_runtime.constrained.cfg.machine import WS, Machine
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 from lmprog_runtime.constrained.cfg.table_budget import BUDGET
@@ -110,9 +111,9 @@ class StateTable:
         if got is not None:
             return got
         lexeme = self._string_lexeme(state)
-        ws = self._ws_lexeme(state) if not lexeme else None
+        ws = ws_lexeme(self.machine.pool, state) if self.lexemes and not lexeme else None
         if lexeme:  # a string state the C walk may have made
-            rep = self.srep.get(_string_shape(state[0][0]))
+            rep = self.srep.get(string_shape(state[0][0]))
             got = self.lexrows.find(rep, StrContext.of(state[0])) if rep is not None else -1
             if got >= 0:
                 self.ids[state] = got
@@ -155,7 +156,7 @@ class StateTable:
             if top[0] == "S" and top[7] is FREE and not (top[3] or top[4] or top[5]):
                 self.inside[n] = 1
             if lexeme:
-                self.lexrows.register(n, self.srep.setdefault(_string_shape(top), n), StrContext.of(state[0]), lexeme)
+                self.lexrows.register(n, self.srep.setdefault(string_shape(top), n), StrContext.of(state[0]), lexeme)
         elif ws is not None:
             first = ws[1] not in self.wsrep
             self.lexrows.register(n, self.wsrep.setdefault(ws[1], n), ws[2], ws[0])
@@ -174,23 +175,6 @@ class StateTable:
             if self.trans[n * 256 + b] == UNKNOWN:
                 got = pool.step(ws, b)
                 self.trans[n * 256 + b] = self.intern((ctx.state(got),)) if got != pool.NONE else DEAD
-
-    def _ws_lexeme(self, state: tuple):
-        """(table_walk.c's kind: 3 a ws byte may follow, 4 none may; the whitespace state;
-        its WsContext) of a state in whitespace between JSON tokens (one stack, a V / O / A
-        frame on top with a nullable whitespace state), or None."""
-        if not self.lexemes or len(state) != 1 or state[0] is None:
-            return None
-        top = state[0][0]
-        kind = top[0] if type(top) is tuple else None
-        if kind not in ("V", "O", "A") or (kind != "V" and top[2] == 4):
-            return None
-        ws = top[2] if kind == "V" else top[5]
-        pool = self.machine.pool
-        if not pool.nullable(ws):
-            return None
-        more = any(pool.step(ws, c) != pool.NONE for c in b" \t\n\r")
-        return (3 if more else 4), ws, WsContext.of(state[0])
 
     def _string_lexeme(self, state: tuple) -> int:
         """table_walk.c's kind of a state: 1 a plain string body (no enum: any byte may come)
@@ -218,16 +202,6 @@ class StateTable:
             if (p, k) not in self.in_c:  # (those are registered with their own close)
                 self.keys.add(p, k.encode("utf-8"), UNKNOWN)
         self.generic[p] = t
-
-    def ws_source(self, s: int, b: int) -> Optional[int]:
-        """The state whose step on b the C walk reads whitespace state s's off (its
-        context's first state for a non-ws byte, its whitespace state's first for a ws
-        byte), or None (not a whitespace state, or s is that state)."""
-        lx = self.lexrows
-        if lx.kind[s] < 3:
-            return None
-        r = int(lx.ctxrep[lx.below[s]]) if b not in WS else int(lx.rep[s])
-        return r if r >= 0 and r != s else None
 
     def inside_step(self, s: int, b: int) -> Optional[int]:
         """The transition of state s on byte b read off another state of its lexeme, when b
@@ -388,7 +362,7 @@ class TableWalker:
         if got is not None:
             tab.trans[s * 256 + b] = got
             return
-        r = tab.ws_source(s, b)
+        r = tab.lexrows.ws_source(s, b)
         if r is not None:  # derived on the first state that C reads it off (then shared)
             if tab.trans[r * 256 + b] == UNKNOWN:
                 self._derive(r, b, hist, trie, i, d)
@@ -422,13 +396,6 @@ class TableWalker:
             except _NeedsText:
                 needs = True
         tab.lives[t] = IN_PYTHON if needs else 2
-
-
-def _string_shape(top: tuple) -> tuple:
-    """What a plain string body's inside steps read of its S frame: all but the node, of
-    which only maxLength, and minLength for the canonical count (clamped at it when there
-    is no maxLength; the closing quote, which reads it too, ends the lexeme)."""
-    return (top[1].max_len, top[1].min_len) + top[2:]
 
 
 def _give_back(held: list) -> None:
