@@ -5,7 +5,8 @@ Corpora: `dev` = tests/data/jsonschemabench-dev (252 real-world schemas, JSONSch
 schema group). Per backend and corpus: compiles %, valid accepted %, invalid rejected %
 (over compiled schemas), fully correct % (compiled and every instance right, over all
 schemas), compile p50 / p95 (ms), mask µs per token mean and p99 (the scheduler's
-`write_mask` into a numpy row, over the valid instances' tokens). An instance is walked
+`write_mask` into a numpy row, over the valid instances' tokens; wall clock, and the
+thread's CPU time, steadier when the machine is shared). An instance is walked
 token by token (its compact JSON, SmolLM2 tokenizer): each token must be in the mask and
 accepted, then EOS.
 
@@ -67,14 +68,16 @@ def compact(v):
     return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
 
 
-def walk(g, ids, eos, vocab, times=None):
-    """True when every token (then EOS) is in the mask and accepted; mask seconds appended to `times`."""
+def walk(g, ids, eos, vocab, times=None, cpu=None):
+    """True when every token (then EOS) is in the mask and accepted; mask seconds appended to
+    `times` (wall) and `cpu` (this thread's CPU time: steadier on a loaded machine)."""
     row = np.zeros(vocab, dtype=np.bool_)
     for t in ids + [eos]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         g.write_mask(row)
         if times is not None:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
         if not row[t]:
             return False
         try:
@@ -93,7 +96,7 @@ def bench_backend(name, tok, cases, timeout, remotes=(), python_walk=False, warm
     be = create_grammar_backend(name, tok, len(tok), [tok.eos_token_id], config=config)
     r = {"schemas": len(cases), "compiled": 0, "fully_correct": 0, "valid": 0, "valid_ok": 0, "invalid": 0,
          "invalid_ok": 0, "timeouts": 0, "wrongly_accepted": [], "wrongly_rejected": []}
-    compile_s, mask_s = [], []
+    compile_s, mask_s, cpu_s = [], [], []
     for k, case in enumerate(cases):
         if k % 50 == 0:
             print(f"{name}: {k}/{len(cases)} schemas", file=sys.stderr, flush=True)
@@ -118,7 +121,7 @@ def bench_backend(name, tok, cases, timeout, remotes=(), python_walk=False, warm
         all_ok = True
         for t in case["tests"]:
             ids = tok.encode(compact(t["data"]), add_special_tokens=False)
-            ok = walk(g0.copy(), ids, tok.eos_token_id, len(tok), mask_s if t["valid"] else None)
+            ok = walk(g0.copy(), ids, tok.eos_token_id, len(tok), mask_s if t["valid"] else None, cpu_s)
             key = "valid" if t["valid"] else "invalid"
             r[key] += 1
             right = ok if t["valid"] else not ok
@@ -128,10 +131,10 @@ def bench_backend(name, tok, cases, timeout, remotes=(), python_walk=False, warm
                 r["wrongly_accepted" if ok else "wrongly_rejected"].append(case["name"])
         r["fully_correct"] += all_ok
     be.shutdown()
-    return summarize(r, compile_s, mask_s)
+    return summarize(r, compile_s, mask_s, cpu_s)
 
 
-def summarize(r, compile_s, mask_s):
+def summarize(r, compile_s, mask_s, cpu_s=()):
     cs = sorted(compile_s) or [float("nan")]
     ms = sorted(mask_s) or [float("nan")]
     pct = lambda a, b: round(100.0 * a / b, 1) if b else None  # noqa: E731
@@ -141,19 +144,22 @@ def summarize(r, compile_s, mask_s):
             "fully_correct_pct": pct(r["fully_correct"], r["schemas"]),
             "compile_ms_p50": round(1e3 * statistics.median(cs), 2), "compile_ms_p95": round(1e3 * q(cs, 0.95), 2),
             "mask_us_mean": round(1e6 * sum(ms) / len(ms), 1), "mask_us_p99": round(1e6 * q(ms, 0.99), 1),
+            "mask_cpu_us_mean": round(1e6 * sum(cpu_s) / len(cpu_s), 1) if cpu_s else None,
+            "mask_cpu_us_p99": round(1e6 * q(sorted(cpu_s), 0.99), 1) if cpu_s else None,
             "masks": len(mask_s), **r}
 
 
 COLUMNS = ("compile_pct", "valid_accepted_pct", "invalid_rejected_pct", "fully_correct_pct", "compile_ms_p50",
-           "compile_ms_p95", "mask_us_mean", "mask_us_p99")
+           "compile_ms_p95", "mask_us_mean", "mask_us_p99", "mask_cpu_us_mean", "mask_cpu_us_p99")
 
 
 def table(results) -> str:
     lines = ["| corpus | engine | compiles % | valid accepted % | invalid rejected % | fully correct % | "
-             "compile p50 ms | p95 ms | mask µs/token mean | p99 |", "|---|---|" + "---:|" * len(COLUMNS)]
+             "compile p50 ms | p95 ms | mask µs/token mean | p99 | mask CPU µs mean | p99 |",
+             "|---|---|" + "---:|" * len(COLUMNS)]
     for corpus, per in results["corpora"].items():
         for name, r in per.items():
-            lines.append(f"| {corpus} | {name} | " + " | ".join(str(r[c]) for c in COLUMNS) + " |")
+            lines.append(f"| {corpus} | {name} | " + " | ".join(str(r.get(c)) for c in COLUMNS) + " |")
     return "\n".join(lines)
 
 

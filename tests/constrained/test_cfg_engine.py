@@ -138,6 +138,23 @@ def test_combinators_not_if_then_else(cfg, tokenizer):
     check(cfg, tokenizer, cond, [{"k": "n", "v": 1}, {"k": "s", "v": "x"}], [{"k": "n", "v": "x"}, {"k": "s", "v": 1}])
 
 
+def test_unknown_keywords_are_annotations_no_check_kept(cfg, tokenizer):
+    """A keyword the dialect's validator does not know (`_format`, `x-...`) asserts nothing:
+    the node keeps no residual check (its text is never captured); a known one beside it
+    (`not`, or draft-04's `dependencies`) still does."""
+    from lmprog_runtime.constrained.cfg.schema import SchemaCompiler
+
+    plain = {"type": "string", "_format": "uuid", "x-kind": {"a": 1}, "maxLength": 3}
+    assert SchemaCompiler(plain).compile().residual is None
+    assert SchemaCompiler(dict(plain, **{"not": {"const": "ab"}})).compile().residual is not None
+    deps = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+            "dependencies": {"a": ["b"]}, "x-note": 1}
+    assert SchemaCompiler(deps).compile().residual is not None
+    check(cfg, tokenizer, {"type": "object", "properties": {"id": plain}, "x-extra": True},
+          [{"id": "abc"}, {"id": ""}, {}], [{"id": "abcd"}, {"id": 1}])
+    check(cfg, tokenizer, deps, [{"a": 1, "b": 2}, {"b": 1}], [{"a": 1}])
+
+
 def test_object_keywords(cfg, tokenizer):
     check(cfg, tokenizer, {"propertyNames": {"pattern": "^[a-z]+$"}}, [{"ab": 1}], [{"aB": 1}])
     check(cfg, tokenizer, {"minProperties": 1, "maxProperties": 2}, [{"a": 1}, {"a": 1, "b": 2}],

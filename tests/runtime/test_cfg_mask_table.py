@@ -49,6 +49,7 @@ def _walk(tok, g0, oracle, text: str, label, must_accept: bool = False) -> int:
     sh, g, n = g0._shared, g0.copy(), 0
     for tid in tok.encode(text, add_special_tokens=False):
         hist = bytes(g._hist)
+        oracle._memo.clear()  # (the oracle walks every state afresh: none of its masks is memoized)
         got, want = sh.engine.mask(g.state, hist), oracle.mask(g.state, hist)
         assert np.array_equal(got, want), (label, hist, np.nonzero(got != want)[0][:8])
         n += 1
@@ -248,11 +249,17 @@ def test_string_steps_made_in_c_match_python_walk(backend):
             except GrammarError:
                 break
     tab = g._shared.engine._tw.table
-    made = np.nonzero(tab.lexrows.src[:len(tab.states)] >= 0)[0]
+    lx = tab.lexrows
+    made = np.nonzero((lx.src[:len(tab.states)] >= 0) & (lx.kind[:len(tab.states)] < 3))[0]
     assert len(made) > 0, "the C walk made no string state"
-    for i in made[:50].tolist():  # built from their top's source over their own stack below
-        st = tab.states[i]
-        assert st[0][0] == tab.states[int(tab.lexrows.src[i])][0][0] and st in tab.ids
+    belows, shared = list(lx.below_ids), 0
+    for i in made[:50].tolist():  # their source's frame with their own node, over their own stack
+        st, src = tab.states[i], tab.states[int(lx.src[i])]
+        assert (st[0][1], st[0][0][1]) == (belows[int(lx.below[i])][1], belows[int(lx.below[i])][0])
+        assert st[0][0][2:] == src[0][0][2:] and st in tab.ids
+        assert (st[0][0][1].max_len, st[0][0][1].min_len) == (src[0][0][1].max_len, src[0][0][1].min_len)
+        shared += st[0][0][1] is not src[0][0][1]
+    assert shared, "no string state took its steps off another node's"
 
 
 def test_unbounded_numbers_share_states_and_keep_exponents_exact(backend):
@@ -280,8 +287,43 @@ def test_unbounded_numbers_share_states_and_keep_exponents_exact(backend):
         assert all(tab.trans[i * 256 + b] < 0 for b in b"eE"), "an exponent stepped from the text 0"
 
 
+def test_string_steps_shared_across_nodes_keep_each_nodes_bounds(backend):
+    """Strings of different nodes share their steps only where the steps agree: the same
+    maxLength, and the same minLength (no maxLength: the canonical count is clamped at it)."""
+    tok, be = backend
+    schema = {"type": "object", "properties": {
+        "a": {"type": "string"}, "b": {"type": "string", "minLength": 3}, "c": {"type": "string", "minLength": 3},
+        "d": {"type": "string", "maxLength": 4}, "e": {"type": "string", "maxLength": 4, "minLength": 2}}}
+    valid = ['{"a":"x","b":"abc","c":"abcdef"}', '{"b":"abcd","a":""}', '{"d":"abcd","e":"ab","a":"q"}']
+    invalid = ['{"a":"x","b":"ab"}', '{"a":"xyz","c":"ab"}', '{"d":"x","e":"a"}', '{"e":"abcde"}']
+    assert _compare_texts(tok, be, schema, valid + invalid) > 60
+    g0 = be.compile("json", json.dumps(schema))
+    for text in valid:
+        assert _walk(tok, g0, MaskEngine(g0._shared.machine, g0._shared.engine.vocab, use_c=False), text, text,
+                     must_accept=True) > 5
+        g = g0.copy()
+        for tid in tok.encode(text, add_special_tokens=False):
+            g.accept_token(tid)
+        assert g._accepting(), text
+    for text in invalid:
+        g, ok = g0.copy(), True
+        for tid in tok.encode(text, add_special_tokens=False):
+            row = np.zeros(len(tok), dtype=np.bool_)
+            g.write_mask(row)
+            if not row[tid]:
+                ok = False
+                break
+            g.accept_token(tid)
+        assert not (ok and g._accepting()), text
+    tab = g0._shared.engine._tw.table
+    lx, n = tab.lexrows, len(tab.states)
+    for i in np.nonzero((lx.src[:n] >= 0) & (lx.kind[:n] < 3))[0].tolist():
+        node, src = tab.states[i][0][0][1], tab.states[int(lx.src[i])][0][0][1]
+        assert (node.min_len, node.max_len) == (src.min_len, src.max_len)
+
+
 def test_states_made_in_c_are_built_when_read_or_iterated():
-    from lmprog_runtime.constrained.cfg.lexrows import LexRows, States
+    from lmprog_runtime.constrained.cfg.lexrows import LexRows, States, StrContext
 
     class Tab:
         lexrows, ids = LexRows(), {}
@@ -289,11 +331,78 @@ def test_states_made_in_c_are_built_when_read_or_iterated():
     tab = Tab()
     states = States(tab)
     below = (("A", None, 4, 0, None, 0), (("D", 0), None))
-    top = ("S", None, 1, 0, 0, 0, (), None)
+    top = ("S", "node0", 1, 0, 0, 0, (), None)
     states.append(((top, (("O",), None)),))  # id 0: a rep, over another stack
-    tab.lexrows.register(0, 0, (("O",), None), 1)
-    tab.lexrows.below_ids[below] = 1
+    tab.lexrows.register(0, 0, StrContext(("node0", (("O",), None))), 1)
+    tab.lexrows.below_ids[StrContext(("node1", below))] = 1
     states.sync(2)
-    tab.lexrows.src[1], tab.lexrows.below[1] = 0, 1  # id 1: made by C (rep 0's frame over `below`)
+    tab.lexrows.src[1], tab.lexrows.below[1] = 0, 1  # id 1: made by C (rep 0's frame, node1, over `below`)
     assert list.__getitem__(states, 1) is None
-    assert list(states)[1] == ((top, below),) and tab.ids[((top, below),)] == 1
+    want = ((("S", "node1") + top[2:], below),)
+    assert list(states)[1] == want and tab.ids[want] == 1
+
+
+def test_whitespace_steps_made_in_c_match_python_walk(backend):
+    """Whitespace between JSON tokens is a lexeme (lexrows.py kinds 3 / 4): in a new context
+    (another array item, another member) its steps are made in C off the first state with
+    the same whitespace state, its non-ws steps read off the context's first state; masks
+    stay those of the Python walk, with whitespace runs up to and past the pattern's limit,
+    and the states C made are the context's frame with their source's whitespace state."""
+    from lmprog_runtime.constrained.cfg.lexrows import WsContext, ws_of
+
+    tok, be = backend
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
+                                               "b": {"type": "object", "additionalProperties": {"type": "boolean"}}}}
+    pad = " " * 15
+    texts = ['{"a":[1, 2,\n 3 ,4],"b":{"x": true , "y":\tfalse}}', '{"a" :[' + pad + '5' + pad + ']}',
+             '{"b":{' + " " * 17 + '"z":null}}', '{ "a": [ ] , "b": { } }']
+    assert _compare_texts(tok, be, schema, texts) > 40
+    g = be.compile("json", json.dumps(schema))
+    for text in texts:
+        g2 = g.copy()
+        for tid in tok.encode(text, add_special_tokens=False):
+            g2.write_mask(np.zeros(len(tok), dtype=np.bool_))
+            try:
+                g2.accept_token(tid)
+            except GrammarError:  # (17 spaces: past the whitespace pattern's 16)
+                break
+    tab = g._shared.engine._tw.table
+    lx = tab.lexrows
+    n = len(tab.states)
+    made = np.nonzero((lx.src[:n] >= 0) & (lx.kind[:n] >= 3))[0]
+    assert len(made) > 10, "the C walk made no whitespace state"
+    belows = list(lx.below_ids)
+    for i in made.tolist():
+        st, src = tab.states[i], tab.states[int(lx.src[i])]
+        ctx = belows[int(lx.below[i])]
+        assert type(ctx) is WsContext and WsContext.of(st[0]) == ctx and st in tab.ids
+        assert ws_of(st[0][0]) == ws_of(src[0][0])
+
+
+def test_masks_under_a_pending_check_are_keyed_by_text_only_where_read(backend):
+    """Under a residual check (a C frame: here the root's `not`, and a string's own), a
+    mask whose walk reads no captured text (no token completes the checked value) is
+    memoized by the state alone; one that does is keyed by the text too (mask.py _BY_TEXT).
+    Masks stay the Python walk's, for texts the check accepts and refuses, and when met
+    again along other texts."""
+    from lmprog_runtime.constrained.cfg.mask import _BY_TEXT, _capture_start
+
+    tok, be = backend
+    schema = {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "integer"},
+                                               "t": {"type": "string", "not": {"const": "xy"}}},
+              "not": {"required": ["bad"]}}
+    texts = ['{"s":"a long string value, with words and more words","n":12}', '{"bad":1}', '{"t":"xy"}',
+             '{"t":"xyz","s":"x"}', '{"n":1,"bad":2}', '{"s":"q","bad":[1,2]}']
+    for c_walk in (True, False):
+        g0 = be.compile("json", json.dumps(schema))
+        sh = g0._shared
+        sh.engine.use_c, sh.engine._tw, sh.engine._memo = c_walk, None, type(sh.engine._memo)()
+        oracle = MaskEngine(sh.machine, sh.engine.vocab, use_c=False)
+        assert sum(_walk(tok, g0, oracle, text, schema) for text in texts) > 40
+        memo = sh.engine._memo
+        by_state = [k for k, v in memo.items() if v is not _BY_TEXT and type(k) is tuple and k[0] != "fast"
+                    and len(k) == 1 and _capture_start(k) is not None]
+        assert by_state, "no mask under the pending check was kept by its state"
+        assert any(v is _BY_TEXT for v in memo.values()), "no mask read the captured text"
+        # again, memo kept: masks met along other texts
+        assert sum(_walk(tok, g0, oracle, text, schema) for text in reversed(texts)) > 40

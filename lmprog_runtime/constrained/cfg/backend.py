@@ -77,16 +77,24 @@ class CfgGrammar(Grammar):
         mask_row |= torch.from_numpy(row).to(mask_row.device)
 
     def write_mask(self, row) -> None:
-        row.fill(False)
-        self._or_into(row)
+        self._or_into(row, overwrite=True)
 
-    def _or_into(self, row: np.ndarray) -> None:
-        """Set the allowed tokens True in the numpy bool row (others untouched)."""
+    def _or_into(self, row: np.ndarray, overwrite: bool = False) -> None:
+        """Set the allowed tokens True in the numpy bool row (others untouched, or False
+        with `overwrite`)."""
         sh = self._shared
-        if not self.finished:
-            allowed = sh.engine.mask(self.state, bytes(self._hist))
-            n = min(len(allowed), row.shape[0])
-            np.logical_or(row[:n], allowed[:n], out=row[:n])
+        if self.finished:
+            if overwrite:
+                row.fill(False)
+        else:
+            packed = sh.engine.mask_packed(self.state, bytes(self._hist))
+            n = min(len(packed) * 8, row.shape[0])
+            allowed = np.unpackbits(packed, count=n).view(np.bool_)
+            if overwrite:
+                row[:n] = allowed
+                row[n:] = False
+            else:
+                np.logical_or(row[:n], allowed, out=row[:n])
         if self.finished or self._accepting():
             for e in sh.eos:
                 if e < row.shape[0]:

@@ -1,12 +1,19 @@
 """String-body lexeme states made by the C walk (table_walk.c `cfg_lex`).
 
-A string body's inside steps do not read the stack below it (canonical.py: lexemes), so
-a state (S frame over stack R) steps on such a byte to (S' over R) where S' is what the
-lexeme's first state with frame S steps to. The C walk composes that state itself: it
+A string body's inside steps do not read the stack below it (canonical.py: lexemes), nor
+of its node more than maxLength, so a state (S frame of node X over stack R) steps on such
+a byte to (S' of X over R) where S' is what the first state whose frame differs from S at
+most in a node of the same maxLength (its rep) steps to; "below" is then (X, R), a
+`StrContext`. The C walk composes that state itself: it
 finds (the id of S', the id of R) in an open-addressing map or makes a new state id, and
 records where its top frame comes from (`src`); Python builds the tuple only when it
 reads the state (`States`). Python-made string states are registered in the same map, so
 one (frame, stack below) has one id whichever side met it first.
+
+Whitespace between JSON tokens is such a lexeme as well (kinds 3 / 4): its "below" is a
+`WsContext` (the V / O / A frame less its whitespace state, the stack under it), its rep
+the first state with the same whitespace state; a non-ws byte is stepped as the
+context's first state (`ctxrep`) steps it.
 """
 from __future__ import annotations
 
@@ -23,7 +30,7 @@ class CfgLex(ctypes.Structure):
     _fields_ = [("rep", ctypes.c_void_p), ("below", ctypes.c_void_p), ("kind", ctypes.c_void_p),
                 ("src", ctypes.c_void_p), ("inside", ctypes.c_void_p), ("lives", ctypes.c_void_p),
                 ("map", ctypes.c_void_p), ("map_cap", ctypes.c_int64), ("n", ctypes.c_void_p),
-                ("cap", ctypes.c_int32)]
+                ("cap", ctypes.c_int32), ("ctxrep", ctypes.c_void_p)]
 
 
 def _slot(key: int, cap: int) -> int:
@@ -46,6 +53,7 @@ class LexRows:
         self.below = np.full(cap, -1, dtype=np.int32)
         self.kind = np.zeros(cap, dtype=np.uint8)
         self.src = np.full(cap, -1, dtype=np.int32)
+        self.ctxrep = np.full(cap, -1, dtype=np.int32)  # per below id: a whitespace context's first state
         self._new_map(4 * cap)
         self.struct.n = self.n.ctypes.data
 
@@ -57,16 +65,19 @@ class LexRows:
             self.below = np.concatenate([self.below, np.full(cap - old, -1, dtype=np.int32)])
             self.kind = np.concatenate([self.kind, np.zeros(cap - old, dtype=np.uint8)])
             self.src = np.concatenate([self.src, np.full(cap - old, -1, dtype=np.int32)])
+            self.ctxrep = np.concatenate([self.ctxrep, np.full(cap - old, -1, dtype=np.int32)])
             keys = self.map[self.map[:, 0] != -1]
             self._new_map(4 * cap)
             for key, value in keys.tolist():
                 self._put(key, value)
         st = self.struct
-        st.rep, st.below, st.kind, st.src = (a.ctypes.data for a in (self.rep, self.below, self.kind, self.src))
+        st.rep, st.below, st.kind, st.src, st.ctxrep = (a.ctypes.data for a in (self.rep, self.below, self.kind,
+                                                                               self.src, self.ctxrep))
         st.inside, st.lives, st.cap = inside.ctypes.data, lives.ctypes.data, min(cap, limit)
 
     def nbytes(self) -> int:
-        return self.rep.nbytes + self.below.nbytes + self.kind.nbytes + self.src.nbytes + self.map.nbytes
+        return (self.rep.nbytes + self.below.nbytes + self.kind.nbytes + self.src.nbytes + self.ctxrep.nbytes
+                + self.map.nbytes)
 
     def _new_map(self, cap: int) -> None:
         self.map = np.full((cap, 2), -1, dtype=np.int64)
@@ -92,12 +103,76 @@ class LexRows:
             slot = (slot + 1) & (cap - 1)
         return -1
 
+    def ws_source(self, s: int, b: int):
+        """The state whose step on b the C walk reads whitespace state s's off (its
+        context's first state for a non-ws byte, its whitespace state's first for a ws
+        byte), or None (not a whitespace state, or s is that state)."""
+        if self.kind[s] < 3:
+            return None
+        r = int(self.ctxrep[self.below[s]]) if b not in b" \t\n\r" else int(self.rep[s])
+        return r if r >= 0 and r != s else None
+
     def register(self, n: int, rep: int, below, kind: int) -> None:
         """Python interned string state n (its frame's first state `rep`, over `below`)."""
         b = self.below_ids.setdefault(below, len(self.below_ids))
         self.rep[n], self.below[n], self.kind[n] = rep, b, kind
+        if kind >= 3 and self.ctxrep[b] < 0:
+            self.ctxrep[b] = n
         if self.find(rep, below) < 0:
             self._put((rep << 32) | b, n)
+
+
+def ws_of(frame: tuple) -> int:
+    """The whitespace state of a V / O / A frame."""
+    return frame[2] if frame[0] == "V" else frame[5]
+
+
+class StrContext(tuple):
+    """(a plain string body's node, the stack under its frame): string states of different
+    nodes with the same maxLength share their steps (a rep), each in its own context."""
+
+    @classmethod
+    def of(cls, st) -> "StrContext":
+        return cls((st[0][1], st[1]))
+
+
+class WsContext(tuple):
+    """(a V / O / A frame with its whitespace state set to None, the stack under it)."""
+
+    def state(self, ws: int) -> tuple:
+        frame = self[0]
+        at = 2 if frame[0] == "V" else 5
+        return (frame[:at] + (ws,) + frame[at + 1:], self[1])
+
+    @classmethod
+    def of(cls, st) -> "WsContext":
+        frame = st[0]
+        at = 2 if frame[0] == "V" else 5
+        return cls((frame[:at] + (None,) + frame[at + 1:], st[1]))
+
+
+def ws_lexeme(pool, state: tuple):
+    """(table_walk.c's kind: 3 a ws byte may follow, 4 none may; the whitespace state;
+    its WsContext) of a state in whitespace between JSON tokens (one stack, a V / O / A
+    frame on top with a nullable whitespace state), or None."""
+    if len(state) != 1 or state[0] is None:
+        return None
+    top = state[0][0]
+    kind = top[0] if type(top) is tuple else None
+    if kind not in ("V", "O", "A") or (kind != "V" and top[2] == 4):
+        return None
+    ws = top[2] if kind == "V" else top[5]
+    if not pool.nullable(ws):
+        return None
+    more = any(pool.step(ws, c) != pool.NONE for c in b" \t\n\r")
+    return (3 if more else 4), ws, WsContext.of(state[0])
+
+
+def string_shape(top: tuple) -> tuple:
+    """What a plain string body's inside steps read of its S frame: all but the node, of
+    which only maxLength, and minLength for the canonical count (clamped at it when there
+    is no maxLength; the closing quote, which reads it too, ends the lexeme)."""
+    return (top[1].max_len, top[1].min_len) + top[2:]
 
 
 class States(list):
@@ -117,7 +192,11 @@ class States(list):
             if len(self._belows) < len(lx.below_ids):
                 self._belows = list(lx.below_ids)
             src = list.__getitem__(self, int(lx.src[i]))  # (made by Python: a rep's step)
-            got = ((src[0][0], self._belows[int(lx.below[i])]),)
+            below = self._belows[int(lx.below[i])]
+            if type(below) is WsContext:  # the context's frame with src's whitespace state
+                got = (below.state(ws_of(src[0][0])),)
+            else:  # src's frame with the context's node, over the context's stack
+                got = ((src[0][0][:1] + (below[0],) + src[0][0][2:], below[1]),)
             list.__setitem__(self, i, got)
             tab.ids.setdefault(got, i)
         return got

@@ -109,6 +109,20 @@ def _plain_chars(data: bytes) -> Optional[int]:
     return n
 
 
+class _Tracked(bytes):
+    """The committed output, recording whether a walk read any of it (`ctx` slices it only
+    when a pending check reads the captured text; positions come from len())."""
+
+    read = False
+
+    def __getitem__(self, index):
+        self.read = True
+        return bytes.__getitem__(self, index)
+
+
+_BY_TEXT = object()  # memo marker: this state's masks read the captured text (keyed by it too)
+
+
 def _capture_start(state: tuple):
     """The first output byte a pending check (C / U frame) of `state` will read, or None."""
     start = None
@@ -136,47 +150,72 @@ class MaskEngine:
         self._table: Optional[ClassTable] = None
 
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
+        """bool [n_slots]: the tokens allowed from `state` after the output `hist`."""
+        return np.unpackbits(self.mask_packed(state, hist), count=self.vocab.n_slots).view(np.bool_)
+
+    def mask_packed(self, state: tuple, hist: bytes) -> np.ndarray:
+        """The same, packed (np.packbits, uint8 [ceil(n_slots / 8)]): memo hits are ORed as
+        packed words, unpacked once by the caller."""
         if len(state) > 1:  # alternatives are independent: the union of their masks (each cached)
-            out = self.mask(state[:1], hist)
+            out = self.mask_packed(state[:1], hist)
             for st in state[1:]:
-                out = out | self.mask((st,), hist)
+                out = out | self.mask_packed((st,), hist)
             return out
         key = self._fast_key(state)
-        memo_key = key if key is not None else state
-        start = _capture_start(state)
-        if start is not None:  # a residual check will read the captured text: it is part of the key
-            memo_key = (memo_key, hist[start:])
-        with self._lock:
-            packed = self._memo.get(memo_key)
-            if packed is not None:
-                self._memo.move_to_end(memo_key)
-        if packed is not None:
-            got = np.unpackbits(packed, count=self.vocab.n_slots).view(np.bool_)
-        else:
-            got = self._compute(key, state, hist)
-            with self._lock:
-                self._memo[memo_key] = np.packbits(got)
-                while len(self._memo) > MEMO_STATES:
-                    self._memo.popitem(last=False)
+        got = self._masked(key, state, hist)
         if key is None:
             return got
-        out = got
-        for st in state:  # each alternative's string body: plain tokens within its counters
-            out = out | (self._alive_all((st[0][1],)) if st[0][0] == "R" else self._plain_part(st[0]))
+        top = state[0][0]  # (the string body's plain tokens within its counters)
+        return got | (self._packed_part(("R", top[1])) if top[0] == "R" else self._plain_part(top))
+
+    def _masked(self, key, state: tuple, hist: bytes) -> np.ndarray:
+        """The walked part of the mask, memoized by `key` (or the state). Under a pending
+        check (C / U frame) the captured text is part of the key only when the walk read it
+        (some token completes the checked value; _BY_TEXT marks such states): the mask is
+        otherwise the same for every text."""
+        base_key = memo_key = key if key is not None else state
+        start = _capture_start(state)
+        with self._lock:
+            got = self._memo.get(base_key)
+            if got is _BY_TEXT:
+                self._memo.move_to_end(base_key)
+                memo_key = (base_key, hist[start:])
+                got = self._memo.get(memo_key)
+            if got is not None:
+                self._memo.move_to_end(memo_key)
+        if got is not None:
+            return got
+        tracked = _Tracked(hist) if start is not None else hist
+        out = np.packbits(self._compute(key, state, tracked))
+        with self._lock:
+            if start is not None and tracked.read and memo_key is base_key:
+                self._memo[base_key] = _BY_TEXT
+                memo_key = (base_key, hist[start:])
+            self._memo[memo_key] = out
+            while len(self._memo) > MEMO_STATES:
+                self._memo.popitem(last=False)
         return out
 
     def _plain_part(self, top) -> np.ndarray:
-        """The plain tokens an S frame allows: all (or those its patterns survive), less
-        those longer than the characters left (cached per patterns and characters left)."""
-        node, count, pats = top[1], top[2], top[6]
+        """The plain tokens an S frame allows, packed: all (or those its patterns survive),
+        less those longer than the characters left (cached per patterns and characters left)."""
+        node, count = top[1], top[2]
         left = None if node.max_len is None else min(node.max_len - count, self.vocab.max_chars)
-        key = (pats, left)
+        return self._packed_part((top[6], left))
+
+    def _packed_part(self, key) -> np.ndarray:
+        """Packed string-body part `key`: (patterns, characters left or None), or ("R",
+        term) for a whole-output regex at a character boundary (MEMO_PARTS of them)."""
         got = self._parts.get(key)
         if got is None:
             v = self.vocab
-            got = v.plain if not pats else self._alive_all(pats)
-            if left is not None:
-                got = got & (v.chars <= left)
+            if key[0] == "R":
+                got = self._alive_all((key[1],))
+            else:
+                got = v.plain if not key[0] else self._alive_all(key[0])
+                if key[1] is not None:
+                    got = got & (v.chars <= key[1])
+            got = np.packbits(got)
             with self._lock:
                 if len(self._parts) >= MEMO_PARTS:
                     self._parts.clear()
@@ -191,12 +230,17 @@ class MaskEngine:
 
     def _compute(self, key, state: tuple, hist: bytes) -> np.ndarray:
         """The walked part of a mask (all of it off the fast path)."""
+        return self._walk(state, hist, *self._trie_of(key, state))
+
+    def _trie_of(self, key, state: tuple):
+        """The trie a state's walk covers: all tokens, or on the string-body fast path the
+        special ones (and with patterns those cut mid-character): (trie, its lists)."""
         v = self.vocab
         if key is None:
-            return self._walk(state, hist, v.trie, v.lists)
-        if any(st[0][0] == "R" or st[0][6] for st in state):  # patterns: tokens cut mid-character are walked too
-            return self._walk(state, hist, v.special_or_cut, v.cut_lists)
-        return self._walk(state, hist, v.special, v.special_lists)
+            return v.trie, v.lists
+        if any(st[0][0] == "R" or st[0][6] for st in state):
+            return v.special_or_cut, v.cut_lists
+        return v.special, v.special_lists
 
     def _fast_key(self, state: tuple):
         """A key for the string-body fast path (every alternative inside a string body at a
@@ -217,12 +261,16 @@ class MaskEngine:
             parts.append((node, left, deficit, top[6], top[7], rest))
         return ("fast", tuple(parts)) if parts else None
 
-    def _walk(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
-        """The tokens of `trie` allowed from `state`: the C table walk where it is built."""
+    def _walker(self):
+        """The TableWalker, False where the C walk is not used."""
         if self._tw is None:
             lib = c_table_walker() if self.use_c else None
             self._tw = TableWalker(self, lib) if lib is not None else False
-        if self._tw:
+        return self._tw
+
+    def _walk(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
+        """The tokens of `trie` allowed from `state`: the C table walk where it is built."""
+        if self._walker():
             with self._walk_lock:
                 return self._tw.walk(state, hist, trie, lists)
         return self._walk_py(state, hist, trie, lists)

@@ -13,6 +13,8 @@ import time
 from decimal import Decimal, InvalidOperation
 from typing import Optional
 
+from jsonschema.validators import Draft202012Validator, validator_for
+
 from lmprog_runtime.constrained.cfg.formats import FORMATS, format_asserted
 from lmprog_runtime.constrained.cfg.nodes import ALL_TYPES, Node
 from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
@@ -41,6 +43,10 @@ class SchemaCompiler:
         self._keep: list = []  # schemas built here (merges) stay alive: the memo keys are ids
         self.refs = RefIndex(root, registry)
         self.assert_format = format_asserted(root, self.refs.registry)
+        # keywords the residual's validator asserts (residual.py picks the same class): any
+        # other keyword is an annotation (`x-...`, `_format`), for which no check is kept
+        cls = validator_for(root, default=Draft202012Validator) if isinstance(root, dict) else Draft202012Validator
+        self._asserting = frozenset(cls.VALIDATORS)
         self._origin: dict[int, object] = {}  # id(made schema) -> the schema it stands for
         self.any = self._any_node()
         self.n_nodes = 0
@@ -141,7 +147,7 @@ class SchemaCompiler:
             n.residual = s
             return
         self._typed(n, s)
-        if set(s) - EXACT:
+        if (set(s) - EXACT) & self._asserting:
             n.residual = s
 
     def _copy(self, n: Node, src: Node) -> None:

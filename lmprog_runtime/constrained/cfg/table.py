@@ -34,8 +34,9 @@ from lmprog_runtime import native
 from lmprog_runtime.constrained.cfg.canonical import (EXITS, canonical, exits, extra_key, free_number_exponent,
                                                       has_free, key_parent, root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
-from lmprog_runtime.constrained.cfg.lexrows import LexRows, States
-from lmprog_runtime.constrained.cfg.machine import Machine
+from lmprog_runtime.constrained.cfg.lexrows import (LexRows, States, StrContext, WsContext, string_shape, ws_lexeme,
+                                                    ws_of)
+from lmprog_runtime.constrained.cfg.machine import WS, Machine
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 from lmprog_runtime.constrained.cfg.table_budget import BUDGET
 
@@ -79,6 +80,8 @@ class StateTable:
 
     def reset(self) -> None:
         self.lex: dict = {}  # a lexeme's top frame -> the first state id interned with it
+        self.wsrep: dict = {}  # a whitespace state -> the first state id interned with it
+        self.srep: dict = {}  # a plain string body's frame less its node -> its first state id
         self.closes: dict = {}  # (state id inside a key, key text) -> the id after its closing quote
         self.in_c: set = set()  # the closes registered in self.keys (those met twice)
         self.ids: dict = {}
@@ -108,9 +111,16 @@ class StateTable:
         if got is not None:
             return got
         lexeme = self._string_lexeme(state)
+        ws = ws_lexeme(self.machine.pool, state) if self.lexemes and not lexeme else None
         if lexeme:  # a string state the C walk may have made
-            rep = self.lex.get(state[0][0])
-            got = self.lexrows.find(rep, state[0][1]) if rep is not None else -1
+            rep = self.srep.get(string_shape(state[0][0]))
+            got = self.lexrows.find(rep, StrContext.of(state[0])) if rep is not None else -1
+            if got >= 0:
+                self.ids[state] = got
+                return got
+        elif ws is not None:  # whitespace the C walk may have made
+            rep = self.wsrep.get(ws[1])
+            got = self.lexrows.find(rep, ws[2]) if rep is not None else -1
             if got >= 0:
                 self.ids[state] = got
                 return got
@@ -146,8 +156,25 @@ class StateTable:
             if top[0] == "S" and top[7] is FREE and not (top[3] or top[4] or top[5]):
                 self.inside[n] = 1
             if lexeme:
-                self.lexrows.register(n, self.lex[top], state[0][1], lexeme)
+                self.lexrows.register(n, self.srep.setdefault(string_shape(top), n), StrContext.of(state[0]), lexeme)
+        elif ws is not None:
+            first = ws[1] not in self.wsrep
+            self.lexrows.register(n, self.wsrep.setdefault(ws[1], n), ws[2], ws[0])
+            if ws[0] == 3:
+                self.lives[n] = 1  # (MaskEngine._lives: a ws byte follows)
+            if first:  # every context's ws steps are read off this state's: derived now, not at walk stops
+                self._ws_steps(n, state[0])
         return n
+
+    def _ws_steps(self, n: int, st) -> None:
+        """Whitespace state n's steps on the ws bytes (Machine.step of a V / O / A frame on
+        one: the same frame with its whitespace state stepped, or nothing)."""
+        pool, ctx = self.machine.pool, WsContext.of(st)
+        ws = ws_of(st[0])
+        for b in WS:
+            if self.trans[n * 256 + b] == UNKNOWN:
+                got = pool.step(ws, b)
+                self.trans[n * 256 + b] = self.intern((ctx.state(got),)) if got != pool.NONE else DEAD
 
     def _string_lexeme(self, state: tuple) -> int:
         """table_walk.c's kind of a state: 1 a plain string body (no enum: any byte may come)
@@ -225,8 +252,22 @@ class TableWalker:
         if root == PYTHON:
             return eng._walk_py(state, hist, trie, lists)
         out = np.zeros(eng.vocab.n_slots, dtype=np.uint8)
+        self._stack[0] = root
+        self._run(state, hist, trie, lists, out)
+        return self._tokens(out, trie)
+
+    @staticmethod
+    def _tokens(out: np.ndarray, trie) -> np.ndarray:
+        got = out.view(np.bool_)  # (the C walk never writes the trie's sink slot)
+        if len(trie.dup_tok):
+            got[trie.dup_tok] = got[trie.dup_src]
+        return got
+
+    def _run(self, state: tuple, hist: bytes, trie, lists, out) -> None:
+        """The C walk over the trie from stack[0], Python at its stops."""
+        tab = self.table
         stack, at = self._stack, self._at
-        stack[0], at[0] = root, 0
+        at[0] = 0
         tab.keys.set_head(root_key(state) if self._json else None)
         args = (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
                 ctypes.addressof(tab.keys.struct), self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct),
@@ -248,10 +289,6 @@ class TableWalker:
                 self._liveness(int(stack[d]), hist, trie, i, d)
             else:  # node i's step (code 2) or its token's liveness (3) reads the output text
                 at[0] = self._concrete(state, hist, trie, lists, i, d, code == 2, out)
-        got = out.view(np.bool_)  # (the C walk never writes the trie's sink slot)
-        if len(trie.dup_tok):
-            got[trie.dup_tok] = got[trie.dup_src]
-        return got
 
     def _concrete(self, root: tuple, hist: bytes, trie, lists, i: int, d: int, step: bool, out) -> int:
         """Node i from the concrete state (replayed from the walk's root along the path):
@@ -277,6 +314,8 @@ class TableWalker:
             self._stack[d] = t
         tok = lists[3][i]
         if tok != trie.sink:
+            if t is not None and tab.lives[t] == 0:
+                self._liveness(t, hist, trie, i, d)
             lives = tab.lives[t] if t is not None and tab.lives[t] in (1, 2) else None
             if lives is None:
                 lives = 1 if eng._lives(state, len(hist) + d, ctx, path, d) else 2
@@ -323,6 +362,13 @@ class TableWalker:
         if got is not None:
             tab.trans[s * 256 + b] = got
             return
+        r = tab.lexrows.ws_source(s, b)
+        if r is not None:  # derived on the first state that C reads it off (then shared)
+            if tab.trans[r * 256 + b] == UNKNOWN:
+                self._derive(r, b, hist, trie, i, d)
+            if b not in WS:  # (a non-ws byte does not read the whitespace state: the context's row)
+                tab.trans[s * 256 + b] = tab.trans[r * 256 + b]
+                return
         try:
             nxt = self.engine.machine.advance(st, b, len(hist) + d - 1, _no_ctx)
         except _NeedsText:  # a captured value completes: its check reads the text
@@ -332,14 +378,24 @@ class TableWalker:
         tab.trans[s * 256 + b] = t
 
     def _liveness(self, t: int, hist: bytes, trie, i: int, d: int) -> None:
-        tab = self.table
-        path = bytearray(d + 1)
-        try:
-            lives = self.engine._lives(tab.states[t], len(hist) + d, _no_ctx, path, d)
-        except _NeedsText:  # the lookahead completes a captured value: per node, in Python
-            tab.lives[t] = IN_PYTHON
+        """MaskEngine._lives of state t without the output text: a lookahead byte that
+        completes a captured value (its check reads the text) is tried last, so only a
+        state that no other byte continues is IN_PYTHON (decided per node)."""
+        tab, m = self.table, self.engine.machine
+        state, pos = tab.states[t], len(hist) + d
+        cands = m.candidates(state)
+        if cands is None or m.complete(state):
+            tab.lives[t] = 1
             return
-        tab.lives[t] = 1 if lives else 2
+        needs = False
+        for c in (None, *cands):
+            try:
+                if m.accepting(state, pos, _no_ctx) if c is None else m.advance(state, c, pos, _no_ctx):
+                    tab.lives[t] = 1
+                    return
+            except _NeedsText:
+                needs = True
+        tab.lives[t] = IN_PYTHON if needs else 2
 
 
 def _give_back(held: list) -> None:

@@ -112,7 +112,13 @@ static int32_t key_close(const cfg_keys *keys, int32_t p, const uint8_t *path, i
  * byte that does not end it is that of rep[s] with s's stack below: the state with top
  * frame rep[trans[rep * 256 + b]] over below[s], found in `map` (open addressing, key
  * rep << 32 | below, -1 empty) or made here (id n, while n < cap; src[id] = the state its
- * top frame is read from, for Python to build the tuple when it needs it). */
+ * top frame is read from, for Python to build the tuple when it needs it).
+ * Whitespace between JSON tokens is a lexeme too (kind 3: a ws byte may follow, 4: none
+ * may): a state whose one stack tops a V / O / A frame with a nullable whitespace state
+ * has below[s] = the id of its context (the frame less its whitespace, the stack under
+ * it) and rep[s] = the first state with the same whitespace state (any context), so a ws
+ * byte's step is rep's, in s's context; a non-ws byte's step does not read the whitespace
+ * state: it is that of ctxrep[below[s]], the context's first such state. */
 typedef struct {
     int32_t *rep;
     int32_t *below;
@@ -124,7 +130,12 @@ typedef struct {
     int64_t map_cap;
     int32_t *n;
     int32_t cap;
+    int32_t *ctxrep;
 } cfg_lex;
+
+static int is_ws(uint8_t b) {
+    return b == 0x20 || b == 0x09 || b == 0x0A || b == 0x0D;
+}
 
 static uint64_t lex_slot(int64_t key, int64_t cap) {
     return (((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> 29) & (uint64_t)(cap - 1);
@@ -134,6 +145,10 @@ static uint64_t lex_slot(int64_t key, int64_t cap) {
 static int32_t lex_step(int32_t *trans, const cfg_lex *lx, int32_t p, uint8_t b) {
     uint8_t k = lx->kind[p];
     int32_t r = lx->rep[p];
+    if (k >= 3 && !is_ws(b)) { /* (the context's row: the whitespace state is not read) */
+        int32_t c = lx->ctxrep[lx->below[p]];
+        return c < 0 || c == p ? CFG_UNKNOWN : trans[(int64_t)c * 256 + b];
+    }
     if (k == 0 || (k == 1 && b == 0x22) || r < 0 || r == p)
         return CFG_UNKNOWN;
     int32_t t = trans[(int64_t)r * 256 + b];
@@ -157,7 +172,8 @@ static int32_t lex_step(int32_t *trans, const cfg_lex *lx, int32_t p, uint8_t b)
     lx->kind[s] = lx->kind[t];
     lx->src[s] = t;
     lx->inside[s] = lx->inside[t];
-    lx->lives[s] = 1; /* (a plain string body takes any byte: a token may end in it) */
+    lx->lives[s] = lx->kind[t] == 4 ? 0 : 1; /* (a plain string body takes any byte, whitespace
+                                                  a ws byte: a token may end in it) */
     lx->map[2 * slot] = key;
     lx->map[2 * slot + 1] = s;
     return s;
@@ -169,10 +185,12 @@ static void pending(const int32_t *trans, const cfg_lex *lx, const lm_node *node
                     int32_t i, int32_t p, int32_t *pend) {
     int32_t n = 0, depth = nodes[i].depth;
     int32_t r = lx->kind[p] && lx->rep[p] != p ? lx->rep[p] : -1;
+    int32_t c = lx->kind[p] >= 3 ? lx->ctxrep[lx->below[p]] : -1;
     for (int32_t j = i; j < n_nodes && nodes[j].depth == depth; j = nodes[j].skip) {
         uint8_t b = nodes[j].byte;
+        int32_t q = lx->kind[p] >= 3 && !is_ws(b) ? (c != p ? c : -1) : r;
         if (trans[(int64_t)p * 256 + b] == CFG_UNKNOWN &&
-            (j == i || r < 0 || trans[(int64_t)r * 256 + b] == CFG_UNKNOWN))
+            (j == i || q < 0 || trans[(int64_t)q * 256 + b] == CFG_UNKNOWN))
             pend[1 + n++] = b;
     }
     pend[0] = n;
