@@ -11,7 +11,11 @@
  * chunk of own keys). Each task keeps an online softmax (running max m, denominator l,
  * accumulator acc) per query head; the parts of one (request, head) are merged exactly
  * afterwards (common max, summed denominators). Scratch: B * KV * parts * G * (D + 2) floats,
- * parts = prefix chunks + own chunks; one part is [m G][l G][acc G * D].
+ * parts = prefix chunks + own chunks; one part is [m G][l G][acc G * D]. Small calls (under
+ * SERIAL_WORK key x head pairs) run on the calling thread, no parallel region; with one part per
+ * (request, head) (no prefix, every context within one chunk) a task writes its output itself,
+ * no merge pass; otherwise tasks and merges share one parallel region. q.k takes 4 keys at a
+ * time (one transposed reduction for the 4 sums), p.v keeps 64 floats of acc in registers.
  * K/V may instead be bfloat16 (kv_bf16 = 1): each key/value row is widened to float32 exactly
  * (bf16 is the top half of a float32) before the same float32 arithmetic.
  */
@@ -39,7 +43,7 @@ static inline const float *kv_row(const void *base, int64_t row, int D, int bf16
 static inline float exp_nonpos(float x) {
     x = x < -87.f ? -87.f : x;
     float t = x * 1.44269504f;
-    float n = __builtin_roundf(t), f = t - n;
+    float n = __builtin_rintf(t), f = t - n;  /* rint: vrndscaleps (roundf would not vectorize) */
     float p = 1.5403530e-4f;
     p = p * f + 1.3333558e-3f;
     p = p * f + 9.6181291e-3f;
@@ -54,14 +58,107 @@ static inline float exp_nonpos(float x) {
 }
 
 #define TILE 32  /* keys per tile: one max / rescale per tile, not per key */
+#ifndef SERIAL_WORK
+/* key x query-head pairs (x D / 64) under which one thread does it all (no parallel region):
+ * ~340 keys at batch 1 with 9 heads, ~25 us on one core; a parallel region costs several us to
+ * start and join, and far more when the other cores are busy */
+#define SERIAL_WORK 3072
+#endif
+#define INL static inline __attribute__((always_inline))
+
+/* 8 floats as one vector (GCC lowers it to whatever the -march has: a ymm, two xmm); the _u type
+ * loads and stores at any float alignment */
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4)));
+
+INL v8 ld8(const float *p) { return *(const v8u *)p; }
+INL void st8(float *p, v8 x) { *(v8u *)p = x; }
+INL float hsum8(v8 x) { return (x[0] + x[4]) + (x[1] + x[5]) + ((x[2] + x[6]) + (x[3] + x[7])); }
+
+/* q . k over D floats (D % 8 == 0: two vector chains) */
+INL float dot_vec(const float *q, const float *k, int D) {
+    v8 s0 = {0}, s1 = {0};
+    int d = 0;
+    for (; d + 16 <= D; d += 16) s0 += ld8(q + d) * ld8(k + d), s1 += ld8(q + d + 8) * ld8(k + d + 8);
+    if (d < D) s0 += ld8(q + d) * ld8(k + d);
+    return hsum8(s0 + s1);
+}
+
+typedef int v8i __attribute__((vector_size(32)));
+
+/* q . k_j for the 4 rows kr[0..3] (D % 8 == 0): 4 independent vector chains, then one
+ * transposed reduction (6 shuffles, 3 adds) for the 4 sums instead of a horizontal sum each */
+INL void dot4_vec(const float *q, const float *const *kr, int D, float *out) {
+    v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    for (int d = 0; d < D; d += 8) {
+        const v8 x = ld8(q + d);
+        s0 += x * ld8(kr[0] + d), s1 += x * ld8(kr[1] + d), s2 += x * ld8(kr[2] + d), s3 += x * ld8(kr[3] + d);
+    }
+    const v8i lo = {0, 1, 2, 3, 8, 9, 10, 11}, hi = {4, 5, 6, 7, 12, 13, 14, 15};
+    const v8 u0 = __builtin_shuffle(s0, s1, lo) + __builtin_shuffle(s0, s1, hi);  /* [s0 x4 | s1 x4] */
+    const v8 u1 = __builtin_shuffle(s2, s3, lo) + __builtin_shuffle(s2, s3, hi);  /* [s2 x4 | s3 x4] */
+    const v8i e = {0, 1, 8, 9, 4, 5, 12, 13}, o = {2, 3, 10, 11, 6, 7, 14, 15};
+    const v8 w = __builtin_shuffle(u0, u1, e) + __builtin_shuffle(u0, u1, o);  /* [s0 s0 s2 s2 s1 s1 s3 s3] */
+    const v8i ev = {0, 2, 4, 6, 0, 2, 4, 6}, od = {1, 3, 5, 7, 1, 3, 5, 7};
+    const v8 z = __builtin_shuffle(w, ev) + __builtin_shuffle(w, od);  /* [s0 s2 s1 s3 ...] */
+    out[0] = z[0], out[1] = z[2], out[2] = z[1], out[3] = z[3];
+}
+
+INL float dot_any(const float *q, const float *k, int D) {
+    if (D % 8 == 0) return dot_vec(q, k, D);
+    float s = 0.f;
+    for (int d = 0; d < D; d++) s += q[d] * k[d];
+    return s;
+}
+
+/* acc [D] += sum_j p[j] * vr[j] over n rows; 64 floats (8 vector chains: an FMA's latency
+ * hidden) of acc in registers across the rows when D % 64 == 0, 32 when D % 32 == 0, else 8,
+ * else scalar */
+INL void pv_any(float *acc, const float *p, const float *const *vr, int n, int D) {
+    if (D % 64 == 0) {
+        for (int d = 0; d < D; d += 64) {
+            v8 a[8];
+            for (int u = 0; u < 8; u++) a[u] = ld8(acc + d + 8 * u);
+            for (int j = 0; j < n; j++) {
+                const float *vj = vr[j] + d;
+                const v8 pj = {p[j], p[j], p[j], p[j], p[j], p[j], p[j], p[j]};
+                for (int u = 0; u < 8; u++) a[u] += pj * ld8(vj + 8 * u);
+            }
+            for (int u = 0; u < 8; u++) st8(acc + d + 8 * u, a[u]);
+        }
+    } else if (D % 32 == 0) {
+        for (int d = 0; d < D; d += 32) {
+            v8 a0 = ld8(acc + d), a1 = ld8(acc + d + 8), a2 = ld8(acc + d + 16), a3 = ld8(acc + d + 24);
+            for (int j = 0; j < n; j++) {
+                const float *vj = vr[j] + d;
+                const v8 pj = {p[j], p[j], p[j], p[j], p[j], p[j], p[j], p[j]};
+                a0 += pj * ld8(vj), a1 += pj * ld8(vj + 8), a2 += pj * ld8(vj + 16), a3 += pj * ld8(vj + 24);
+            }
+            st8(acc + d, a0), st8(acc + d + 8, a1), st8(acc + d + 16, a2), st8(acc + d + 24, a3);
+        }
+    } else if (D % 8 == 0) {
+        for (int d = 0; d < D; d += 8) {
+            v8 a = ld8(acc + d);
+            for (int j = 0; j < n; j++) {
+                const v8 pj = {p[j], p[j], p[j], p[j], p[j], p[j], p[j], p[j]};
+                a += pj * ld8(vr[j] + d);
+            }
+            st8(acc + d, a);
+        }
+    } else {
+        for (int j = 0; j < n; j++)
+            for (int d = 0; d < D; d++) acc[d] += p[j] * vr[j][d];
+    }
+}
 
 /* Keys s0..s1 of `slots` against the G query heads of kv head kvh of nb requests; request i's
  * queries start at q + i * qstride, its part at m + i * pstride (l, acc follow). Keys are taken
  * TILE at a time: scores of the tile, its max, one rescale of the running part, exps, then
- * acc += p @ V over the tile (flash-attention's online softmax, per tile). */
-static void chunk_attend(const float *q, int64_t qstride, int nb, const void *k, const void *v, int bf16,
-                         const int64_t *slots, int64_t s0, int64_t s1, int KV, int G, int D, int kvh,
-                         float scale, float *m, int64_t pstride) {
+ * acc += p @ V over the tile (flash-attention's online softmax, per tile). Inlined with D a
+ * constant for the common head sizes (chunk_attend), so the loops over D unroll. */
+INL void chunk_attend_d(const float *q, int64_t qstride, int nb, const void *k, const void *v, int bf16,
+                        const int64_t *slots, int64_t s0, int64_t s1, int KV, int G, const int D, int kvh,
+                        float scale, float *m, int64_t pstride) {
     float kbuf[bf16 ? TILE * D : 1], vbuf[bf16 ? TILE * D : 1], sc[TILE];
     const float *kr[TILE], *vr[TILE];
     for (int i = 0; i < nb; i++) {
@@ -81,11 +178,12 @@ static void chunk_attend(const float *q, int64_t qstride, int nb, const void *k,
                 const float *qg = q + i * qstride + g * D;
                 float *ag = ai + g * D;
                 float tmax = -INFINITY;
-                for (int j = 0; j < n; j++) {
-                    const float *kj = kr[j];
-                    float dot = 0.f;
-                    for (int d = 0; d < D; d++) dot += qg[d] * kj[d];
-                    sc[j] = dot * scale;
+                int j = 0;
+                if (D % 8 == 0)
+                    for (; j + 4 <= n; j += 4) dot4_vec(qg, kr + j, D, sc + j);
+                for (; j < n; j++) sc[j] = dot_any(qg, kr[j], D);
+                for (j = 0; j < n; j++) {
+                    sc[j] *= scale;
                     tmax = sc[j] > tmax ? sc[j] : tmax;
                 }
                 if (tmax > mi[g]) {  /* new running max: rescale what was summed so far */
@@ -96,18 +194,25 @@ static void chunk_attend(const float *q, int64_t qstride, int nb, const void *k,
                 }
                 const float mx = mi[g];
                 float sum = 0.f;
-                for (int j = 0; j < n; j++) {
+                for (int j = 0; j < n; j++) {  /* vectorized (exp_nonpos is branch-free) */
                     sc[j] = exp_nonpos(sc[j] - mx);
                     sum += sc[j];
                 }
                 li[g] += sum;
-                for (int j = 0; j < n; j++) {
-                    const float p = sc[j], *vj = vr[j];
-                    for (int d = 0; d < D; d++) ag[d] += p * vj[d];
-                }
+                pv_any(ag, sc, vr, n, D);
             }
         }
     }
+}
+
+static void chunk_attend(const float *q, int64_t qstride, int nb, const void *k, const void *v, int bf16,
+                         const int64_t *slots, int64_t s0, int64_t s1, int KV, int G, int D, int kvh,
+                         float scale, float *m, int64_t pstride) {
+#define CA(D_) chunk_attend_d(q, qstride, nb, k, v, bf16, slots, s0, s1, KV, G, D_, kvh, scale, m, pstride)
+    if (D == 64) CA(64);
+    else if (D == 128) CA(128);
+    else CA(D);
+#undef CA
 }
 
 static void empty_part(float *m, int G) {
@@ -136,42 +241,85 @@ static void merge_parts(const float *base, int64_t parts, int64_t per_task, int 
     }
 }
 
+/* One call's arguments and derived shapes, shared by its tasks. */
+typedef struct {
+    const float *q;
+    const void *k, *v;
+    const int64_t *prefix, *table, *rows, *seq_lens;
+    int64_t P, ld, chunk, pre_chunks, own_chunks, parts, per_task, pstride, pre_tasks;
+    int B, H, KV, D, G, bf16;
+    float scale;
+    float *scratch, *out;
+} job_t;
+
+/* Task t: a shared prefix chunk (all requests) or one (request, kv head, own chunk). With one
+ * part per (request, head) (no prefix, every context within one chunk) the part is final: it is
+ * normalized straight into out (no merge pass). */
+static void run_task(const job_t *j, int64_t t) {
+    const int G = j->G, D = j->D;
+    if (t < j->pre_tasks) {  /* shared prefix chunk c of kv head kvh, every request */
+        const int kvh = (int)(t / j->pre_chunks);
+        const int64_t c = t % j->pre_chunks, s0 = c * j->chunk, s1 = s0 + j->chunk < j->P ? s0 + j->chunk : j->P;
+        chunk_attend(j->q + (int64_t)kvh * G * D, (int64_t)j->H * D, j->B, j->k, j->v, j->bf16, j->prefix, s0, s1,
+                     j->KV, G, D, kvh, j->scale, j->scratch + ((int64_t)kvh * j->parts + c) * j->per_task,
+                     j->pstride);
+        return;
+    }
+    const int64_t u = t - j->pre_tasks, c = u % j->own_chunks, bk = u / j->own_chunks;
+    const int b = (int)(bk / j->KV), kvh = (int)(bk % j->KV);
+    float *m = j->scratch + (bk * j->parts + j->pre_chunks + c) * j->per_task;
+    const int64_t s0 = j->P + c * j->chunk, s1 = s0 + j->chunk < j->seq_lens[b] ? s0 + j->chunk : j->seq_lens[b];
+    if (s0 >= s1) { empty_part(m, G); return; }
+    const int64_t qo = ((int64_t)b * j->H + (int64_t)kvh * G) * D;
+    chunk_attend(j->q + qo, 0, 1, j->k, j->v, j->bf16, j->table + j->rows[b] * j->ld, s0, s1, j->KV, G, D, kvh,
+                 j->scale, m, 0);
+    if (j->parts == 1)
+        for (int g = 0; g < G; g++) {
+            const float inv = 1.f / m[G + g], *ac = m + 2 * G + g * D;
+            float *og = j->out + qo + g * D;
+            for (int d = 0; d < D; d++) og[d] = ac[d] * inv;
+        }
+}
+
+static void run_merge(const job_t *j, int64_t bk) {
+    const int b = (int)(bk / j->KV), kvh = (int)(bk % j->KV);
+    merge_parts(j->scratch + bk * j->parts * j->per_task, j->parts, j->per_task, j->G, j->D,
+                j->out + ((int64_t)b * j->H + (int64_t)kvh * j->G) * j->D);
+}
+
+/* key x query-head pairs the call computes, in units of 64 dims: what decides one thread vs many */
+static int64_t work_of(const job_t *j) {
+    int64_t own = 0;
+    for (int b = 0; b < j->B; b++) own += j->seq_lens[b] - j->P;
+    return (int64_t)j->KV * j->G * (j->P * j->B + own) * j->D / 64;
+}
+
 void lm_paged_decode(const float *q, const void *k, const void *v, int kv_bf16, const int64_t *prefix, int64_t P,
                      const int64_t *table, int64_t ld, const int64_t *rows, const int64_t *seq_lens,
                      int B, int H, int KV, int D, float scale, int64_t chunk, int nthreads,
                      float *scratch, float *out) {
-    const int G = H / KV;
-    const int64_t pre_chunks = (P + chunk - 1) / chunk;
-    int64_t own_chunks = pre_chunks ? 0 : 1;  /* at least one part per (request, head) */
+    job_t j = {q, k, v, prefix, table, rows, seq_lens, P, ld, chunk, 0, 0, 0, 0, 0, 0,
+               B, H, KV, D, H / KV, kv_bf16, scale, scratch, out};
+    j.pre_chunks = (P + chunk - 1) / chunk;
+    j.own_chunks = j.pre_chunks ? 0 : 1;  /* at least one part per (request, head) */
     for (int b = 0; b < B; b++) {
         int64_t n = (seq_lens[b] - P + chunk - 1) / chunk;
-        if (n > own_chunks) own_chunks = n;
+        if (n > j.own_chunks) j.own_chunks = n;
     }
-    const int64_t parts = pre_chunks + own_chunks, per_task = (int64_t)G * (D + 2);
-    const int64_t pstride = (int64_t)KV * parts * per_task;  /* from request b to b + 1 */
-    const int64_t pre_tasks = (int64_t)KV * pre_chunks, tasks = pre_tasks + (int64_t)B * KV * own_chunks;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t t = 0; t < tasks; t++) {
-        if (t < pre_tasks) {  /* shared prefix chunk c of kv head kvh, every request */
-            int kvh = (int)(t / pre_chunks);
-            int64_t c = t % pre_chunks, s0 = c * chunk, s1 = s0 + chunk < P ? s0 + chunk : P;
-            chunk_attend(q + (int64_t)kvh * G * D, (int64_t)H * D, B, k, v, kv_bf16, prefix, s0, s1, KV, G, D, kvh,
-                         scale, scratch + ((int64_t)kvh * parts + c) * per_task, pstride);
-            continue;
-        }
-        int64_t u = t - pre_tasks, c = u % own_chunks, bk = u / own_chunks;
-        int b = (int)(bk / KV), kvh = (int)(bk % KV);
-        float *m = scratch + (bk * parts + pre_chunks + c) * per_task;
-        int64_t s0 = P + c * chunk, s1 = s0 + chunk;
-        if (s1 > seq_lens[b]) s1 = seq_lens[b];
-        if (s0 >= s1) { empty_part(m, G); continue; }
-        chunk_attend(q + ((int64_t)b * H + (int64_t)kvh * G) * D, 0, 1, k, v, kv_bf16, table + rows[b] * ld, s0, s1,
-                     KV, G, D, kvh, scale, m, 0);
+    j.parts = j.pre_chunks + j.own_chunks, j.per_task = (int64_t)j.G * (D + 2);
+    j.pstride = (int64_t)KV * j.parts * j.per_task;  /* from request b to b + 1 */
+    j.pre_tasks = (int64_t)KV * j.pre_chunks;
+    const int64_t tasks = j.pre_tasks + (int64_t)B * KV * j.own_chunks, merges = j.parts > 1 ? (int64_t)B * KV : 0;
+    if (nthreads <= 1 || tasks == 1 || work_of(&j) < SERIAL_WORK) {  /* small: no parallel region */
+        for (int64_t t = 0; t < tasks; t++) run_task(&j, t);
+        for (int64_t bk = 0; bk < merges; bk++) run_merge(&j, bk);
+        return;
     }
-#pragma omp parallel for num_threads(nthreads)
-    for (int64_t bk = 0; bk < (int64_t)B * KV; bk++) {
-        int b = (int)(bk / KV), kvh = (int)(bk % KV);
-        merge_parts(scratch + bk * parts * per_task, parts, per_task, G, D,
-                    out + ((int64_t)b * H + (int64_t)kvh * G) * D);
+#pragma omp parallel num_threads(nthreads)
+    {  /* one region: the tasks, a barrier, the merges */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < tasks; t++) run_task(&j, t);
+#pragma omp for schedule(static)
+        for (int64_t bk = 0; bk < merges; bk++) run_merge(&j, bk);
     }
 }

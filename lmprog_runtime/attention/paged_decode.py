@@ -74,12 +74,15 @@ class PagedDecodePlan:
         assert k_cache.dtype == v_cache.dtype == (torch.bfloat16 if self.kv_bf16 else torch.float32)
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[1] == self.KV
         out = torch.empty_like(q)
-        _KERNEL.lib().lm_paged_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(self.kv_bf16),
-                                      self.prefix.data_ptr(), self.P, self.table.data_ptr(), self.table.stride(0),
-                                      self.rows.data_ptr(), self.seq_lens.data_ptr(), self.B, self.H, self.KV,
-                                      self.D, self.scale, CHUNK, torch.get_num_threads(), self.scratch.data_ptr(),
-                                      out.data_ptr())
+        _KERNEL.lib().lm_paged_decode(*self.c_args(q, k_cache, v_cache, out))
         return out
+
+    def c_args(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor) -> tuple:
+        """lm_paged_decode's arguments for this plan (bench/ab_paged_decode.py calls other builds with them)."""
+        return (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(self.kv_bf16), self.prefix.data_ptr(),
+                self.P, self.table.data_ptr(), self.table.stride(0), self.rows.data_ptr(), self.seq_lens.data_ptr(),
+                self.B, self.H, self.KV, self.D, self.scale, CHUNK, torch.get_num_threads(), self.scratch.data_ptr(),
+                out.data_ptr())
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,

@@ -152,3 +152,49 @@ def test_backend_bfloat16_decode_uses_the_kernel_close_to_the_gather_path():
         finally:
             pd.enabled = True
     torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=2e-2)  # the gather path's SDPA runs in bf16
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("D", [16, 20, 40, 64, 96, 128])  # every inner-loop width: 64-, 32-, 8-float vectors, scalar
+@pytest.mark.parametrize("B,seq_lens", [
+    (1, [7]),  # tiny: one task, one thread, no merge pass
+    (3, [1, 5, 130]),  # small: under SERIAL_WORK, one part per (request, head)
+    (8, [512, 300, 1, 77, 511, 4, 260, 420]),  # above SERIAL_WORK, still one part each: parallel, no merge
+    (2, [513, 1030]),  # several parts: the merge pass
+])
+def test_kernel_paths_match_sdpa_for_every_head_size(threads, D, B, seq_lens):
+    """The one-thread path for small work, the final-part path (no merge), the parallel region,
+    and the q.k / p.v loops for head sizes that take each vector width (and none)."""
+    torch.manual_seed(D * 31 + B)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        H, KV, slots = 6, 2, 5000
+        k, v = torch.randn(slots, KV, D), torch.randn(slots, KV, D)
+        table = torch.randint(1, slots, (B + 1, 1100))
+        rows, lens, q = torch.randperm(B + 1)[:B], torch.tensor(seq_lens), torch.randn(B, H, D) * 2
+        got = pd.paged_decode(q, k, v, table, rows, lens, D ** -0.5)
+        torch.testing.assert_close(got, _reference(q, k, v, table, rows, lens, D ** -0.5), rtol=1e-4, atol=1e-5)
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_small_cascade_on_one_thread_matches_sdpa(threads):
+    """A short shared prefix over a few requests (under SERIAL_WORK: no parallel region) still
+    reads the prefix once and merges exactly."""
+    torch.manual_seed(6)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        B, H, KV, D, slots, P = 3, 9, 3, 64, 600, 20
+        k, v = torch.randn(slots, KV, D), torch.randn(slots, KV, D)
+        table = torch.randint(1, slots, (4, 64))
+        prefix, rows = torch.randint(1, slots, (P,)), torch.tensor([3, 0, 2])
+        table[rows, :P] = prefix
+        seq_lens = torch.tensor([1, 9, 40]) + P
+        q = torch.randn(B, H, D)
+        got = pd.paged_decode(q, k, v, table, rows, seq_lens, D ** -0.5, prefix=prefix)
+        torch.testing.assert_close(got, _reference(q, k, v, table, rows, seq_lens, D ** -0.5), rtol=1e-4, atol=1e-5)
+    finally:
+        torch.set_num_threads(old)
