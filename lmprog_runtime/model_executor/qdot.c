@@ -28,6 +28,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 
 #if !defined(LM_QDOT_PORTABLE) && !defined(LM_QDOT_NO_AVX512) && defined(__AVX512VNNI__) && \
@@ -84,6 +85,7 @@ typedef struct {
     int8_t *qx;
     float *aux;
     float *dxl;  /* AVX-512 only: float [T, K/4], each block's dx 8 times in its lanes (see lane_pos) */
+    void *owned; /* a call's own allocation (too big for the thread's kept scratch), else NULL */
 } act_t;
 
 /* The order of qx within a block pair for the AVX-512 int4 path: the 64-byte register of two
@@ -100,11 +102,49 @@ static inline int lane_pos(int g, int i, int paired) {
     return paired ? (g & ~1) * 8 + (i / 4) * 8 + (g & 1) * 4 + i % 4 : g * 8 + i;
 }
 
-/* Quantize row x [K] into qx (natural order, or pair order for full pairs when `pairs`). */
-static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *aux, float *dxl) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && !defined(LM_QDOT_PORTABLE) && !defined(LM_QDOT_NO_AVX512)
+#include <immintrin.h>
+/* One block of 32 inputs -> q [32] (lo16 = inputs 0..15, hi16 = 16..31, each ^ flip), its
+ * dx and sum(qx): the scalar rule below, vectorized, bit for bit (max and the integer sum are
+ * exact in any order; x * inv rounds once; roundscale rounds half to even as nearbyintf). */
+static inline float quantize_block(const float *xg, uint8_t flip, __m128i *lo16, __m128i *hi16, int *sum) {
+    const __m512 x0 = _mm512_loadu_ps(xg), x1 = _mm512_loadu_ps(xg + 16);
+    const __m512 a0 = _mm512_abs_ps(x0), a1 = _mm512_abs_ps(x1), inf = _mm512_set1_ps(INFINITY);
+    const int finite = (__mmask16)(_mm512_cmp_ps_mask(a0, inf, _CMP_LT_OQ) &
+                                   _mm512_cmp_ps_mask(a1, inf, _CMP_LT_OQ)) == (__mmask16)0xFFFF;
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+    const float d = finite ? amax / 127.f : NAN, inv = finite && amax > 0.f ? 127.f / amax : 0.f;
+    const __m512 vi = _mm512_set1_ps(inv), hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
+    const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m512i i0 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(x0, vi), mode), lo), hi));
+    __m512i i1 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(x1, vi), mode), lo), hi));
+    if (!finite) i0 = i1 = _mm512_setzero_si512();  /* qx = 0: the row's outputs are NaN through dx */
+    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+    const __m128i f = _mm_set1_epi8((char)flip);
+    *lo16 = _mm_xor_si128(_mm512_cvtepi32_epi8(i0), f);
+    *hi16 = _mm_xor_si128(_mm512_cvtepi32_epi8(i1), f);
+    return d;
+}
+#define QUANT_VEC 1
+#endif
+
+/* Quantize row x [K] into qx (natural order, or pair order for full pairs when `pairs`; each
+ * byte ^ 0x80 when `biased`, see q8_corr). */
+static void quantize_row(const float *x, int K, int pairs, int biased, int8_t *qx, float *aux, float *dxl) {
     const int G = K / QB;
     for (int g = 0; g < G; g++) {
         const float *xg = x + g * QB;
+        const int paired = pairs && (g | 1) < G;
+        float d;
+        int sum = 0;
+#if defined(QUANT_VEC)
+        __m128i lo16, hi16;
+        d = quantize_block(xg, biased ? 0x80 : 0, &lo16, &hi16, &sum);
+        /* pair order: [lo(g), lo(g+1), hi(g), hi(g+1)] over the pair's 64 bytes (see pair_pos) */
+        int8_t *base = paired ? qx + (g & ~1) * QB + (g & 1) * 16 : qx + g * QB;
+        _mm_storeu_si128((__m128i *)base, lo16);
+        _mm_storeu_si128((__m128i *)(base + (paired ? 32 : 16)), hi16);
+#else
         float amax = 0.f;
         int finite = 1;
         for (int j = 0; j < QB; j++) {
@@ -112,20 +152,20 @@ static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *au
             finite &= isfinite(xg[j]) != 0;
         }
         /* a non-finite input makes its row's outputs NaN, as the float kernels would (qx = 0) */
-        const float d = finite ? amax / 127.f : NAN, inv = finite && amax > 0.f ? 127.f / amax : 0.f;
+        d = finite ? amax / 127.f : NAN;
+        const float inv = finite && amax > 0.f ? 127.f / amax : 0.f;
         int8_t q[QB];
-        int sum = 0;
         for (int j = 0; j < QB; j++) {
             float r = nearbyintf(xg[j] * inv);
             r = r > 127.f ? 127.f : (r < -127.f ? -127.f : r);
-            q[j] = (int8_t)r;
+            q[j] = finite ? (int8_t)r : 0;
             sum += q[j];
         }
-        const int paired = pairs && (g | 1) < G;
         for (int j = 0; j < QB; j++) {
             const int pos = paired ? (g & ~1) * QB + pair_pos((g & 1) * QB + j) : g * QB + j;
-            qx[pos] = q[j];
+            qx[pos] = (int8_t)(biased ? q[j] ^ 0x80 : q[j]);
         }
+#endif
         aux[2 * g] = d;
         aux[2 * g + 1] = d * (float)sum;
         if (dxl != NULL)
@@ -480,17 +520,47 @@ _Static_assert(QR == 4 && (Q8R == 4 || Q8R == 8), "SPAN_CASES / SPAN_CASES8 spel
 #define DXL 0
 #endif
 
+#ifndef KEEP_BYTES
+#define KEEP_BYTES (256 * 1024) /* activation scratch each calling thread keeps between calls */
+#endif
+static pthread_key_t keep_key;
+static pthread_once_t keep_once = PTHREAD_ONCE_INIT;
+static void keep_init(void) { (void)pthread_key_create(&keep_key, free); }  /* freed at thread exit */
+
+static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* The scratch of a call of T rows of K inputs: the calling thread's kept KEEP_BYTES when that
+ * suffices (no allocation per decode step), else the call's own. 0 when out of memory. */
 static int act_alloc(act_t *a, int T, int K) {
-    a->qx = malloc((size_t)T * K);
-    a->aux = malloc(sizeof(float) * (size_t)T * (K / QB) * 2);
-    a->dxl = DXL ? malloc(sizeof(float) * (size_t)T * (K / 4)) : NULL;
-    return a->qx != NULL && a->aux != NULL && (!DXL || a->dxl != NULL);
+    const size_t nq = up64((size_t)T * K), na = up64(sizeof(float) * (size_t)T * (K / QB) * 2);
+    const size_t need = nq + na + (DXL ? sizeof(float) * (size_t)T * (K / 4) : 0);
+    char *base;
+    a->owned = NULL;
+    if (need <= KEEP_BYTES) {
+        (void)pthread_once(&keep_once, keep_init);
+        base = pthread_getspecific(keep_key);
+        if (base == NULL) {
+            base = aligned_alloc(64, KEEP_BYTES);
+            if (base == NULL || pthread_setspecific(keep_key, base) != 0) { free(base); return 0; }
+        }
+    } else if ((base = a->owned = aligned_alloc(64, up64(need))) == NULL) {
+        return 0;
+    }
+    a->qx = (int8_t *)base;
+    a->aux = (float *)(base + nq);
+    a->dxl = DXL ? (float *)(base + nq + na) : NULL;
+    return 1;
 }
 
-static void act_free(act_t *a) {
-    free(a->qx);
-    free(a->aux);
-    free(a->dxl);
+static void act_free(act_t *a) { free(a->owned); }
+
+/* Every row of x [T, K] into a's scratch (natural order, pairs for int4 on AVX-512, biased for
+ * int8 on AVX-512). */
+static void quantize_all(const float *x, int T, int K, int pairs, int biased, act_t *a) {
+    const int G = K / QB;
+    for (int t = 0; t < T; t++)
+        quantize_row(x + (int64_t)t * K, K, pairs, biased, a->qx + (int64_t)t * K, a->aux + (int64_t)t * 2 * G,
+                     DXL ? a->dxl + (int64_t)t * (K / 4) : NULL);
 }
 
 /* Which inner loop this build has: 512 (AVX-512 VNNI), 256 (AVX2 / AVX-VNNI) or 0 (portable). */
@@ -553,10 +623,8 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t 
     const int G = K / QB;
     act_t a;
     if (T <= 0 || N <= 0) return 0;
-    if (!act_alloc(&a, T, K)) { act_free(&a); return -1; }
-    for (int t = 0; t < T; t++)
-        quantize_row(x + (int64_t)t * K, K, Q4_PAIRS, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G,
-                     DXL ? a.dxl + (int64_t)t * (K / 4) : NULL);
+    if (!act_alloc(&a, T, K)) return -1;
+    quantize_all(x, T, K, Q4_PAIRS, 0, &a);
     const int64_t nb = span_rows(N, nthreads, K / 2 + 4 * G), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one parallel region (one join) per chunk */
         const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
@@ -573,15 +641,10 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t 
 /* x float32 [T, K], q int8 [N, K], scale float32 [N] (qgemm.c's int8 layout) -> y [T, N]. */
 int lm_q8x8_gemm(const float *x, int T, int K, const int8_t *q, const float *scale, int64_t N, float *y,
                  int nthreads) {
-    const int G = K / QB;
     act_t a;
     if (T <= 0 || N <= 0) return 0;
-    if (!act_alloc(&a, T, K)) { act_free(&a); return -1; }
-    for (int t = 0; t < T; t++)
-        quantize_row(x + (int64_t)t * K, K, 0, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G,
-                     DXL ? a.dxl + (int64_t)t * (K / 4) : NULL);
-    if (Q8_BIASED)
-        for (int64_t j = 0; j < (int64_t)T * K; j++) a.qx[j] = (int8_t)(a.qx[j] ^ 0x80);
+    if (!act_alloc(&a, T, K)) return -1;
+    quantize_all(x, T, K, 0, Q8_BIASED, &a);
     const int64_t nb = span_rows(N, nthreads, K), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {
         const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
