@@ -8,8 +8,9 @@ Cases: SmolLM2-135M's attention (9 heads, 3 kv heads, head_dim 64, float32 K/V; 
 bfloat16), keys 16, 140, 512, 1700 per request, batch 1 and 8, with no shared prefix and with
 one (every request's first keys - 16 positions shared: the cascade path; keys 16: 8 shared).
 
-    python bench/ab_paged_decode.py [--quick] [--num-threads N] [--old-rev main] [--bf16]
-Writes bench/results/ab_paged_decode_t<threads>.json and .png.
+    python bench/ab_paged_decode.py [--quick] [--num-threads N] [--old-rev REV | --old-source FILE] [--bf16]
+        [--threads-ab]
+Writes bench/results/ab_paged_decode[_threads][_bf16]_t<threads>.json and .png.
 """
 
 from __future__ import annotations
@@ -36,15 +37,19 @@ from lmprog_runtime.attention import paged_decode as pd  # noqa: E402
 RESULTS = os.path.join(ROOT, "bench", "results")
 H, KV, D = 9, 3, 64
 KEYS, BATCHES = (16, 140, 512, 1700), (1, 8)
+OLD_REV = "e3c65bc"  # paged_decode.c before issue19a's work
 
 
-def old_kernel(rev: str):
-    """(lm_paged_decode of paged_decode.c at `rev`, a description), or (None, why)."""
+def old_kernel(rev: str, source: str = None):
+    """(lm_paged_decode of the old paged_decode.c: the file `source`, else git's `rev`, a
+    description), or (None, why)."""
     try:
-        src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:lmprog_runtime/attention/paged_decode.c"],
-                             check=True, capture_output=True, timeout=30).stdout
+        src = pathlib.Path(source).read_bytes() if source else subprocess.run(
+            ["git", "-C", ROOT, "show", f"{rev}:lmprog_runtime/attention/paged_decode.c"],
+            check=True, capture_output=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"no source at {rev}: {exc}"
+    rev = source or rev
     path = pathlib.Path(tempfile.mkdtemp(prefix="ab_pd_")) / "paged_decode.c"
     path.write_bytes(src)
     lib = native.Kernel(path, native.NATIVE_FLAGS, True, pd._declare).lib()
@@ -84,7 +89,9 @@ def interleaved(old, new, pairs: int):
     return out
 
 
-def run_ab(old_fn, pairs: int, bf16: bool):
+def run_ab(old_fn, pairs: int, bf16: bool, threads_ab: bool = False):
+    """old vs new per case; with `threads_ab` the new kernel on 1 thread ("old") vs on torch's
+    thread count ("new"): what paged_decode.c's SERIAL_WORK should say."""
     new_fn = pd._KERNEL.lib().lm_paged_decode
     rows = []
     for shared in (False, True):
@@ -93,6 +100,8 @@ def run_ab(old_fn, pairs: int, bf16: bool):
                 plan, q, k, v = case(B, keys, shared, bf16)
                 o_old, o_new = torch.empty_like(q), torch.empty_like(q)
                 a_old, a_new = plan.c_args(q, k, v, o_old), plan.c_args(q, k, v, o_new)
+                if threads_ab:
+                    a_old = a_old[:16] + (1,) + a_old[17:]  # nthreads
                 t = interleaved(lambda: old_fn(*a_old), lambda: new_fn(*a_new), pairs)
                 err = (o_old - o_new).abs().max().item()
                 r = {"B": B, "keys": keys, "prefix": plan.P, "max_abs_diff": err,
@@ -129,7 +138,9 @@ def main():
     ap.add_argument("--pairs", type=int, default=300)
     ap.add_argument("--quick", action="store_true", help="30 pairs")
     ap.add_argument("--num-threads", type=int, default=None, help="default: torch's")
-    ap.add_argument("--old-rev", default="main", help="git revision of the old paged_decode.c")
+    ap.add_argument("--old-rev", default=OLD_REV, help="git revision of the old paged_decode.c")
+    ap.add_argument("--old-source", default=None, help="the old paged_decode.c as a file (instead of --old-rev)")
+    ap.add_argument("--threads-ab", action="store_true", help="the new kernel on 1 thread vs --num-threads")
     ap.add_argument("--bf16", action="store_true", help="bfloat16 K/V (default float32)")
     ap.add_argument("--results-dir", default=RESULTS)
     args = ap.parse_args()
@@ -139,13 +150,16 @@ def main():
         torch.set_num_threads(args.num_threads)
     if not pd.available():
         sys.exit("paged_decode.c is not built here (no C compiler?)")
-    old_fn, old_desc = old_kernel(args.old_rev)
+    old_fn, old_desc = old_kernel(args.old_rev, args.old_source)
+    if args.threads_ab:
+        old_fn, old_desc = pd._KERNEL.lib().lm_paged_decode, "the new kernel on 1 thread"
     if old_fn is None:
         sys.exit(old_desc)
     print("old kernel:", old_desc, "| threads:", torch.get_num_threads())
-    rows = run_ab(old_fn, args.pairs, args.bf16)
+    rows = run_ab(old_fn, args.pairs, args.bf16, args.threads_ab)
     os.makedirs(args.results_dir, exist_ok=True)
-    stem = os.path.join(args.results_dir, f"ab_paged_decode{'_bf16' if args.bf16 else ''}_t{torch.get_num_threads()}")
+    tag = ("_threads" if args.threads_ab else "") + ("_bf16" if args.bf16 else "")
+    stem = os.path.join(args.results_dir, f"ab_paged_decode{tag}_t{torch.get_num_threads()}")
     with open(stem + ".json", "w") as f:
         json.dump({"threads": torch.get_num_threads(), "pairs": args.pairs, "old": old_desc, "kv_bf16": args.bf16,
                    "heads": H, "kv_heads": KV, "head_dim": D, "cases": rows}, f, indent=2)

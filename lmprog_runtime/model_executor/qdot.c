@@ -23,6 +23,10 @@
  * row-blocked inner loops"); -DLM_QDOT_ONE_ROW takes one row per pass (the tests' bitwise
  * reference). That invariance needs the build qgemm.py gives this file: -fno-associative-math
  * -ffp-contract=off (the fused multiply-adds are written out where wanted).
+ * Fixed cost per call (what a decode step at T = 1 pays 30 x 4 times): no allocation (each
+ * calling thread keeps KEEP_BYTES of activation scratch), the quantization vectorized on
+ * AVX-512, and no parallel region for jobs under SERIAL_BYTES (the thread count never changes a
+ * row's float order: the threads only split the weight rows).
  * All tensors are row-major and contiguous; K is a multiple of 32 (callers check).
  */
 #include <math.h>
@@ -583,6 +587,17 @@ static int64_t span_rows(int64_t N, int nthreads, int64_t row_bytes) {
     return per < 1 ? 1 : (per > cap ? cap : per);
 }
 
+#ifndef SERIAL_BYTES
+#define SERIAL_BYTES 65536 /* weight bytes x row blocks under which the calling thread does it all */
+#endif
+/* Threads for a call: one (no parallel region to start and join, several us, far more when the
+ * other cores are busy) when its weights x row blocks are under SERIAL_BYTES, else nthreads.
+ * Either way each row's float order is the same (the spans only split the weight rows). */
+static int threads_for(int64_t N, int64_t row_bytes, int T, int rows, int nthreads) {
+    const int64_t passes = (T + rows - 1) / rows;
+    return N * row_bytes * passes < SERIAL_BYTES ? 1 : nthreads;
+}
+
 /* weight rows n0..n1 (int4) x activation rows t..t+nr-1 -> y [T, N] */
 static void q4_span(const act_t *a, int t, int nr, int K, const uint8_t *q, const uint16_t *sz, int64_t n0,
                     int64_t n1, int64_t N, float *y) {
@@ -625,10 +640,11 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t 
     if (T <= 0 || N <= 0) return 0;
     if (!act_alloc(&a, T, K)) return -1;
     quantize_all(x, T, K, Q4_PAIRS, 0, &a);
-    const int64_t nb = span_rows(N, nthreads, K / 2 + 4 * G), spans = (N + nb - 1) / nb;
+    const int nt = threads_for(N, K / 2 + 4 * G, T, ROWS, nthreads);
+    const int64_t nb = span_rows(N, nt, K / 2 + 4 * G), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one parallel region (one join) per chunk */
         const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
         for (int64_t sp = 0; sp < spans; sp++) {
             const int64_t n0 = sp * nb, n1 = n0 + nb < N ? n0 + nb : N;
             for (int t = t0; t < t1; t += ROWS) q4_span(&a, t, t1 - t < ROWS ? t1 - t : ROWS, K, q, sz, n0, n1, N, y);
@@ -645,10 +661,11 @@ int lm_q8x8_gemm(const float *x, int T, int K, const int8_t *q, const float *sca
     if (T <= 0 || N <= 0) return 0;
     if (!act_alloc(&a, T, K)) return -1;
     quantize_all(x, T, K, 0, Q8_BIASED, &a);
-    const int64_t nb = span_rows(N, nthreads, K), spans = (N + nb - 1) / nb;
+    const int nt = threads_for(N, K, T, ROWS8, nthreads);
+    const int64_t nb = span_rows(N, nt, K), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {
         const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
         for (int64_t sp = 0; sp < spans; sp++) {
             const int64_t n0 = sp * nb, n1 = n0 + nb < N ? n0 + nb : N;
             for (int t = t0; t < t1; t += ROWS8)

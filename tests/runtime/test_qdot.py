@@ -249,3 +249,29 @@ def test_smollm2_int4_int8_activations_greedy_agreement(monkeypatch):
     print(f"max |logit - fp32| = {(lg - lw).abs().max():.2f}, top-1 agreement {top1:.2f}")
     assert top1 >= 0.85
     assert (lg - lw).abs().max() <= 3.0  # logits span ~[-20, 40] here
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_kept_and_own_scratch_give_the_same_rows(fmt):
+    """Calls small enough for the calling thread's kept scratch and a call too big for it (its
+    own allocation), from this thread and from new ones (each keeps its own): every row the
+    same, bit for bit."""
+    import threading
+
+    bufs, _ = weights(fmt, 130, 576, seed=11)
+    x = torch.randn(300, 576)  # 300 x 576 int8 + scales: over the 256 KB kept per thread
+    big = qgemm.dot_matmul(fmt, x, *bufs)
+    got = {}
+
+    def rows(key, lo, hi):
+        got[key] = torch.cat([qgemm.dot_matmul(fmt, x[t:t + 3], *bufs) for t in range(lo, hi, 3)])
+
+    rows("main", 0, 60)
+    threads = [threading.Thread(target=rows, args=(i, 60 + 30 * i, 90 + 30 * i)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert torch.equal(got["main"], big[:60])
+    for i in range(3):
+        assert torch.equal(got[i], big[60 + 30 * i:90 + 30 * i]), i
