@@ -9,8 +9,10 @@ bfloat16), keys 16, 140, 512, 1700 per request, batch 1 and 8, with no shared pr
 one (every request's first keys - 16 positions shared: the cascade path; keys 16: 8 shared).
 
     python bench/ab_paged_decode.py [--quick] [--num-threads N] [--old-rev REV | --old-source FILE] [--bf16]
-        [--threads-ab]
-Writes bench/results/ab_paged_decode[_threads][_bf16]_t<threads>.json and .png.
+        [--threads-ab | --kv-ab]
+--threads-ab: the new kernel on 1 thread vs --num-threads; --kv-ab: the new kernel on float32
+K/V vs the same values in bfloat16 (the doc assistant's question: B 8, keys 1700, prefix 1684).
+Writes bench/results/ab_paged_decode[_threads|_kv][_bf16]_t<threads>.json and .png.
 """
 
 from __future__ import annotations
@@ -89,19 +91,23 @@ def interleaved(old, new, pairs: int):
     return out
 
 
-def run_ab(old_fn, pairs: int, bf16: bool, threads_ab: bool = False):
-    """old vs new per case; with `threads_ab` the new kernel on 1 thread ("old") vs on torch's
-    thread count ("new"): what paged_decode.c's SERIAL_WORK should say."""
+def run_ab(old_fn, pairs: int, bf16: bool, mode: str = "old"):
+    """Per case, old vs new: mode "old" the build at --old-rev vs this one; "threads" this one
+    on 1 thread vs on torch's thread count (what paged_decode.c's SERIAL_WORK should say); "kv"
+    this one on float32 K/V vs on the same values in bfloat16 (half the bytes read)."""
     new_fn = pd._KERNEL.lib().lm_paged_decode
     rows = []
     for shared in (False, True):
         for B in BATCHES:
             for keys in KEYS:
-                plan, q, k, v = case(B, keys, shared, bf16)
+                plan, q, k, v = case(B, keys, shared, bf16 and mode != "kv")
                 o_old, o_new = torch.empty_like(q), torch.empty_like(q)
                 a_old, a_new = plan.c_args(q, k, v, o_old), plan.c_args(q, k, v, o_new)
-                if threads_ab:
+                if mode == "threads":
                     a_old = a_old[:16] + (1,) + a_old[17:]  # nthreads
+                elif mode == "kv":
+                    plan_b, q_b, k_b, v_b = case(B, keys, shared, True)  # q_b equals q (same seed)
+                    a_new = plan_b.c_args(q_b, k_b, v_b, o_new)  # (every tensor stays referenced while called)
                 t = interleaved(lambda: old_fn(*a_old), lambda: new_fn(*a_new), pairs)
                 err = (o_old - o_new).abs().max().item()
                 r = {"B": B, "keys": keys, "prefix": plan.P, "max_abs_diff": err,
@@ -141,6 +147,7 @@ def main():
     ap.add_argument("--old-rev", default=OLD_REV, help="git revision of the old paged_decode.c")
     ap.add_argument("--old-source", default=None, help="the old paged_decode.c as a file (instead of --old-rev)")
     ap.add_argument("--threads-ab", action="store_true", help="the new kernel on 1 thread vs --num-threads")
+    ap.add_argument("--kv-ab", action="store_true", help="the new kernel on float32 K/V vs bfloat16 K/V")
     ap.add_argument("--bf16", action="store_true", help="bfloat16 K/V (default float32)")
     ap.add_argument("--results-dir", default=RESULTS)
     args = ap.parse_args()
@@ -151,14 +158,16 @@ def main():
     if not pd.available():
         sys.exit("paged_decode.c is not built here (no C compiler?)")
     old_fn, old_desc = old_kernel(args.old_rev, args.old_source)
-    if args.threads_ab:
-        old_fn, old_desc = pd._KERNEL.lib().lm_paged_decode, "the new kernel on 1 thread"
+    mode = "threads" if args.threads_ab else ("kv" if args.kv_ab else "old")
+    if mode != "old":
+        old_fn = pd._KERNEL.lib().lm_paged_decode
+        old_desc = "the new kernel on 1 thread" if mode == "threads" else "the new kernel on float32 K/V (new: bf16)"
     if old_fn is None:
         sys.exit(old_desc)
     print("old kernel:", old_desc, "| threads:", torch.get_num_threads())
-    rows = run_ab(old_fn, args.pairs, args.bf16, args.threads_ab)
+    rows = run_ab(old_fn, args.pairs, args.bf16, mode)
     os.makedirs(args.results_dir, exist_ok=True)
-    tag = ("_threads" if args.threads_ab else "") + ("_bf16" if args.bf16 else "")
+    tag = {"old": "", "threads": "_threads", "kv": "_kv"}[mode] + ("_bf16" if args.bf16 and mode != "kv" else "")
     stem = os.path.join(args.results_dir, f"ab_paged_decode{tag}_t{torch.get_num_threads()}")
     with open(stem + ".json", "w") as f:
         json.dump({"threads": torch.get_num_threads(), "pairs": args.pairs, "old": old_desc, "kv_bf16": args.bf16,

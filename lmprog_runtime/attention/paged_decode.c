@@ -14,8 +14,9 @@
  * parts = prefix chunks + own chunks; one part is [m G][l G][acc G * D]. Small calls (under
  * SERIAL_WORK key x head pairs) run on the calling thread, no parallel region; with one part per
  * (request, head) (no prefix, every context within one chunk) a task writes its output itself,
- * no merge pass; otherwise tasks and merges share one parallel region. q.k takes 4 keys at a
- * time (one transposed reduction for the 4 sums), p.v keeps 64 floats of acc in registers.
+ * no merge pass; otherwise tasks and merges share one parallel region. Query rows go two at a
+ * time (each key and value row read once for both), q.k 4 keys at a time (one transposed
+ * reduction for the 4 sums), p.v with the accumulators in registers across a tile.
  * K/V may instead be bfloat16 (kv_bf16 = 1): each key/value row is widened to float32 exactly
  * (bf16 is the top half of a float32) before the same float32 arithmetic.
  */
@@ -66,34 +67,39 @@ static inline float exp_nonpos(float x) {
 #endif
 #define INL static inline __attribute__((always_inline))
 
-/* 8 floats as one vector (GCC lowers it to whatever the -march has: a ymm, two xmm); the _u type
- * loads and stores at any float alignment */
+/* VW floats as one vector: a zmm with AVX-512, else 8 (a ymm; GCC lowers it to two xmm where
+ * there is no AVX); the _u type loads and stores at any float alignment. Head sizes that are
+ * a multiple of VW take the vector loops, others plain C. */
+#if defined(__AVX512F__)
+#define VW 16
+#else
+#define VW 8
+#endif
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef float vfu __attribute__((vector_size(VW * 4), aligned(4)));
 typedef float v8 __attribute__((vector_size(32)));
-typedef float v8u __attribute__((vector_size(32), aligned(4)));
-
-INL v8 ld8(const float *p) { return *(const v8u *)p; }
-INL void st8(float *p, v8 x) { *(v8u *)p = x; }
-INL float hsum8(v8 x) { return (x[0] + x[4]) + (x[1] + x[5]) + ((x[2] + x[6]) + (x[3] + x[7])); }
-
-/* q . k over D floats (D % 8 == 0: two vector chains) */
-INL float dot_vec(const float *q, const float *k, int D) {
-    v8 s0 = {0}, s1 = {0};
-    int d = 0;
-    for (; d + 16 <= D; d += 16) s0 += ld8(q + d) * ld8(k + d), s1 += ld8(q + d + 8) * ld8(k + d + 8);
-    if (d < D) s0 += ld8(q + d) * ld8(k + d);
-    return hsum8(s0 + s1);
-}
-
 typedef int v8i __attribute__((vector_size(32)));
 
-/* q . k_j for the 4 rows kr[0..3] (D % 8 == 0): 4 independent vector chains, then one
- * transposed reduction (6 shuffles, 3 adds) for the 4 sums instead of a horizontal sum each */
-INL void dot4_vec(const float *q, const float *const *kr, int D, float *out) {
-    v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-    for (int d = 0; d < D; d += 8) {
-        const v8 x = ld8(q + d);
-        s0 += x * ld8(kr[0] + d), s1 += x * ld8(kr[1] + d), s2 += x * ld8(kr[2] + d), s3 += x * ld8(kr[3] + d);
-    }
+INL vf ldv(const float *p) { return *(const vfu *)p; }
+INL void stv(float *p, vf x) { *(vfu *)p = x; }
+INL vf splat(float x) { return (vf){0} + x; }
+
+/* lanes 0..7 + lanes 8..15 (VW 16), or the vector itself (VW 8) */
+INL v8 fold8(vf x) {
+#if VW == 16
+    v8 lo, hi;
+    memcpy(&lo, &x, 32);
+    memcpy(&hi, (const char *)&x + 32, 32);
+    return lo + hi;
+#else
+    return x;
+#endif
+}
+
+/* the lane sums of 4 vectors -> out[0..3]: one transposed reduction (6 shuffles, 3 adds on 8
+ * lanes) instead of a horizontal sum each */
+INL void sum4(vf a, vf b, vf c, vf d, float *out) {
+    const v8 s0 = fold8(a), s1 = fold8(b), s2 = fold8(c), s3 = fold8(d);
     const v8i lo = {0, 1, 2, 3, 8, 9, 10, 11}, hi = {4, 5, 6, 7, 12, 13, 14, 15};
     const v8 u0 = __builtin_shuffle(s0, s1, lo) + __builtin_shuffle(s0, s1, hi);  /* [s0 x4 | s1 x4] */
     const v8 u1 = __builtin_shuffle(s2, s3, lo) + __builtin_shuffle(s2, s3, hi);  /* [s2 x4 | s3 x4] */
@@ -104,63 +110,97 @@ INL void dot4_vec(const float *q, const float *const *kr, int D, float *out) {
     out[0] = z[0], out[1] = z[2], out[2] = z[1], out[3] = z[3];
 }
 
-INL float dot_any(const float *q, const float *k, int D) {
-    if (D % 8 == 0) return dot_vec(q, k, D);
-    float s = 0.f;
-    for (int d = 0; d < D; d++) s += q[d] * k[d];
-    return s;
+/* Scores of `nq` (1 or 2) query rows qs[] against the n keys kr[] -> sc[r * TILE + j]
+ * (unscaled). Vector path: 4 keys x nq rows per pass, each key row loaded once for both query
+ * rows (8 independent chains for 2 rows). */
+INL void tile_scores(const float *const *qs, int nq, const float *const *kr, int n, int D, float *sc) {
+    int j = 0;
+    if (D % VW == 0)
+        for (; j + 4 <= n; j += 4) {
+            vf s[2][4] = {{{0}}};
+            for (int d = 0; d < D; d += VW) {
+                const vf k0 = ldv(kr[j] + d), k1 = ldv(kr[j + 1] + d), k2 = ldv(kr[j + 2] + d),
+                         k3 = ldv(kr[j + 3] + d);
+                for (int r = 0; r < nq; r++) {
+                    const vf x = ldv(qs[r] + d);
+                    s[r][0] += x * k0, s[r][1] += x * k1, s[r][2] += x * k2, s[r][3] += x * k3;
+                }
+            }
+            for (int r = 0; r < nq; r++) sum4(s[r][0], s[r][1], s[r][2], s[r][3], sc + r * TILE + j);
+        }
+    for (; j < n; j++)
+        for (int r = 0; r < nq; r++) {
+            float t = 0.f;
+            for (int d = 0; d < D; d++) t += qs[r][d] * kr[j][d];
+            sc[r * TILE + j] = t;
+        }
 }
 
-/* acc [D] += sum_j p[j] * vr[j] over n rows; 64 floats (8 vector chains: an FMA's latency
- * hidden) of acc in registers across the rows when D % 64 == 0, 32 when D % 32 == 0, else 8,
- * else scalar */
-INL void pv_any(float *acc, const float *p, const float *const *vr, int n, int D) {
-    if (D % 64 == 0) {
-        for (int d = 0; d < D; d += 64) {
-            v8 a[8];
-            for (int u = 0; u < 8; u++) a[u] = ld8(acc + d + 8 * u);
-            for (int j = 0; j < n; j++) {
-                const float *vj = vr[j] + d;
-                const v8 pj = {p[j], p[j], p[j], p[j], p[j], p[j], p[j], p[j]};
-                for (int u = 0; u < 8; u++) a[u] += pj * ld8(vj + 8 * u);
-            }
-            for (int u = 0; u < 8; u++) st8(acc + d + 8 * u, a[u]);
-        }
-    } else if (D % 32 == 0) {
-        for (int d = 0; d < D; d += 32) {
-            v8 a0 = ld8(acc + d), a1 = ld8(acc + d + 8), a2 = ld8(acc + d + 16), a3 = ld8(acc + d + 24);
-            for (int j = 0; j < n; j++) {
-                const float *vj = vr[j] + d;
-                const v8 pj = {p[j], p[j], p[j], p[j], p[j], p[j], p[j], p[j]};
-                a0 += pj * ld8(vj), a1 += pj * ld8(vj + 8), a2 += pj * ld8(vj + 16), a3 += pj * ld8(vj + 24);
-            }
-            st8(acc + d, a0), st8(acc + d + 8, a1), st8(acc + d + 16, a2), st8(acc + d + 24, a3);
-        }
-    } else if (D % 8 == 0) {
-        for (int d = 0; d < D; d += 8) {
-            v8 a = ld8(acc + d);
-            for (int j = 0; j < n; j++) {
-                const v8 pj = {p[j], p[j], p[j], p[j], p[j], p[j], p[j], p[j]};
-                a += pj * ld8(vr[j] + d);
-            }
-            st8(acc + d, a);
-        }
-    } else {
-        for (int j = 0; j < n; j++)
-            for (int d = 0; d < D; d++) acc[d] += p[j] * vr[j][d];
+/* acc_r [D] += sum_j p_r[j] * vr[j] for the nq (1 or 2) rows (p_r = sc + r * TILE): up to 4
+ * vectors of D per pass with both rows' accumulators in registers across the keys, each value
+ * row loaded once for both (8 chains for 2 rows: the FMA latency hidden) */
+INL void tile_pv(float *const *acc, int nq, const float *sc, const float *const *vr, int n, int D) {
+    if (D % VW != 0) {
+        for (int r = 0; r < nq; r++)
+            for (int j = 0; j < n; j++)
+                for (int d = 0; d < D; d++) acc[r][d] += sc[r * TILE + j] * vr[j][d];
+        return;
     }
+    for (int d0 = 0; d0 < D; d0 += 4 * VW) {
+        const int nu = (D - d0) / VW < 4 ? (D - d0) / VW : 4;
+        vf a[2][4];
+        for (int r = 0; r < nq; r++)
+            for (int u = 0; u < nu; u++) a[r][u] = ldv(acc[r] + d0 + u * VW);
+        for (int j = 0; j < n; j++) {
+            const float *vj = vr[j] + d0;
+            vf vv[4];
+            for (int u = 0; u < nu; u++) vv[u] = ldv(vj + u * VW);
+            for (int r = 0; r < nq; r++) {
+                const vf p = splat(sc[r * TILE + j]);
+                for (int u = 0; u < nu; u++) a[r][u] += p * vv[u];
+            }
+        }
+        for (int r = 0; r < nq; r++)
+            for (int u = 0; u < nu; u++) stv(acc[r] + d0 + u * VW, a[r][u]);
+    }
+}
+
+/* One row's online softmax over a tile: scores s [n] (unscaled) -> p [n] in place, its
+ * running max *mg and denominator *lg updated, its accumulator ag [D] rescaled when the max
+ * grows. */
+INL void tile_softmax(float *s, int n, float scale, float *mg, float *lg, float *ag, int D) {
+    float tmax = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        s[j] *= scale;
+        tmax = s[j] > tmax ? s[j] : tmax;
+    }
+    if (tmax > *mg) {  /* new running max: rescale what was summed so far */
+        const float c = *mg == -INFINITY ? 0.f : exp_nonpos(*mg - tmax);
+        *lg *= c;
+        for (int d = 0; d < D; d++) ag[d] *= c;
+        *mg = tmax;
+    }
+    const float mx = *mg;
+    float sum = 0.f;
+    for (int j = 0; j < n; j++) {  /* vectorized (exp_nonpos is branch-free) */
+        s[j] = exp_nonpos(s[j] - mx);
+        sum += s[j];
+    }
+    *lg += sum;
 }
 
 /* Keys s0..s1 of `slots` against the G query heads of kv head kvh of nb requests; request i's
  * queries start at q + i * qstride, its part at m + i * pstride (l, acc follow). Keys are taken
- * TILE at a time: scores of the tile, its max, one rescale of the running part, exps, then
- * acc += p @ V over the tile (flash-attention's online softmax, per tile). Inlined with D a
- * constant for the common head sizes (chunk_attend), so the loops over D unroll. */
+ * TILE at a time (flash-attention's online softmax, per tile), the nb * G query rows two at a
+ * time: scores of the tile, each row's max and rescale, exps, then acc += p @ V over the tile,
+ * each key and value row read once for the two. Inlined with D a constant for the common head
+ * sizes (chunk_attend), so the loops over D unroll. */
 INL void chunk_attend_d(const float *q, int64_t qstride, int nb, const void *k, const void *v, int bf16,
                         const int64_t *slots, int64_t s0, int64_t s1, int KV, int G, const int D, int kvh,
                         float scale, float *m, int64_t pstride) {
-    float kbuf[bf16 ? TILE * D : 1], vbuf[bf16 ? TILE * D : 1], sc[TILE];
+    float kbuf[bf16 ? TILE * D : 1], vbuf[bf16 ? TILE * D : 1], sc[2 * TILE];
     const float *kr[TILE], *vr[TILE];
+    const int R = nb * G;  /* query rows: row r is request r / G, head r % G */
     for (int i = 0; i < nb; i++) {
         float *mi = m + i * pstride, *li = mi + G, *ai = li + G;
         for (int g = 0; g < G; g++) { mi[g] = -INFINITY; li[g] = 0.f; }
@@ -172,35 +212,23 @@ INL void chunk_attend_d(const float *q, int64_t qstride, int nb, const void *k, 
             kr[j] = kv_row(k, slots[t0 + j] * KV + kvh, D, bf16, kbuf + (bf16 ? j * D : 0));
             vr[j] = kv_row(v, slots[t0 + j] * KV + kvh, D, bf16, vbuf + (bf16 ? j * D : 0));
         }
-        for (int i = 0; i < nb; i++) {
-            float *mi = m + i * pstride, *li = mi + G, *ai = li + G;
-            for (int g = 0; g < G; g++) {
-                const float *qg = q + i * qstride + g * D;
-                float *ag = ai + g * D;
-                float tmax = -INFINITY;
-                int j = 0;
-                if (D % 8 == 0)
-                    for (; j + 4 <= n; j += 4) dot4_vec(qg, kr + j, D, sc + j);
-                for (; j < n; j++) sc[j] = dot_any(qg, kr[j], D);
-                for (j = 0; j < n; j++) {
-                    sc[j] *= scale;
-                    tmax = sc[j] > tmax ? sc[j] : tmax;
-                }
-                if (tmax > mi[g]) {  /* new running max: rescale what was summed so far */
-                    float c = mi[g] == -INFINITY ? 0.f : exp_nonpos(mi[g] - tmax);
-                    li[g] *= c;
-                    for (int d = 0; d < D; d++) ag[d] *= c;
-                    mi[g] = tmax;
-                }
-                const float mx = mi[g];
-                float sum = 0.f;
-                for (int j = 0; j < n; j++) {  /* vectorized (exp_nonpos is branch-free) */
-                    sc[j] = exp_nonpos(sc[j] - mx);
-                    sum += sc[j];
-                }
-                li[g] += sum;
-                pv_any(ag, sc, vr, n, D);
+        for (int r0 = 0; r0 < R; r0 += 2) {
+            const int nq = r0 + 1 < R ? 2 : 1;
+            const float *qs[2];
+            float *mg[2], *acc[2];
+            for (int r = 0; r < nq; r++) {
+                const int i = (r0 + r) / G, g = (r0 + r) % G;
+                qs[r] = q + i * qstride + g * D;
+                mg[r] = m + i * pstride + g;  /* its l is mg + G, its acc at mg - g + 2 G + g D */
+                acc[r] = m + i * pstride + 2 * G + g * D;
             }
+#define ROWS_(NQ_)                                                                         \
+            tile_scores(qs, NQ_, kr, n, D, sc);                                            \
+            for (int r = 0; r < NQ_; r++)                                                  \
+                tile_softmax(sc + r * TILE, n, scale, mg[r], mg[r] + G, acc[r], D);        \
+            tile_pv(acc, NQ_, sc, vr, n, D);
+            if (nq == 2) { ROWS_(2) } else { ROWS_(1) }
+#undef ROWS_
         }
     }
 }
