@@ -25,14 +25,16 @@
  * -ffp-contract=off (the fused multiply-adds are written out where wanted).
  * Fixed cost per call (what a decode step at T = 1 pays 30 x 4 times): no allocation (each
  * calling thread keeps KEEP_BYTES of activation scratch), the quantization vectorized on
- * AVX-512, and no parallel region for jobs under SERIAL_BYTES (the thread count never changes a
- * row's float order: the threads only split the weight rows).
+ * AVX-512, no thread but the caller's for jobs under SERIAL_BYTES, and a help-first worker
+ * pool instead of an OpenMP region (see pool_run: a late thread never holds the call up). The
+ * thread count never changes a row's float order: the threads only split the weight rows.
  * All tensors are row-major and contiguous; K is a multiple of 32 (callers check).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 
 #if !defined(LM_QDOT_PORTABLE) && !defined(LM_QDOT_NO_AVX512) && defined(__AVX512VNNI__) && \
@@ -587,11 +589,139 @@ static int64_t span_rows(int64_t N, int nthreads, int64_t row_bytes) {
     return per < 1 ? 1 : (per > cap ? cap : per);
 }
 
+/* ---- a help-first worker pool (instead of an OpenMP region) ---------------------------------
+ * OpenMP's region ends in a join that waits for every thread of the team, also one the OS has
+ * not run yet: on a machine whose other cores are busy a 25 us matmul measured 300-400 us on 2
+ * threads. Here the calling thread claims spans itself, as do up to nthreads - 1 persistent
+ * workers, and it waits only for spans a worker has claimed: a worker that wakes late finds no
+ * span left and goes back to sleep, so a call never takes much longer than on one thread.
+ * One job at a time: `word` = (generation 20 bits | spans 22 | next span 22), claimed by
+ * compare-and-swap only while its generation is the job's (a late worker never touches the
+ * next job's counter); `done` counts finished spans. The job's fn / ctx are written before the
+ * word that publishes them and stay valid until done == spans, which needs every claimed span
+ * finished. A second caller while a job runs or a failed thread start just run on the calling
+ * thread; a fork's child starts its own workers. Workers wait ~100 us for the next job, a
+ * few us spinning, then yielding the core (a decode step's matmuls come closer than that, and
+ * waking a sleeping thread costs about as much as a small matmul), then sleep: an idle server
+ * has no spinning thread. */
+#include <stdatomic.h>
+#define POOL_MAX 63        /* workers at most */
+#define POOL_SPIN 200      /* pauses a worker spins for the next job (~2-10 us), then it yields ... */
+#define POOL_YIELDS 100    /* ... this many times (sched_yield, ~100 us: other threads run meanwhile), then sleeps */
+#define SPANS_MAX ((int64_t)1 << 22)
+typedef void (*span_fn)(const void *ctx, int64_t sp);
+static struct {
+    pthread_mutex_t job_mu, mu;  /* job_mu: one job at a time; mu + cv: sleeping workers */
+    pthread_cond_t cv;
+    _Atomic uint64_t word;
+    _Atomic int64_t done;
+    _Atomic int sleepers, want;  /* want: workers the current job may use (ids 0..want-1) */
+    span_fn fn;
+    const void *ctx;
+    int started;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, NULL, 0};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static inline uint32_t word_gen(uint64_t w) { return (uint32_t)(w >> 44); }
+
+/* Wait briefly for a job generation other than seen: POOL_SPIN pauses, then POOL_YIELDS
+ * yields of the core (a spinning thread would take it from whoever else wants it: the
+ * OpenMP threads of torch or paged_decode.c) -> the generation (seen when none came). */
+static uint32_t spin_for_job(uint32_t seen) {
+    uint32_t gen = seen;
+    for (int i = 0; i < POOL_SPIN && (gen = word_gen(atomic_load(&pool.word))) == seen; i++) cpu_relax();
+    for (int i = 0; i < POOL_YIELDS && gen == seen; i++) {
+        sched_yield();
+        gen = word_gen(atomic_load(&pool.word));
+    }
+    return gen;
+}
+
+/* Claim and run spans of generation gen until none is left. */
+static void pool_drain(uint32_t gen) {
+    uint64_t w = atomic_load(&pool.word);
+    for (;;) {
+        const int64_t spans = (int64_t)((w >> 22) & (SPANS_MAX - 1)), next = (int64_t)(w & (SPANS_MAX - 1));
+        if (word_gen(w) != gen || next >= spans) return;
+        if (!atomic_compare_exchange_weak(&pool.word, &w, w + 1)) continue;  /* w reloaded */
+        pool.fn(pool.ctx, next);
+        atomic_fetch_add(&pool.done, 1);
+        w = atomic_load(&pool.word);
+    }
+}
+
+static void *pool_worker(void *arg) {
+    const int id = (int)(intptr_t)arg;
+    uint32_t seen = word_gen(atomic_load(&pool.word));
+    for (;;) {
+        uint32_t gen = spin_for_job(seen);
+        if (gen == seen) {  /* asleep until a new job: counted in sleepers before the last look */
+            pthread_mutex_lock(&pool.mu);
+            atomic_fetch_add(&pool.sleepers, 1);
+            while ((gen = word_gen(atomic_load(&pool.word))) == seen) pthread_cond_wait(&pool.cv, &pool.mu);
+            atomic_fetch_sub(&pool.sleepers, 1);
+            pthread_mutex_unlock(&pool.mu);
+        }
+        seen = gen;
+        if (id < atomic_load(&pool.want)) pool_drain(gen);  /* a stale want only costs a failed claim */
+    }
+    return NULL;
+}
+
+static void pool_after_fork(void) {  /* the child has none of the parent's workers */
+    pthread_mutex_init(&pool.job_mu, NULL);
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_cond_init(&pool.cv, NULL);
+    pool.started = 0;
+    atomic_store(&pool.sleepers, 0);
+}
+
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static void pool_init(void) { (void)pthread_atfork(NULL, NULL, pool_after_fork); }
+
+/* fn(ctx, sp) for sp in 0..spans-1 on the calling thread and up to nthreads - 1 workers. */
+static void pool_run(span_fn fn, const void *ctx, int64_t spans, int nthreads) {
+    const int want = (nthreads < POOL_MAX + 1 ? nthreads : POOL_MAX + 1) - 1;
+    if (want < 1 || spans < 2 || spans >= SPANS_MAX || pthread_mutex_trylock(&pool.job_mu) != 0) {
+        for (int64_t sp = 0; sp < spans; sp++) fn(ctx, sp);
+        return;
+    }
+    (void)pthread_once(&pool_once, pool_init);
+    while (pool.started < want) {  /* workers start on first need and live as long as the process */
+        pthread_t th;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        const int rc = pthread_create(&th, &at, pool_worker, (void *)(intptr_t)pool.started);
+        pthread_attr_destroy(&at);
+        if (rc != 0) break;
+        pool.started++;
+    }
+    pool.fn = fn, pool.ctx = ctx;
+    atomic_store(&pool.done, 0);
+    atomic_store(&pool.want, want);
+    const uint32_t gen = (word_gen(atomic_load(&pool.word)) + 1) & 0xFFFFF;
+    atomic_store(&pool.word, ((uint64_t)gen << 44) | ((uint64_t)spans << 22));  /* publishes fn, ctx */
+    if (atomic_load(&pool.sleepers) > 0) {
+        pthread_mutex_lock(&pool.mu);
+        pthread_cond_broadcast(&pool.cv);
+        pthread_mutex_unlock(&pool.mu);
+    }
+    pool_drain(gen);
+    while (atomic_load(&pool.done) < spans) cpu_relax();  /* only spans a worker is running */
+    pthread_mutex_unlock(&pool.job_mu);
+}
+
 #ifndef SERIAL_BYTES
 #define SERIAL_BYTES 65536 /* weight bytes x row blocks under which the calling thread does it all */
 #endif
-/* Threads for a call: one (no parallel region to start and join, several us, far more when the
- * other cores are busy) when its weights x row blocks are under SERIAL_BYTES, else nthreads.
+/* Threads for a call: one (no pool job to publish and wake workers for) when its weights x row
+ * blocks are under SERIAL_BYTES, else nthreads.
  * Either way each row's float order is the same (the spans only split the weight rows). */
 static int threads_for(int64_t N, int64_t row_bytes, int T, int rows, int nthreads) {
     const int64_t passes = (T + rows - 1) / rows;
@@ -630,6 +760,29 @@ static void q8_span(const act_t *a, int t, int nr, int K, const int8_t *q, const
 #undef Q8_CALL
 }
 
+/* One pass of a call: weight-row span sp against activation rows t0..t1. */
+typedef struct {
+    const act_t *a;
+    int t0, t1, K;
+    const void *q, *scales;
+    int64_t nb, N;
+    float *y;
+} pass_t;
+
+static void q4_pass_span(const void *c, int64_t sp) {
+    const pass_t *p = c;
+    const int64_t n0 = sp * p->nb, n1 = n0 + p->nb < p->N ? n0 + p->nb : p->N;
+    for (int t = p->t0; t < p->t1; t += ROWS)
+        q4_span(p->a, t, p->t1 - t < ROWS ? p->t1 - t : ROWS, p->K, p->q, p->scales, n0, n1, p->N, p->y);
+}
+
+static void q8_pass_span(const void *c, int64_t sp) {
+    const pass_t *p = c;
+    const int64_t n0 = sp * p->nb, n1 = n0 + p->nb < p->N ? n0 + p->nb : p->N;
+    for (int t = p->t0; t < p->t1; t += ROWS8)
+        q8_span(p->a, t, p->t1 - t < ROWS8 ? p->t1 - t : ROWS8, p->K, p->q, p->scales, n0, n1, p->N, p->y);
+}
+
 /* x float32 [T, K], q uint8 [N, K/2] (qgemm.c's nibble order), sz float16 [N, K/32, 2] (s, m)
  * -> y [T, N]. Returns 0, or -1 when scratch could not be allocated (y untouched). Threads split
  * the weight rows (spans); each span meets every row block of a chunk while its weights are cached. */
@@ -642,13 +795,9 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t 
     quantize_all(x, T, K, Q4_PAIRS, 0, &a);
     const int nt = threads_for(N, K / 2 + 4 * G, T, ROWS, nthreads);
     const int64_t nb = span_rows(N, nt, K / 2 + 4 * G), spans = (N + nb - 1) / nb;
-    for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one parallel region (one join) per chunk */
-        const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-        for (int64_t sp = 0; sp < spans; sp++) {
-            const int64_t n0 = sp * nb, n1 = n0 + nb < N ? n0 + nb : N;
-            for (int t = t0; t < t1; t += ROWS) q4_span(&a, t, t1 - t < ROWS ? t1 - t : ROWS, K, q, sz, n0, n1, N, y);
-        }
+    for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one pool job per chunk */
+        const pass_t p = {&a, t0, t0 + T_CHUNK < T ? t0 + T_CHUNK : T, K, q, sz, nb, N, y};
+        pool_run(q4_pass_span, &p, spans, nt);
     }
     act_free(&a);
     return 0;
@@ -664,13 +813,8 @@ int lm_q8x8_gemm(const float *x, int T, int K, const int8_t *q, const float *sca
     const int nt = threads_for(N, K, T, ROWS8, nthreads);
     const int64_t nb = span_rows(N, nt, K), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {
-        const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-        for (int64_t sp = 0; sp < spans; sp++) {
-            const int64_t n0 = sp * nb, n1 = n0 + nb < N ? n0 + nb : N;
-            for (int t = t0; t < t1; t += ROWS8)
-                q8_span(&a, t, t1 - t < ROWS8 ? t1 - t : ROWS8, K, q, scale, n0, n1, N, y);
-        }
+        const pass_t p = {&a, t0, t0 + T_CHUNK < T ? t0 + T_CHUNK : T, K, q, scale, nb, N, y};
+        pool_run(q8_pass_span, &p, spans, nt);
     }
     act_free(&a);
     return 0;
