@@ -11,7 +11,8 @@ one (every request's first keys - 16 positions shared: the cascade path; keys 16
     python bench/ab_paged_decode.py [--quick] [--num-threads N] [--old-rev REV | --old-source FILE] [--bf16]
         [--threads-ab | --kv-ab]
 --threads-ab: the new kernel on 1 thread vs --num-threads; --kv-ab: the new kernel on float32
-K/V vs the same values in bfloat16 (the doc assistant's question: B 8, keys 1700, prefix 1684).
+K/V vs the same values in bfloat16 over 30 layers' pools in turn, as a decode step reads them
+(the doc assistant's question: B 8, keys 1700, prefix 1684; us are then per step).
 Writes bench/results/ab_paged_decode[_threads|_kv][_bf16]_t<threads>.json and .png.
 """
 
@@ -40,6 +41,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 H, KV, D = 9, 3, 64
 KEYS, BATCHES = (16, 140, 512, 1700), (1, 8)
 OLD_REV = "e3c65bc"  # paged_decode.c before issue19a's work
+LAYERS = 30  # --kv-ab times a step's worth of layers (SmolLM2's 30), each with its own K/V
 
 
 def old_kernel(rev: str, source: str = None):
@@ -58,12 +60,15 @@ def old_kernel(rev: str, source: str = None):
     return (lib.lm_paged_decode if lib else None), f"paged_decode.c at {rev}"
 
 
-def case(B: int, keys: int, shared: bool, bf16: bool):
-    """(plan, q, k, v): B requests of `keys` keys on scattered slots, the first ones shared if `shared`."""
+def case(B: int, keys: int, shared: bool, bf16: bool, layers: int = 0):
+    """(plan, q, k, v): B requests of `keys` keys on scattered slots, the first ones shared if
+    `shared`; with `layers`, k and v are [layers, slots, KV, D] (one pool per layer, as a step
+    reads them: more K/V than the caches hold)."""
     g = torch.Generator().manual_seed(B * 10007 + keys)
     slots = B * keys + 64
     dtype = torch.bfloat16 if bf16 else torch.float32
-    k, v = (torch.randn(slots, KV, D, generator=g).to(dtype) for _ in range(2))
+    shape = (layers, slots, KV, D) if layers else (slots, KV, D)
+    k, v = (torch.randn(shape, generator=g).to(dtype) for _ in range(2))
     table = torch.randperm(slots - 1, generator=g)[:B * keys].view(B, keys) + 1
     P = (keys - 16 if keys > 16 else 8) if shared else 0
     prefix = None
@@ -91,7 +96,7 @@ def interleaved(old, new, pairs: int):
     return out
 
 
-def run_ab(old_fn, pairs: int, bf16: bool, mode: str = "old"):
+def run_ab(old_fn, pairs: int, bf16: bool, mode: str = "old", layers_arg: int = 0):
     """Per case, old vs new: mode "old" the build at --old-rev vs this one; "threads" this one
     on 1 thread vs on torch's thread count (what paged_decode.c's SERIAL_WORK should say); "kv"
     this one on float32 K/V vs on the same values in bfloat16 (half the bytes read)."""
@@ -100,15 +105,18 @@ def run_ab(old_fn, pairs: int, bf16: bool, mode: str = "old"):
     for shared in (False, True):
         for B in BATCHES:
             for keys in KEYS:
-                plan, q, k, v = case(B, keys, shared, bf16 and mode != "kv")
+                layers = LAYERS if mode == "kv" else layers_arg
+                plan, q, k, v = case(B, keys, shared, bf16 and mode != "kv", layers)
                 o_old, o_new = torch.empty_like(q), torch.empty_like(q)
-                a_old, a_new = plan.c_args(q, k, v, o_old), plan.c_args(q, k, v, o_new)
+                if mode == "kv" or layers:  # a step: every layer's pool once
+                    plan_b, q_b, k_b, v_b = case(B, keys, shared, True, layers) if mode == "kv" else (plan, q, k, v)
+                    a_old = [plan.c_args(q, k[i], v[i], o_old) for i in range(layers)]
+                    a_new = [plan_b.c_args(q_b, k_b[i], v_b[i], o_new) for i in range(layers)]
+                else:
+                    a_old, a_new = [plan.c_args(q, k, v, o_old)], [plan.c_args(q, k, v, o_new)]
                 if mode == "threads":
-                    a_old = a_old[:16] + (1,) + a_old[17:]  # nthreads
-                elif mode == "kv":
-                    plan_b, q_b, k_b, v_b = case(B, keys, shared, True)  # q_b equals q (same seed)
-                    a_new = plan_b.c_args(q_b, k_b, v_b, o_new)  # (every tensor stays referenced while called)
-                t = interleaved(lambda: old_fn(*a_old), lambda: new_fn(*a_new), pairs)
+                    a_old = [a[:16] + (1,) + a[17:] for a in a_old]  # nthreads
+                t = interleaved(lambda: [old_fn(*a) for a in a_old], lambda: [new_fn(*a) for a in a_new], pairs)
                 err = (o_old - o_new).abs().max().item()
                 r = {"B": B, "keys": keys, "prefix": plan.P, "max_abs_diff": err,
                      "median_ratio_new_over_old": statistics.median(n / o for o, n in t),
@@ -148,6 +156,8 @@ def main():
     ap.add_argument("--old-source", default=None, help="the old paged_decode.c as a file (instead of --old-rev)")
     ap.add_argument("--threads-ab", action="store_true", help="the new kernel on 1 thread vs --num-threads")
     ap.add_argument("--kv-ab", action="store_true", help="the new kernel on float32 K/V vs bfloat16 K/V")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="time a step: this many layers, each its own K/V pool (--kv-ab: 30)")
     ap.add_argument("--bf16", action="store_true", help="bfloat16 K/V (default float32)")
     ap.add_argument("--results-dir", default=RESULTS)
     args = ap.parse_args()
@@ -165,7 +175,7 @@ def main():
     if old_fn is None:
         sys.exit(old_desc)
     print("old kernel:", old_desc, "| threads:", torch.get_num_threads())
-    rows = run_ab(old_fn, args.pairs, args.bf16, mode)
+    rows = run_ab(old_fn, args.pairs, args.bf16, mode, args.layers)
     os.makedirs(args.results_dir, exist_ok=True)
     tag = {"old": "", "threads": "_threads", "kv": "_kv"}[mode] + ("_bf16" if args.bf16 and mode != "kv" else "")
     stem = os.path.join(args.results_dir, f"ab_paged_decode{tag}_t{torch.get_num_threads()}")
