@@ -198,3 +198,43 @@ def test_small_cascade_on_one_thread_matches_sdpa(threads):
         torch.testing.assert_close(got, _reference(q, k, v, table, rows, seq_lens, D ** -0.5), rtol=1e-4, atol=1e-5)
     finally:
         torch.set_num_threads(old)
+
+
+def test_concurrent_callers_share_the_worker_pool_and_agree_bitwise():
+    """Calls from several threads at once (one holds the kernel's worker pool, the others run on
+    their own thread) give what one thread gives, bit for bit (each part and the merge order are
+    fixed whoever runs them), and none hangs."""
+    import threading
+
+    torch.manual_seed(7)
+    B, H, KV, D, slots, P = 8, 9, 3, 64, 9000, 700
+    k, v = torch.randn(slots, KV, D), torch.randn(slots, KV, D)
+    table = torch.randint(1, slots, (9, 1400))
+    prefix, rows = torch.randint(1, slots, (P,)), torch.arange(1, 9)
+    table[rows, :P] = prefix
+    seq_lens = torch.tensor([1, 50, 300, 520, 700, 9, 100, 600]) + P
+    q = torch.randn(B, H, D)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = pd.paged_decode(q, k, v, table, rows, seq_lens, D ** -0.5, prefix=prefix)
+    finally:
+        torch.set_num_threads(old)
+    bad = []
+
+    def loop(i):
+        out = torch.empty_like(q)
+        own = pd.PagedDecodePlan(table, rows, seq_lens, D ** -0.5, H, KV, D, False, prefix)  # own scratch
+        for n in range(20):
+            args = list(own.c_args(q, k, v, out))
+            args[16] = 2  # nthreads
+            pd._KERNEL.lib().lm_paged_decode(*args)
+            if not torch.equal(out, want):
+                bad.append((i, n))
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads) and not bad, bad
