@@ -6,8 +6,8 @@
  * table[rows[b] * ld + s]. Shapes (float32, contiguous):
  *   q, out [B, H, D]; k, v [num_slots, KV, D]; prefix int64 [P]; table int64 [*, ld];
  *   rows, seq_lens int64 [B], every seq_len > P.
- * Work is split into tasks run by OpenMP threads: (kv head, chunk of `chunk` prefix keys) for
- * all B requests at once, so each shared key is read once per step, and (request, kv head,
+ * Work is split into tasks run by the worker pool below: (kv head, chunk of `chunk` prefix
+ * keys) for all B requests at once, so each shared key is read once per step, and (request, kv head,
  * chunk of own keys). Each task keeps an online softmax (running max m, denominator l,
  * accumulator acc) per query head; the parts of one (request, head) are merged exactly
  * afterwards (common max, summed denominators). Scratch: B * KV * parts * G * (D + 2) floats,
@@ -315,7 +315,8 @@ static inline uint32_t word_gen(uint64_t w) { return (uint32_t)(w >> 44); }
 
 /* Wait briefly for a job generation other than seen: POOL_SPIN pauses, then POOL_YIELDS
  * yields of the core (a spinning thread would take it from whoever else wants it: the
- * OpenMP threads of torch or paged_decode.c) -> the generation (seen when none came). */
+ * OpenMP threads of torch, the other kernel library's workers) -> the generation (seen when
+ * none came). */
 static uint32_t spin_for_job(uint32_t seen) {
     uint32_t gen = seen;
     for (int i = 0; i < POOL_SPIN && (gen = word_gen(atomic_load(&pool.word))) == seen; i++) cpu_relax();

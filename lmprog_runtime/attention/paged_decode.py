@@ -4,9 +4,10 @@
 query token per request against its first `seq_lens[b]` slots `table[rows[b], :]`, no gather;
 with `prefix` (slots [P] that every request's first P positions share, cascade) those keys are
 read once for the whole batch. The work is split by (kv head, chunk of prefix keys) and
-(request, kv head, chunk of own keys) across OpenMP threads, so one long context also uses
-every thread (chunks merged exactly); small calls (short contexts, few requests) run on the
-calling thread, no parallel region (paged_decode.c's SERIAL_WORK). The kernel is paged_decode.c, compiled by `native.build`
+(request, kv head, chunk of own keys) across threads (a help-first worker pool in
+paged_decode.c), so one long context also uses every thread (chunks merged exactly); small
+calls (short contexts, few requests) run on the calling thread (SERIAL_WORK). The kernel is
+paged_decode.c, compiled by `native.build`
 into the cache directory at first use (keyed by source, flags and CPU);
 `available()` is False where that is impossible and callers keep the gather path.
 Query float32, K/V float32 or bfloat16 (widened exactly, float32 math); torch_native is the

@@ -121,9 +121,12 @@ static inline float quantize_block(const float *xg, uint8_t flip, __m128i *lo16,
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
     const float d = finite ? amax / 127.f : NAN, inv = finite && amax > 0.f ? 127.f / amax : 0.f;
     const __m512 vi = _mm512_set1_ps(inv), hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
-    const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    __m512i i0 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(x0, vi), mode), lo), hi));
-    __m512i i1 = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(x1, vi), mode), lo), hi));
+#define RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)  /* an immediate: half to even */
+#define QROUND(x_) _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(x_, vi), RNE), \
+                                                                   lo), hi))
+    __m512i i0 = QROUND(x0), i1 = QROUND(x1);
+#undef QROUND
+#undef RNE
     if (!finite) i0 = i1 = _mm512_setzero_si512();  /* qx = 0: the row's outputs are NaN through dx */
     *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
     const __m128i f = _mm_set1_epi8((char)flip);
@@ -631,7 +634,8 @@ static inline uint32_t word_gen(uint64_t w) { return (uint32_t)(w >> 44); }
 
 /* Wait briefly for a job generation other than seen: POOL_SPIN pauses, then POOL_YIELDS
  * yields of the core (a spinning thread would take it from whoever else wants it: the
- * OpenMP threads of torch or paged_decode.c) -> the generation (seen when none came). */
+ * OpenMP threads of torch, paged_decode.c's workers) -> the generation (seen when none
+ * came). */
 static uint32_t spin_for_job(uint32_t seen) {
     uint32_t gen = seen;
     for (int i = 0; i < POOL_SPIN && (gen = word_gen(atomic_load(&pool.word))) == seen; i++) cpu_relax();
