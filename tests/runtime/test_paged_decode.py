@@ -238,3 +238,27 @@ def test_concurrent_callers_share_the_worker_pool_and_agree_bitwise():
     for t in threads:
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads) and not bad, bad
+
+
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2", "-mno-avx", "-mno-fma")])
+def test_narrower_vector_builds_match_sdpa(flags, monkeypatch):
+    """The kernel built for narrower vectors than this machine's (8-float vectors: a ymm with
+    AVX2, two xmm without AVX) against SDPA: every head size's loop, cascade and merges."""
+    from lmprog_runtime import native
+
+    kernel = native.Kernel(pd._SOURCE, native.NATIVE_FLAGS + flags, True, pd._declare)
+    if kernel.lib() is None:
+        pytest.skip("the compiler refused " + " ".join(flags))
+    monkeypatch.setattr(pd, "_KERNEL", kernel)
+    torch.manual_seed(8)
+    for D in (20, 40, 64, 96):
+        H, KV, slots, P = 6, 2, 4000, 300
+        k, v = torch.randn(slots, KV, D), torch.randn(slots, KV, D)
+        table = torch.randint(1, slots, (5, 1400))
+        prefix, rows = torch.randint(1, slots, (P,)), torch.tensor([4, 1, 3])
+        table[rows, :P] = prefix
+        seq_lens, q = torch.tensor([1, 700, 1100]) + P, torch.randn(3, H, D)
+        for pre in (None, prefix):
+            got = pd.paged_decode(q, k, v, table, rows, seq_lens, D ** -0.5, prefix=pre)
+            torch.testing.assert_close(got, _reference(q, k, v, table, rows, seq_lens, D ** -0.5),
+                                       rtol=1e-4, atol=1e-5)
