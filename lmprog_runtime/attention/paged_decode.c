@@ -293,6 +293,7 @@ static void merge_parts(const float *base, int64_t parts, int64_t per_task, int 
 #define POOL_SPIN 200      /* pauses a worker spins for the next job (~2-10 us), then it yields ... */
 #define POOL_YIELDS 100    /* ... this many times (sched_yield, ~100 us: other threads run meanwhile), then sleeps */
 #define SPANS_MAX ((int64_t)1 << 22)
+#define CLAIM_MAX 1        /* tasks per claim: few, big and uneven ones (qdot.c claims up to 8 spans) */
 typedef void (*span_fn)(const void *ctx, int64_t sp);
 static struct {
     pthread_mutex_t job_mu, mu;  /* job_mu: one job at a time; mu + cv: sleeping workers */
@@ -327,15 +328,19 @@ static uint32_t spin_for_job(uint32_t seen) {
     return gen;
 }
 
-/* Claim and run spans of generation gen until none is left. */
+/* Claim and run spans of generation gen until none is left: a quarter of each thread's share
+ * of what is left per claim, at most CLAIM_MAX (few compare-and-swaps on a long job; a thread
+ * descheduled after a claim holds the call up by CLAIM_MAX spans at most). */
 static void pool_drain(uint32_t gen) {
     uint64_t w = atomic_load(&pool.word);
     for (;;) {
         const int64_t spans = (int64_t)((w >> 22) & (SPANS_MAX - 1)), next = (int64_t)(w & (SPANS_MAX - 1));
         if (word_gen(w) != gen || next >= spans) return;
-        if (!atomic_compare_exchange_weak(&pool.word, &w, w + 1)) continue;  /* w reloaded */
-        pool.fn(pool.ctx, next);
-        atomic_fetch_add(&pool.done, 1);
+        int64_t take = (spans - next) / (4 * (int64_t)(atomic_load(&pool.want) + 1));
+        take = take < 1 ? 1 : (take > CLAIM_MAX ? CLAIM_MAX : take);
+        if (!atomic_compare_exchange_weak(&pool.word, &w, w + (uint64_t)take)) continue;  /* w reloaded */
+        for (int64_t sp = next; sp < next + take; sp++) pool.fn(pool.ctx, sp);
+        atomic_fetch_add(&pool.done, take);
         w = atomic_load(&pool.word);
     }
 }
