@@ -6,12 +6,18 @@
  * table[rows[b] * ld + s]. Shapes (float32, contiguous):
  *   q, out [B, H, D]; k, v [num_slots, KV, D]; prefix int64 [P]; table int64 [*, ld];
  *   rows, seq_lens int64 [B], every seq_len > P.
- * Work is split into tasks run by OpenMP threads: (kv head, chunk of `chunk` prefix keys) for
- * all B requests at once, so each shared key is read once per step, and (request, kv head,
+ * Work is split into tasks run by the worker pool below: (kv head, chunk of `chunk` prefix
+ * keys) for all B requests at once, so each shared key is read once per step, and (request, kv head,
  * chunk of own keys). Each task keeps an online softmax (running max m, denominator l,
  * accumulator acc) per query head; the parts of one (request, head) are merged exactly
  * afterwards (common max, summed denominators). Scratch: B * KV * parts * G * (D + 2) floats,
- * parts = prefix chunks + own chunks; one part is [m G][l G][acc G * D].
+ * parts = prefix chunks + own chunks; one part is [m G][l G][acc G * D]. Small calls (under
+ * SERIAL_WORK key x head pairs) run on the calling thread, no parallel region; with one part per
+ * (request, head) (no prefix, every context within one chunk) a task writes its output itself,
+ * no merge pass; otherwise the tasks, then the merges, run on a help-first worker pool (a
+ * thread the OS has not run yet never holds the call up; see pool_run). Query rows go two at a
+ * time (each key and value row read once for both), q.k 4 keys at a time (one transposed
+ * reduction for the 4 sums), p.v with the accumulators in registers across a tile.
  * K/V may instead be bfloat16 (kv_bf16 = 1): each key/value row is widened to float32 exactly
  * (bf16 is the top half of a float32) before the same float32 arithmetic.
  */
@@ -19,6 +25,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sched.h>
 
 #define MAX_D 512
 
@@ -39,7 +47,7 @@ static inline const float *kv_row(const void *base, int64_t row, int D, int bf16
 static inline float exp_nonpos(float x) {
     x = x < -87.f ? -87.f : x;
     float t = x * 1.44269504f;
-    float n = __builtin_roundf(t), f = t - n;
+    float n = __builtin_rintf(t), f = t - n;  /* rint: vrndscaleps (roundf would not vectorize) */
     float p = 1.5403530e-4f;
     p = p * f + 1.3333558e-3f;
     p = p * f + 9.6181291e-3f;
@@ -54,16 +62,148 @@ static inline float exp_nonpos(float x) {
 }
 
 #define TILE 32  /* keys per tile: one max / rescale per tile, not per key */
+#ifndef SERIAL_WORK
+/* key x query-head pairs (x D / 64) under which one thread does it all (no parallel region):
+ * ~340 keys at batch 1 with 9 heads, ~25 us on one core; a parallel region costs several us to
+ * start and join, and far more when the other cores are busy */
+#define SERIAL_WORK 3072
+#endif
+#define INL static inline __attribute__((always_inline))
+
+/* VW floats as one vector: a zmm with AVX-512, else 8 (a ymm; GCC lowers it to two xmm where
+ * there is no AVX); the _u type loads and stores at any float alignment. Head sizes that are
+ * a multiple of VW take the vector loops, others plain C. */
+#if defined(__AVX512F__)
+#define VW 16
+#else
+#define VW 8
+#endif
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef float vfu __attribute__((vector_size(VW * 4), aligned(4)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef int v8i __attribute__((vector_size(32)));
+
+INL vf ldv(const float *p) { return *(const vfu *)p; }
+INL void stv(float *p, vf x) { *(vfu *)p = x; }
+INL vf splat(float x) { return (vf){0} + x; }
+
+/* lanes 0..7 + lanes 8..15 (VW 16), or the vector itself (VW 8) */
+INL v8 fold8(vf x) {
+#if VW == 16
+    v8 lo, hi;
+    memcpy(&lo, &x, 32);
+    memcpy(&hi, (const char *)&x + 32, 32);
+    return lo + hi;
+#else
+    return x;
+#endif
+}
+
+/* the lane sums of 4 vectors -> out[0..3]: one transposed reduction (6 shuffles, 3 adds on 8
+ * lanes) instead of a horizontal sum each */
+INL void sum4(vf a, vf b, vf c, vf d, float *out) {
+    const v8 s0 = fold8(a), s1 = fold8(b), s2 = fold8(c), s3 = fold8(d);
+    const v8i lo = {0, 1, 2, 3, 8, 9, 10, 11}, hi = {4, 5, 6, 7, 12, 13, 14, 15};
+    const v8 u0 = __builtin_shuffle(s0, s1, lo) + __builtin_shuffle(s0, s1, hi);  /* [s0 x4 | s1 x4] */
+    const v8 u1 = __builtin_shuffle(s2, s3, lo) + __builtin_shuffle(s2, s3, hi);  /* [s2 x4 | s3 x4] */
+    const v8i e = {0, 1, 8, 9, 4, 5, 12, 13}, o = {2, 3, 10, 11, 6, 7, 14, 15};
+    const v8 w = __builtin_shuffle(u0, u1, e) + __builtin_shuffle(u0, u1, o);  /* [s0 s0 s2 s2 s1 s1 s3 s3] */
+    const v8i ev = {0, 2, 4, 6, 0, 2, 4, 6}, od = {1, 3, 5, 7, 1, 3, 5, 7};
+    const v8 z = __builtin_shuffle(w, ev) + __builtin_shuffle(w, od);  /* [s0 s2 s1 s3 ...] */
+    out[0] = z[0], out[1] = z[2], out[2] = z[1], out[3] = z[3];
+}
+
+/* Scores of `nq` (1 or 2) query rows qs[] against the n keys kr[] -> sc[r * TILE + j]
+ * (unscaled). Vector path: 4 keys x nq rows per pass, each key row loaded once for both query
+ * rows (8 independent chains for 2 rows). */
+INL void tile_scores(const float *const *qs, int nq, const float *const *kr, int n, int D, float *sc) {
+    int j = 0;
+    if (D % VW == 0)
+        for (; j + 4 <= n; j += 4) {
+            vf s[2][4] = {{{0}}};
+            for (int d = 0; d < D; d += VW) {
+                const vf k0 = ldv(kr[j] + d), k1 = ldv(kr[j + 1] + d), k2 = ldv(kr[j + 2] + d),
+                         k3 = ldv(kr[j + 3] + d);
+                for (int r = 0; r < nq; r++) {
+                    const vf x = ldv(qs[r] + d);
+                    s[r][0] += x * k0, s[r][1] += x * k1, s[r][2] += x * k2, s[r][3] += x * k3;
+                }
+            }
+            for (int r = 0; r < nq; r++) sum4(s[r][0], s[r][1], s[r][2], s[r][3], sc + r * TILE + j);
+        }
+    for (; j < n; j++)
+        for (int r = 0; r < nq; r++) {
+            float t = 0.f;
+            for (int d = 0; d < D; d++) t += qs[r][d] * kr[j][d];
+            sc[r * TILE + j] = t;
+        }
+}
+
+/* acc_r [D] += sum_j p_r[j] * vr[j] for the nq (1 or 2) rows (p_r = sc + r * TILE): up to 4
+ * vectors of D per pass with both rows' accumulators in registers across the keys, each value
+ * row loaded once for both (8 chains for 2 rows: the FMA latency hidden) */
+INL void tile_pv(float *const *acc, int nq, const float *sc, const float *const *vr, int n, int D) {
+    if (D % VW != 0) {
+        for (int r = 0; r < nq; r++)
+            for (int j = 0; j < n; j++)
+                for (int d = 0; d < D; d++) acc[r][d] += sc[r * TILE + j] * vr[j][d];
+        return;
+    }
+    for (int d0 = 0; d0 < D; d0 += 4 * VW) {
+        const int nu = (D - d0) / VW < 4 ? (D - d0) / VW : 4;
+        vf a[2][4];
+        for (int r = 0; r < nq; r++)
+            for (int u = 0; u < nu; u++) a[r][u] = ldv(acc[r] + d0 + u * VW);
+        for (int j = 0; j < n; j++) {
+            const float *vj = vr[j] + d0;
+            vf vv[4];
+            for (int u = 0; u < nu; u++) vv[u] = ldv(vj + u * VW);
+            for (int r = 0; r < nq; r++) {
+                const vf p = splat(sc[r * TILE + j]);
+                for (int u = 0; u < nu; u++) a[r][u] += p * vv[u];
+            }
+        }
+        for (int r = 0; r < nq; r++)
+            for (int u = 0; u < nu; u++) stv(acc[r] + d0 + u * VW, a[r][u]);
+    }
+}
+
+/* One row's online softmax over a tile: scores s [n] (unscaled) -> p [n] in place, its
+ * running max *mg and denominator *lg updated, its accumulator ag [D] rescaled when the max
+ * grows. */
+INL void tile_softmax(float *s, int n, float scale, float *mg, float *lg, float *ag, int D) {
+    float tmax = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        s[j] *= scale;
+        tmax = s[j] > tmax ? s[j] : tmax;
+    }
+    if (tmax > *mg) {  /* new running max: rescale what was summed so far */
+        const float c = *mg == -INFINITY ? 0.f : exp_nonpos(*mg - tmax);
+        *lg *= c;
+        for (int d = 0; d < D; d++) ag[d] *= c;
+        *mg = tmax;
+    }
+    const float mx = *mg;
+    float sum = 0.f;
+    for (int j = 0; j < n; j++) {  /* vectorized (exp_nonpos is branch-free) */
+        s[j] = exp_nonpos(s[j] - mx);
+        sum += s[j];
+    }
+    *lg += sum;
+}
 
 /* Keys s0..s1 of `slots` against the G query heads of kv head kvh of nb requests; request i's
  * queries start at q + i * qstride, its part at m + i * pstride (l, acc follow). Keys are taken
- * TILE at a time: scores of the tile, its max, one rescale of the running part, exps, then
- * acc += p @ V over the tile (flash-attention's online softmax, per tile). */
-static void chunk_attend(const float *q, int64_t qstride, int nb, const void *k, const void *v, int bf16,
-                         const int64_t *slots, int64_t s0, int64_t s1, int KV, int G, int D, int kvh,
-                         float scale, float *m, int64_t pstride) {
-    float kbuf[bf16 ? TILE * D : 1], vbuf[bf16 ? TILE * D : 1], sc[TILE];
+ * TILE at a time (flash-attention's online softmax, per tile), the nb * G query rows two at a
+ * time: scores of the tile, each row's max and rescale, exps, then acc += p @ V over the tile,
+ * each key and value row read once for the two. Inlined with D a constant for the common head
+ * sizes (chunk_attend), so the loops over D unroll. */
+INL void chunk_attend_d(const float *q, int64_t qstride, int nb, const void *k, const void *v, int bf16,
+                        const int64_t *slots, int64_t s0, int64_t s1, int KV, int G, const int D, int kvh,
+                        float scale, float *m, int64_t pstride) {
+    float kbuf[bf16 ? TILE * D : 1], vbuf[bf16 ? TILE * D : 1], sc[2 * TILE];
     const float *kr[TILE], *vr[TILE];
+    const int R = nb * G;  /* query rows: row r is request r / G, head r % G */
     for (int i = 0; i < nb; i++) {
         float *mi = m + i * pstride, *li = mi + G, *ai = li + G;
         for (int g = 0; g < G; g++) { mi[g] = -INFINITY; li[g] = 0.f; }
@@ -75,39 +215,35 @@ static void chunk_attend(const float *q, int64_t qstride, int nb, const void *k,
             kr[j] = kv_row(k, slots[t0 + j] * KV + kvh, D, bf16, kbuf + (bf16 ? j * D : 0));
             vr[j] = kv_row(v, slots[t0 + j] * KV + kvh, D, bf16, vbuf + (bf16 ? j * D : 0));
         }
-        for (int i = 0; i < nb; i++) {
-            float *mi = m + i * pstride, *li = mi + G, *ai = li + G;
-            for (int g = 0; g < G; g++) {
-                const float *qg = q + i * qstride + g * D;
-                float *ag = ai + g * D;
-                float tmax = -INFINITY;
-                for (int j = 0; j < n; j++) {
-                    const float *kj = kr[j];
-                    float dot = 0.f;
-                    for (int d = 0; d < D; d++) dot += qg[d] * kj[d];
-                    sc[j] = dot * scale;
-                    tmax = sc[j] > tmax ? sc[j] : tmax;
-                }
-                if (tmax > mi[g]) {  /* new running max: rescale what was summed so far */
-                    float c = mi[g] == -INFINITY ? 0.f : exp_nonpos(mi[g] - tmax);
-                    li[g] *= c;
-                    for (int d = 0; d < D; d++) ag[d] *= c;
-                    mi[g] = tmax;
-                }
-                const float mx = mi[g];
-                float sum = 0.f;
-                for (int j = 0; j < n; j++) {
-                    sc[j] = exp_nonpos(sc[j] - mx);
-                    sum += sc[j];
-                }
-                li[g] += sum;
-                for (int j = 0; j < n; j++) {
-                    const float p = sc[j], *vj = vr[j];
-                    for (int d = 0; d < D; d++) ag[d] += p * vj[d];
-                }
+        for (int r0 = 0; r0 < R; r0 += 2) {
+            const int nq = r0 + 1 < R ? 2 : 1;
+            const float *qs[2];
+            float *mg[2], *acc[2];
+            for (int r = 0; r < nq; r++) {
+                const int i = (r0 + r) / G, g = (r0 + r) % G;
+                qs[r] = q + i * qstride + g * D;
+                mg[r] = m + i * pstride + g;  /* its l is mg + G, its acc at mg - g + 2 G + g D */
+                acc[r] = m + i * pstride + 2 * G + g * D;
             }
+#define ROWS_(NQ_)                                                                         \
+            tile_scores(qs, NQ_, kr, n, D, sc);                                            \
+            for (int r = 0; r < NQ_; r++)                                                  \
+                tile_softmax(sc + r * TILE, n, scale, mg[r], mg[r] + G, acc[r], D);        \
+            tile_pv(acc, NQ_, sc, vr, n, D);
+            if (nq == 2) { ROWS_(2) } else { ROWS_(1) }
+#undef ROWS_
         }
     }
+}
+
+static void chunk_attend(const float *q, int64_t qstride, int nb, const void *k, const void *v, int bf16,
+                         const int64_t *slots, int64_t s0, int64_t s1, int KV, int G, int D, int kvh,
+                         float scale, float *m, int64_t pstride) {
+#define CA(D_) chunk_attend_d(q, qstride, nb, k, v, bf16, slots, s0, s1, KV, G, D_, kvh, scale, m, pstride)
+    if (D == 64) CA(64);
+    else if (D == 128) CA(128);
+    else CA(D);
+#undef CA
 }
 
 static void empty_part(float *m, int G) {
@@ -136,42 +272,218 @@ static void merge_parts(const float *base, int64_t parts, int64_t per_task, int 
     }
 }
 
+/* ---- a help-first worker pool (instead of an OpenMP region) ---------------------------------
+ * qdot.c's pool, copied (native.build compiles one source file per kernel; each library has its
+ * own workers). OpenMP's region ends in a join that waits for every thread of the team, also
+ * one the OS has not run yet: on a machine whose other cores are busy a call measured 2-33x
+ * slower on 2 threads than on 1. Here the calling thread claims spans itself, as do up to nthreads - 1 persistent
+ * workers, and it waits only for spans a worker has claimed: a worker that wakes late finds no
+ * span left and goes back to sleep, so a call never takes much longer than on one thread.
+ * One job at a time: `word` = (generation 20 bits | spans 22 | next span 22), claimed by
+ * compare-and-swap only while its generation is the job's (a late worker never touches the
+ * next job's counter); `done` counts finished spans. The job's fn / ctx are written before the
+ * word that publishes them and stay valid until done == spans, which needs every claimed span
+ * finished. A second caller while a job runs or a failed thread start just run on the calling
+ * thread; a fork's child starts its own workers. Workers wait ~100 us for the next job, a
+ * few us spinning, then yielding the core (a decode step's matmuls come closer than that, and
+ * waking a sleeping thread costs about as much as a small matmul), then sleep: an idle server
+ * has no spinning thread. */
+#include <stdatomic.h>
+#define POOL_MAX 63        /* workers at most */
+#define POOL_SPIN 200      /* pauses a worker spins for the next job (~2-10 us), then it yields ... */
+#define POOL_YIELDS 100    /* ... this many times (sched_yield, ~100 us: other threads run meanwhile), then sleeps */
+#define SPANS_MAX ((int64_t)1 << 22)
+#define CLAIM_MAX 1        /* tasks per claim: few, big and uneven ones (qdot.c claims up to 8 spans) */
+typedef void (*span_fn)(const void *ctx, int64_t sp);
+static struct {
+    pthread_mutex_t job_mu, mu;  /* job_mu: one job at a time; mu + cv: sleeping workers */
+    pthread_cond_t cv;
+    _Atomic uint64_t word;
+    _Atomic int64_t done;
+    _Atomic int sleepers, want;  /* want: workers the current job may use (ids 0..want-1) */
+    span_fn fn;
+    const void *ctx;
+    int started;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, NULL, 0};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static inline uint32_t word_gen(uint64_t w) { return (uint32_t)(w >> 44); }
+
+/* Wait briefly for a job generation other than seen: POOL_SPIN pauses, then POOL_YIELDS
+ * yields of the core (a spinning thread would take it from whoever else wants it: the
+ * OpenMP threads of torch, the other kernel library's workers) -> the generation (seen when
+ * none came). */
+static uint32_t spin_for_job(uint32_t seen) {
+    uint32_t gen = seen;
+    for (int i = 0; i < POOL_SPIN && (gen = word_gen(atomic_load(&pool.word))) == seen; i++) cpu_relax();
+    for (int i = 0; i < POOL_YIELDS && gen == seen; i++) {
+        sched_yield();
+        gen = word_gen(atomic_load(&pool.word));
+    }
+    return gen;
+}
+
+/* Claim and run spans of generation gen until none is left: a quarter of each thread's share
+ * of what is left per claim, at most CLAIM_MAX (few compare-and-swaps on a long job; a thread
+ * descheduled after a claim holds the call up by CLAIM_MAX spans at most). */
+static void pool_drain(uint32_t gen) {
+    uint64_t w = atomic_load(&pool.word);
+    for (;;) {
+        const int64_t spans = (int64_t)((w >> 22) & (SPANS_MAX - 1)), next = (int64_t)(w & (SPANS_MAX - 1));
+        if (word_gen(w) != gen || next >= spans) return;
+        int64_t take = (spans - next) / (4 * (int64_t)(atomic_load(&pool.want) + 1));
+        take = take < 1 ? 1 : (take > CLAIM_MAX ? CLAIM_MAX : take);
+        if (!atomic_compare_exchange_weak(&pool.word, &w, w + (uint64_t)take)) continue;  /* w reloaded */
+        for (int64_t sp = next; sp < next + take; sp++) pool.fn(pool.ctx, sp);
+        atomic_fetch_add(&pool.done, take);
+        w = atomic_load(&pool.word);
+    }
+}
+
+static void *pool_worker(void *arg) {
+    const int id = (int)(intptr_t)arg;
+    uint32_t seen = word_gen(atomic_load(&pool.word));
+    for (;;) {
+        uint32_t gen = spin_for_job(seen);
+        if (gen == seen) {  /* asleep until a new job: counted in sleepers before the last look */
+            pthread_mutex_lock(&pool.mu);
+            atomic_fetch_add(&pool.sleepers, 1);
+            while ((gen = word_gen(atomic_load(&pool.word))) == seen) pthread_cond_wait(&pool.cv, &pool.mu);
+            atomic_fetch_sub(&pool.sleepers, 1);
+            pthread_mutex_unlock(&pool.mu);
+        }
+        seen = gen;
+        if (id < atomic_load(&pool.want)) pool_drain(gen);  /* a stale want only costs a failed claim */
+    }
+    return NULL;
+}
+
+static void pool_after_fork(void) {  /* the child has none of the parent's workers */
+    pthread_mutex_init(&pool.job_mu, NULL);
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_cond_init(&pool.cv, NULL);
+    pool.started = 0;
+    atomic_store(&pool.sleepers, 0);
+}
+
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static void pool_init(void) { (void)pthread_atfork(NULL, NULL, pool_after_fork); }
+
+/* fn(ctx, sp) for sp in 0..spans-1 (tasks or merges) on the calling thread and up to nthreads - 1 workers. */
+static void pool_run(span_fn fn, const void *ctx, int64_t spans, int nthreads) {
+    const int want = (nthreads < POOL_MAX + 1 ? nthreads : POOL_MAX + 1) - 1;
+    if (want < 1 || spans < 2 || spans >= SPANS_MAX || pthread_mutex_trylock(&pool.job_mu) != 0) {
+        for (int64_t sp = 0; sp < spans; sp++) fn(ctx, sp);
+        return;
+    }
+    (void)pthread_once(&pool_once, pool_init);
+    while (pool.started < want) {  /* workers start on first need and live as long as the process */
+        pthread_t th;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        const int rc = pthread_create(&th, &at, pool_worker, (void *)(intptr_t)pool.started);
+        pthread_attr_destroy(&at);
+        if (rc != 0) break;
+        pool.started++;
+    }
+    pool.fn = fn, pool.ctx = ctx;
+    atomic_store(&pool.done, 0);
+    atomic_store(&pool.want, want);
+    const uint32_t gen = (word_gen(atomic_load(&pool.word)) + 1) & 0xFFFFF;
+    atomic_store(&pool.word, ((uint64_t)gen << 44) | ((uint64_t)spans << 22));  /* publishes fn, ctx */
+    if (atomic_load(&pool.sleepers) > 0) {
+        pthread_mutex_lock(&pool.mu);
+        pthread_cond_broadcast(&pool.cv);
+        pthread_mutex_unlock(&pool.mu);
+    }
+    pool_drain(gen);
+    while (atomic_load(&pool.done) < spans) cpu_relax();  /* only spans a worker is running */
+    pthread_mutex_unlock(&pool.job_mu);
+}
+
+/* One call's arguments and derived shapes, shared by its tasks. */
+typedef struct {
+    const float *q;
+    const void *k, *v;
+    const int64_t *prefix, *table, *rows, *seq_lens;
+    int64_t P, ld, chunk, pre_chunks, own_chunks, parts, per_task, pstride, pre_tasks;
+    int B, H, KV, D, G, bf16;
+    float scale;
+    float *scratch, *out;
+} job_t;
+
+/* Task t: a shared prefix chunk (all requests) or one (request, kv head, own chunk). With one
+ * part per (request, head) (no prefix, every context within one chunk) the part is final: it is
+ * normalized straight into out (no merge pass). */
+static void run_task(const job_t *j, int64_t t) {
+    const int G = j->G, D = j->D;
+    if (t < j->pre_tasks) {  /* shared prefix chunk c of kv head kvh, every request */
+        const int kvh = (int)(t / j->pre_chunks);
+        const int64_t c = t % j->pre_chunks, s0 = c * j->chunk, s1 = s0 + j->chunk < j->P ? s0 + j->chunk : j->P;
+        chunk_attend(j->q + (int64_t)kvh * G * D, (int64_t)j->H * D, j->B, j->k, j->v, j->bf16, j->prefix, s0, s1,
+                     j->KV, G, D, kvh, j->scale, j->scratch + ((int64_t)kvh * j->parts + c) * j->per_task,
+                     j->pstride);
+        return;
+    }
+    const int64_t u = t - j->pre_tasks, c = u % j->own_chunks, bk = u / j->own_chunks;
+    const int b = (int)(bk / j->KV), kvh = (int)(bk % j->KV);
+    float *m = j->scratch + (bk * j->parts + j->pre_chunks + c) * j->per_task;
+    const int64_t s0 = j->P + c * j->chunk, s1 = s0 + j->chunk < j->seq_lens[b] ? s0 + j->chunk : j->seq_lens[b];
+    if (s0 >= s1) { empty_part(m, G); return; }
+    const int64_t qo = ((int64_t)b * j->H + (int64_t)kvh * G) * D;
+    chunk_attend(j->q + qo, 0, 1, j->k, j->v, j->bf16, j->table + j->rows[b] * j->ld, s0, s1, j->KV, G, D, kvh,
+                 j->scale, m, 0);
+    if (j->parts == 1)
+        for (int g = 0; g < G; g++) {
+            const float inv = 1.f / m[G + g], *ac = m + 2 * G + g * D;
+            float *og = j->out + qo + g * D;
+            for (int d = 0; d < D; d++) og[d] = ac[d] * inv;
+        }
+}
+
+static void run_merge(const job_t *j, int64_t bk) {
+    const int b = (int)(bk / j->KV), kvh = (int)(bk % j->KV);
+    merge_parts(j->scratch + bk * j->parts * j->per_task, j->parts, j->per_task, j->G, j->D,
+                j->out + ((int64_t)b * j->H + (int64_t)kvh * j->G) * j->D);
+}
+
+static void task_span(const void *j, int64_t t) { run_task(j, t); }
+static void merge_span(const void *j, int64_t bk) { run_merge(j, bk); }
+
+/* key x query-head pairs the call computes, in units of 64 dims: what decides one thread vs many */
+static int64_t work_of(const job_t *j) {
+    int64_t own = 0;
+    for (int b = 0; b < j->B; b++) own += j->seq_lens[b] - j->P;
+    return (int64_t)j->KV * j->G * (j->P * j->B + own) * j->D / 64;
+}
+
 void lm_paged_decode(const float *q, const void *k, const void *v, int kv_bf16, const int64_t *prefix, int64_t P,
                      const int64_t *table, int64_t ld, const int64_t *rows, const int64_t *seq_lens,
                      int B, int H, int KV, int D, float scale, int64_t chunk, int nthreads,
                      float *scratch, float *out) {
-    const int G = H / KV;
-    const int64_t pre_chunks = (P + chunk - 1) / chunk;
-    int64_t own_chunks = pre_chunks ? 0 : 1;  /* at least one part per (request, head) */
+    job_t j = {q, k, v, prefix, table, rows, seq_lens, P, ld, chunk, 0, 0, 0, 0, 0, 0,
+               B, H, KV, D, H / KV, kv_bf16, scale, scratch, out};
+    j.pre_chunks = (P + chunk - 1) / chunk;
+    j.own_chunks = j.pre_chunks ? 0 : 1;  /* at least one part per (request, head) */
     for (int b = 0; b < B; b++) {
         int64_t n = (seq_lens[b] - P + chunk - 1) / chunk;
-        if (n > own_chunks) own_chunks = n;
+        if (n > j.own_chunks) j.own_chunks = n;
     }
-    const int64_t parts = pre_chunks + own_chunks, per_task = (int64_t)G * (D + 2);
-    const int64_t pstride = (int64_t)KV * parts * per_task;  /* from request b to b + 1 */
-    const int64_t pre_tasks = (int64_t)KV * pre_chunks, tasks = pre_tasks + (int64_t)B * KV * own_chunks;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t t = 0; t < tasks; t++) {
-        if (t < pre_tasks) {  /* shared prefix chunk c of kv head kvh, every request */
-            int kvh = (int)(t / pre_chunks);
-            int64_t c = t % pre_chunks, s0 = c * chunk, s1 = s0 + chunk < P ? s0 + chunk : P;
-            chunk_attend(q + (int64_t)kvh * G * D, (int64_t)H * D, B, k, v, kv_bf16, prefix, s0, s1, KV, G, D, kvh,
-                         scale, scratch + ((int64_t)kvh * parts + c) * per_task, pstride);
-            continue;
-        }
-        int64_t u = t - pre_tasks, c = u % own_chunks, bk = u / own_chunks;
-        int b = (int)(bk / KV), kvh = (int)(bk % KV);
-        float *m = scratch + (bk * parts + pre_chunks + c) * per_task;
-        int64_t s0 = P + c * chunk, s1 = s0 + chunk;
-        if (s1 > seq_lens[b]) s1 = seq_lens[b];
-        if (s0 >= s1) { empty_part(m, G); continue; }
-        chunk_attend(q + ((int64_t)b * H + (int64_t)kvh * G) * D, 0, 1, k, v, kv_bf16, table + rows[b] * ld, s0, s1,
-                     KV, G, D, kvh, scale, m, 0);
+    j.parts = j.pre_chunks + j.own_chunks, j.per_task = (int64_t)j.G * (D + 2);
+    j.pstride = (int64_t)KV * j.parts * j.per_task;  /* from request b to b + 1 */
+    j.pre_tasks = (int64_t)KV * j.pre_chunks;
+    const int64_t tasks = j.pre_tasks + (int64_t)B * KV * j.own_chunks, merges = j.parts > 1 ? (int64_t)B * KV : 0;
+    if (nthreads <= 1 || tasks == 1 || work_of(&j) < SERIAL_WORK) {  /* small: no parallel region */
+        for (int64_t t = 0; t < tasks; t++) run_task(&j, t);
+        for (int64_t bk = 0; bk < merges; bk++) run_merge(&j, bk);
+        return;
     }
-#pragma omp parallel for num_threads(nthreads)
-    for (int64_t bk = 0; bk < (int64_t)B * KV; bk++) {
-        int b = (int)(bk / KV), kvh = (int)(bk % KV);
-        merge_parts(scratch + bk * parts * per_task, parts, per_task, G, D,
-                    out + ((int64_t)b * H + (int64_t)kvh * G) * D);
-    }
+    pool_run(task_span, &j, tasks, nthreads);  /* returns when every task is done */
+    if (merges) pool_run(merge_span, &j, merges, nthreads);
 }

@@ -4,8 +4,10 @@
 query token per request against its first `seq_lens[b]` slots `table[rows[b], :]`, no gather;
 with `prefix` (slots [P] that every request's first P positions share, cascade) those keys are
 read once for the whole batch. The work is split by (kv head, chunk of prefix keys) and
-(request, kv head, chunk of own keys) across OpenMP threads, so one long context also uses
-every thread (chunks merged exactly). The kernel is paged_decode.c, compiled by `native.build`
+(request, kv head, chunk of own keys) across threads (a help-first worker pool in
+paged_decode.c), so one long context also uses every thread (chunks merged exactly); small
+calls (short contexts, few requests) run on the calling thread (SERIAL_WORK). The kernel is
+paged_decode.c, compiled by `native.build`
 into the cache directory at first use (keyed by source, flags and CPU);
 `available()` is False where that is impossible and callers keep the gather path.
 Query float32, K/V float32 or bfloat16 (widened exactly, float32 math); torch_native is the
@@ -74,12 +76,15 @@ class PagedDecodePlan:
         assert k_cache.dtype == v_cache.dtype == (torch.bfloat16 if self.kv_bf16 else torch.float32)
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[1] == self.KV
         out = torch.empty_like(q)
-        _KERNEL.lib().lm_paged_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(self.kv_bf16),
-                                      self.prefix.data_ptr(), self.P, self.table.data_ptr(), self.table.stride(0),
-                                      self.rows.data_ptr(), self.seq_lens.data_ptr(), self.B, self.H, self.KV,
-                                      self.D, self.scale, CHUNK, torch.get_num_threads(), self.scratch.data_ptr(),
-                                      out.data_ptr())
+        _KERNEL.lib().lm_paged_decode(*self.c_args(q, k_cache, v_cache, out))
         return out
+
+    def c_args(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor) -> tuple:
+        """lm_paged_decode's arguments for this plan (bench/ab_paged_decode.py calls other builds with them)."""
+        return (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(self.kv_bf16), self.prefix.data_ptr(),
+                self.P, self.table.data_ptr(), self.table.stride(0), self.rows.data_ptr(), self.seq_lens.data_ptr(),
+                self.B, self.H, self.KV, self.D, self.scale, CHUNK, torch.get_num_threads(), self.scratch.data_ptr(),
+                out.data_ptr())
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,

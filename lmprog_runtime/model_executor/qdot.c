@@ -23,11 +23,18 @@
  * row-blocked inner loops"); -DLM_QDOT_ONE_ROW takes one row per pass (the tests' bitwise
  * reference). That invariance needs the build qgemm.py gives this file: -fno-associative-math
  * -ffp-contract=off (the fused multiply-adds are written out where wanted).
+ * Fixed cost per call (what a decode step at T = 1 pays 30 x 4 times): no allocation (each
+ * calling thread keeps KEEP_BYTES of activation scratch), the quantization vectorized on
+ * AVX-512, no thread but the caller's for jobs under SERIAL_BYTES, and a help-first worker
+ * pool instead of an OpenMP region (see pool_run: a late thread never holds the call up). The
+ * thread count never changes a row's float order: the threads only split the weight rows.
  * All tensors are row-major and contiguous; K is a multiple of 32 (callers check).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <pthread.h>
+#include <sched.h>
 #include <string.h>
 
 #if !defined(LM_QDOT_PORTABLE) && !defined(LM_QDOT_NO_AVX512) && defined(__AVX512VNNI__) && \
@@ -84,6 +91,7 @@ typedef struct {
     int8_t *qx;
     float *aux;
     float *dxl;  /* AVX-512 only: float [T, K/4], each block's dx 8 times in its lanes (see lane_pos) */
+    void *owned; /* a call's own allocation (too big for the thread's kept scratch), else NULL */
 } act_t;
 
 /* The order of qx within a block pair for the AVX-512 int4 path: the 64-byte register of two
@@ -100,11 +108,52 @@ static inline int lane_pos(int g, int i, int paired) {
     return paired ? (g & ~1) * 8 + (i / 4) * 8 + (g & 1) * 4 + i % 4 : g * 8 + i;
 }
 
-/* Quantize row x [K] into qx (natural order, or pair order for full pairs when `pairs`). */
-static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *aux, float *dxl) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && !defined(LM_QDOT_PORTABLE) && !defined(LM_QDOT_NO_AVX512)
+#include <immintrin.h>
+/* One block of 32 inputs -> q [32] (lo16 = inputs 0..15, hi16 = 16..31, each ^ flip), its
+ * dx and sum(qx): the scalar rule below, vectorized, bit for bit (max and the integer sum are
+ * exact in any order; x * inv rounds once; roundscale rounds half to even as nearbyintf). */
+static inline float quantize_block(const float *xg, uint8_t flip, __m128i *lo16, __m128i *hi16, int *sum) {
+    const __m512 x0 = _mm512_loadu_ps(xg), x1 = _mm512_loadu_ps(xg + 16);
+    const __m512 a0 = _mm512_abs_ps(x0), a1 = _mm512_abs_ps(x1), inf = _mm512_set1_ps(INFINITY);
+    const int finite = (__mmask16)(_mm512_cmp_ps_mask(a0, inf, _CMP_LT_OQ) &
+                                   _mm512_cmp_ps_mask(a1, inf, _CMP_LT_OQ)) == (__mmask16)0xFFFF;
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+    const float d = finite ? amax / 127.f : NAN, inv = finite && amax > 0.f ? 127.f / amax : 0.f;
+    const __m512 vi = _mm512_set1_ps(inv), hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
+#define RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)  /* an immediate: half to even */
+#define QROUND(x_) _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(x_, vi), RNE), \
+                                                                   lo), hi))
+    __m512i i0 = QROUND(x0), i1 = QROUND(x1);
+#undef QROUND
+#undef RNE
+    if (!finite) i0 = i1 = _mm512_setzero_si512();  /* qx = 0: the row's outputs are NaN through dx */
+    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+    const __m128i f = _mm_set1_epi8((char)flip);
+    *lo16 = _mm_xor_si128(_mm512_cvtepi32_epi8(i0), f);
+    *hi16 = _mm_xor_si128(_mm512_cvtepi32_epi8(i1), f);
+    return d;
+}
+#define QUANT_VEC 1
+#endif
+
+/* Quantize row x [K] into qx (natural order, or pair order for full pairs when `pairs`; each
+ * byte ^ 0x80 when `biased`, see q8_corr). */
+static void quantize_row(const float *x, int K, int pairs, int biased, int8_t *qx, float *aux, float *dxl) {
     const int G = K / QB;
     for (int g = 0; g < G; g++) {
         const float *xg = x + g * QB;
+        const int paired = pairs && (g | 1) < G;
+        float d;
+        int sum = 0;
+#if defined(QUANT_VEC)
+        __m128i lo16, hi16;
+        d = quantize_block(xg, biased ? 0x80 : 0, &lo16, &hi16, &sum);
+        /* pair order: [lo(g), lo(g+1), hi(g), hi(g+1)] over the pair's 64 bytes (see pair_pos) */
+        int8_t *base = paired ? qx + (g & ~1) * QB + (g & 1) * 16 : qx + g * QB;
+        _mm_storeu_si128((__m128i *)base, lo16);
+        _mm_storeu_si128((__m128i *)(base + (paired ? 32 : 16)), hi16);
+#else
         float amax = 0.f;
         int finite = 1;
         for (int j = 0; j < QB; j++) {
@@ -112,20 +161,20 @@ static void quantize_row(const float *x, int K, int pairs, int8_t *qx, float *au
             finite &= isfinite(xg[j]) != 0;
         }
         /* a non-finite input makes its row's outputs NaN, as the float kernels would (qx = 0) */
-        const float d = finite ? amax / 127.f : NAN, inv = finite && amax > 0.f ? 127.f / amax : 0.f;
+        d = finite ? amax / 127.f : NAN;
+        const float inv = finite && amax > 0.f ? 127.f / amax : 0.f;
         int8_t q[QB];
-        int sum = 0;
         for (int j = 0; j < QB; j++) {
             float r = nearbyintf(xg[j] * inv);
             r = r > 127.f ? 127.f : (r < -127.f ? -127.f : r);
-            q[j] = (int8_t)r;
+            q[j] = finite ? (int8_t)r : 0;
             sum += q[j];
         }
-        const int paired = pairs && (g | 1) < G;
         for (int j = 0; j < QB; j++) {
             const int pos = paired ? (g & ~1) * QB + pair_pos((g & 1) * QB + j) : g * QB + j;
-            qx[pos] = q[j];
+            qx[pos] = (int8_t)(biased ? q[j] ^ 0x80 : q[j]);
         }
+#endif
         aux[2 * g] = d;
         aux[2 * g + 1] = d * (float)sum;
         if (dxl != NULL)
@@ -480,17 +529,47 @@ _Static_assert(QR == 4 && (Q8R == 4 || Q8R == 8), "SPAN_CASES / SPAN_CASES8 spel
 #define DXL 0
 #endif
 
+#ifndef KEEP_BYTES
+#define KEEP_BYTES (256 * 1024) /* activation scratch each calling thread keeps between calls */
+#endif
+static pthread_key_t keep_key;
+static pthread_once_t keep_once = PTHREAD_ONCE_INIT;
+static void keep_init(void) { (void)pthread_key_create(&keep_key, free); }  /* freed at thread exit */
+
+static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* The scratch of a call of T rows of K inputs: the calling thread's kept KEEP_BYTES when that
+ * suffices (no allocation per decode step), else the call's own. 0 when out of memory. */
 static int act_alloc(act_t *a, int T, int K) {
-    a->qx = malloc((size_t)T * K);
-    a->aux = malloc(sizeof(float) * (size_t)T * (K / QB) * 2);
-    a->dxl = DXL ? malloc(sizeof(float) * (size_t)T * (K / 4)) : NULL;
-    return a->qx != NULL && a->aux != NULL && (!DXL || a->dxl != NULL);
+    const size_t nq = up64((size_t)T * K), na = up64(sizeof(float) * (size_t)T * (K / QB) * 2);
+    const size_t need = nq + na + (DXL ? sizeof(float) * (size_t)T * (K / 4) : 0);
+    char *base;
+    a->owned = NULL;
+    if (need <= KEEP_BYTES) {
+        (void)pthread_once(&keep_once, keep_init);
+        base = pthread_getspecific(keep_key);
+        if (base == NULL) {
+            base = aligned_alloc(64, KEEP_BYTES);
+            if (base == NULL || pthread_setspecific(keep_key, base) != 0) { free(base); return 0; }
+        }
+    } else if ((base = a->owned = aligned_alloc(64, up64(need))) == NULL) {
+        return 0;
+    }
+    a->qx = (int8_t *)base;
+    a->aux = (float *)(base + nq);
+    a->dxl = DXL ? (float *)(base + nq + na) : NULL;
+    return 1;
 }
 
-static void act_free(act_t *a) {
-    free(a->qx);
-    free(a->aux);
-    free(a->dxl);
+static void act_free(act_t *a) { free(a->owned); }
+
+/* Every row of x [T, K] into a's scratch (natural order, pairs for int4 on AVX-512, biased for
+ * int8 on AVX-512). */
+static void quantize_all(const float *x, int T, int K, int pairs, int biased, act_t *a) {
+    const int G = K / QB;
+    for (int t = 0; t < T; t++)
+        quantize_row(x + (int64_t)t * K, K, pairs, biased, a->qx + (int64_t)t * K, a->aux + (int64_t)t * 2 * G,
+                     DXL ? a->dxl + (int64_t)t * (K / 4) : NULL);
 }
 
 /* Which inner loop this build has: 512 (AVX-512 VNNI), 256 (AVX2 / AVX-VNNI) or 0 (portable). */
@@ -511,6 +590,151 @@ static int64_t span_rows(int64_t N, int nthreads, int64_t row_bytes) {
     int64_t cap = SPAN_BYTES / row_bytes;
     cap = cap < 1 ? 1 : (cap > NB_MAX ? NB_MAX : cap);
     return per < 1 ? 1 : (per > cap ? cap : per);
+}
+
+/* ---- a help-first worker pool (instead of an OpenMP region) ---------------------------------
+ * OpenMP's region ends in a join that waits for every thread of the team, also one the OS has
+ * not run yet: on a machine whose other cores are busy a 25 us matmul measured 300-400 us on 2
+ * threads. Here the calling thread claims spans itself, as do up to nthreads - 1 persistent
+ * workers, and it waits only for spans a worker has claimed: a worker that wakes late finds no
+ * span left and goes back to sleep, so a call never takes much longer than on one thread.
+ * One job at a time: `word` = (generation 20 bits | spans 22 | next span 22), claimed by
+ * compare-and-swap only while its generation is the job's (a late worker never touches the
+ * next job's counter); `done` counts finished spans. The job's fn / ctx are written before the
+ * word that publishes them and stay valid until done == spans, which needs every claimed span
+ * finished. A second caller while a job runs or a failed thread start just run on the calling
+ * thread; a fork's child starts its own workers. Workers wait ~100 us for the next job, a
+ * few us spinning, then yielding the core (a decode step's matmuls come closer than that, and
+ * waking a sleeping thread costs about as much as a small matmul), then sleep: an idle server
+ * has no spinning thread. */
+#include <stdatomic.h>
+#define POOL_MAX 63        /* workers at most */
+#define POOL_SPIN 200      /* pauses a worker spins for the next job (~2-10 us), then it yields ... */
+#define POOL_YIELDS 100    /* ... this many times (sched_yield, ~100 us: other threads run meanwhile), then sleeps */
+#define SPANS_MAX ((int64_t)1 << 22)
+#define CLAIM_MAX 8        /* spans per claim at most */
+typedef void (*span_fn)(const void *ctx, int64_t sp);
+static struct {
+    pthread_mutex_t job_mu, mu;  /* job_mu: one job at a time; mu + cv: sleeping workers */
+    pthread_cond_t cv;
+    _Atomic uint64_t word;
+    _Atomic int64_t done;
+    _Atomic int sleepers, want;  /* want: workers the current job may use (ids 0..want-1) */
+    span_fn fn;
+    const void *ctx;
+    int started;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, NULL, 0};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static inline uint32_t word_gen(uint64_t w) { return (uint32_t)(w >> 44); }
+
+/* Wait briefly for a job generation other than seen: POOL_SPIN pauses, then POOL_YIELDS
+ * yields of the core (a spinning thread would take it from whoever else wants it: the
+ * OpenMP threads of torch, paged_decode.c's workers) -> the generation (seen when none
+ * came). */
+static uint32_t spin_for_job(uint32_t seen) {
+    uint32_t gen = seen;
+    for (int i = 0; i < POOL_SPIN && (gen = word_gen(atomic_load(&pool.word))) == seen; i++) cpu_relax();
+    for (int i = 0; i < POOL_YIELDS && gen == seen; i++) {
+        sched_yield();
+        gen = word_gen(atomic_load(&pool.word));
+    }
+    return gen;
+}
+
+/* Claim and run spans of generation gen until none is left: a quarter of each thread's share
+ * of what is left per claim, at most CLAIM_MAX (few compare-and-swaps on a long job; a thread
+ * descheduled after a claim holds the call up by CLAIM_MAX spans at most). */
+static void pool_drain(uint32_t gen) {
+    uint64_t w = atomic_load(&pool.word);
+    for (;;) {
+        const int64_t spans = (int64_t)((w >> 22) & (SPANS_MAX - 1)), next = (int64_t)(w & (SPANS_MAX - 1));
+        if (word_gen(w) != gen || next >= spans) return;
+        int64_t take = (spans - next) / (4 * (int64_t)(atomic_load(&pool.want) + 1));
+        take = take < 1 ? 1 : (take > CLAIM_MAX ? CLAIM_MAX : take);
+        if (!atomic_compare_exchange_weak(&pool.word, &w, w + (uint64_t)take)) continue;  /* w reloaded */
+        for (int64_t sp = next; sp < next + take; sp++) pool.fn(pool.ctx, sp);
+        atomic_fetch_add(&pool.done, take);
+        w = atomic_load(&pool.word);
+    }
+}
+
+static void *pool_worker(void *arg) {
+    const int id = (int)(intptr_t)arg;
+    uint32_t seen = word_gen(atomic_load(&pool.word));
+    for (;;) {
+        uint32_t gen = spin_for_job(seen);
+        if (gen == seen) {  /* asleep until a new job: counted in sleepers before the last look */
+            pthread_mutex_lock(&pool.mu);
+            atomic_fetch_add(&pool.sleepers, 1);
+            while ((gen = word_gen(atomic_load(&pool.word))) == seen) pthread_cond_wait(&pool.cv, &pool.mu);
+            atomic_fetch_sub(&pool.sleepers, 1);
+            pthread_mutex_unlock(&pool.mu);
+        }
+        seen = gen;
+        if (id < atomic_load(&pool.want)) pool_drain(gen);  /* a stale want only costs a failed claim */
+    }
+    return NULL;
+}
+
+static void pool_after_fork(void) {  /* the child has none of the parent's workers */
+    pthread_mutex_init(&pool.job_mu, NULL);
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_cond_init(&pool.cv, NULL);
+    pool.started = 0;
+    atomic_store(&pool.sleepers, 0);
+}
+
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static void pool_init(void) { (void)pthread_atfork(NULL, NULL, pool_after_fork); }
+
+/* fn(ctx, sp) for sp in 0..spans-1 on the calling thread and up to nthreads - 1 workers. */
+static void pool_run(span_fn fn, const void *ctx, int64_t spans, int nthreads) {
+    const int want = (nthreads < POOL_MAX + 1 ? nthreads : POOL_MAX + 1) - 1;
+    if (want < 1 || spans < 2 || spans >= SPANS_MAX || pthread_mutex_trylock(&pool.job_mu) != 0) {
+        for (int64_t sp = 0; sp < spans; sp++) fn(ctx, sp);
+        return;
+    }
+    (void)pthread_once(&pool_once, pool_init);
+    while (pool.started < want) {  /* workers start on first need and live as long as the process */
+        pthread_t th;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        const int rc = pthread_create(&th, &at, pool_worker, (void *)(intptr_t)pool.started);
+        pthread_attr_destroy(&at);
+        if (rc != 0) break;
+        pool.started++;
+    }
+    pool.fn = fn, pool.ctx = ctx;
+    atomic_store(&pool.done, 0);
+    atomic_store(&pool.want, want);
+    const uint32_t gen = (word_gen(atomic_load(&pool.word)) + 1) & 0xFFFFF;
+    atomic_store(&pool.word, ((uint64_t)gen << 44) | ((uint64_t)spans << 22));  /* publishes fn, ctx */
+    if (atomic_load(&pool.sleepers) > 0) {
+        pthread_mutex_lock(&pool.mu);
+        pthread_cond_broadcast(&pool.cv);
+        pthread_mutex_unlock(&pool.mu);
+    }
+    pool_drain(gen);
+    while (atomic_load(&pool.done) < spans) cpu_relax();  /* only spans a worker is running */
+    pthread_mutex_unlock(&pool.job_mu);
+}
+
+#ifndef SERIAL_BYTES
+#define SERIAL_BYTES 65536 /* weight bytes x row blocks under which the calling thread does it all */
+#endif
+/* Threads for a call: one (no pool job to publish and wake workers for) when its weights x row
+ * blocks are under SERIAL_BYTES, else nthreads.
+ * Either way each row's float order is the same (the spans only split the weight rows). */
+static int threads_for(int64_t N, int64_t row_bytes, int T, int rows, int nthreads) {
+    const int64_t passes = (T + rows - 1) / rows;
+    return N * row_bytes * passes < SERIAL_BYTES ? 1 : nthreads;
 }
 
 /* weight rows n0..n1 (int4) x activation rows t..t+nr-1 -> y [T, N] */
@@ -545,6 +769,29 @@ static void q8_span(const act_t *a, int t, int nr, int K, const int8_t *q, const
 #undef Q8_CALL
 }
 
+/* One pass of a call: weight-row span sp against activation rows t0..t1. */
+typedef struct {
+    const act_t *a;
+    int t0, t1, K;
+    const void *q, *scales;
+    int64_t nb, N;
+    float *y;
+} pass_t;
+
+static void q4_pass_span(const void *c, int64_t sp) {
+    const pass_t *p = c;
+    const int64_t n0 = sp * p->nb, n1 = n0 + p->nb < p->N ? n0 + p->nb : p->N;
+    for (int t = p->t0; t < p->t1; t += ROWS)
+        q4_span(p->a, t, p->t1 - t < ROWS ? p->t1 - t : ROWS, p->K, p->q, p->scales, n0, n1, p->N, p->y);
+}
+
+static void q8_pass_span(const void *c, int64_t sp) {
+    const pass_t *p = c;
+    const int64_t n0 = sp * p->nb, n1 = n0 + p->nb < p->N ? n0 + p->nb : p->N;
+    for (int t = p->t0; t < p->t1; t += ROWS8)
+        q8_span(p->a, t, p->t1 - t < ROWS8 ? p->t1 - t : ROWS8, p->K, p->q, p->scales, n0, n1, p->N, p->y);
+}
+
 /* x float32 [T, K], q uint8 [N, K/2] (qgemm.c's nibble order), sz float16 [N, K/32, 2] (s, m)
  * -> y [T, N]. Returns 0, or -1 when scratch could not be allocated (y untouched). Threads split
  * the weight rows (spans); each span meets every row block of a chunk while its weights are cached. */
@@ -553,18 +800,13 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t 
     const int G = K / QB;
     act_t a;
     if (T <= 0 || N <= 0) return 0;
-    if (!act_alloc(&a, T, K)) { act_free(&a); return -1; }
-    for (int t = 0; t < T; t++)
-        quantize_row(x + (int64_t)t * K, K, Q4_PAIRS, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G,
-                     DXL ? a.dxl + (int64_t)t * (K / 4) : NULL);
-    const int64_t nb = span_rows(N, nthreads, K / 2 + 4 * G), spans = (N + nb - 1) / nb;
-    for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one parallel region (one join) per chunk */
-        const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-        for (int64_t sp = 0; sp < spans; sp++) {
-            const int64_t n0 = sp * nb, n1 = n0 + nb < N ? n0 + nb : N;
-            for (int t = t0; t < t1; t += ROWS) q4_span(&a, t, t1 - t < ROWS ? t1 - t : ROWS, K, q, sz, n0, n1, N, y);
-        }
+    if (!act_alloc(&a, T, K)) return -1;
+    quantize_all(x, T, K, Q4_PAIRS, 0, &a);
+    const int nt = threads_for(N, K / 2 + 4 * G, T, ROWS, nthreads);
+    const int64_t nb = span_rows(N, nt, K / 2 + 4 * G), spans = (N + nb - 1) / nb;
+    for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one pool job per chunk */
+        const pass_t p = {&a, t0, t0 + T_CHUNK < T ? t0 + T_CHUNK : T, K, q, sz, nb, N, y};
+        pool_run(q4_pass_span, &p, spans, nt);
     }
     act_free(&a);
     return 0;
@@ -573,24 +815,15 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t 
 /* x float32 [T, K], q int8 [N, K], scale float32 [N] (qgemm.c's int8 layout) -> y [T, N]. */
 int lm_q8x8_gemm(const float *x, int T, int K, const int8_t *q, const float *scale, int64_t N, float *y,
                  int nthreads) {
-    const int G = K / QB;
     act_t a;
     if (T <= 0 || N <= 0) return 0;
-    if (!act_alloc(&a, T, K)) { act_free(&a); return -1; }
-    for (int t = 0; t < T; t++)
-        quantize_row(x + (int64_t)t * K, K, 0, a.qx + (int64_t)t * K, a.aux + (int64_t)t * 2 * G,
-                     DXL ? a.dxl + (int64_t)t * (K / 4) : NULL);
-    if (Q8_BIASED)
-        for (int64_t j = 0; j < (int64_t)T * K; j++) a.qx[j] = (int8_t)(a.qx[j] ^ 0x80);
-    const int64_t nb = span_rows(N, nthreads, K), spans = (N + nb - 1) / nb;
+    if (!act_alloc(&a, T, K)) return -1;
+    quantize_all(x, T, K, 0, Q8_BIASED, &a);
+    const int nt = threads_for(N, K, T, ROWS8, nthreads);
+    const int64_t nb = span_rows(N, nt, K), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {
-        const int t1 = t0 + T_CHUNK < T ? t0 + T_CHUNK : T;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-        for (int64_t sp = 0; sp < spans; sp++) {
-            const int64_t n0 = sp * nb, n1 = n0 + nb < N ? n0 + nb : N;
-            for (int t = t0; t < t1; t += ROWS8)
-                q8_span(&a, t, t1 - t < ROWS8 ? t1 - t : ROWS8, K, q, scale, n0, n1, N, y);
-        }
+        const pass_t p = {&a, t0, t0 + T_CHUNK < T ? t0 + T_CHUNK : T, K, q, scale, nb, N, y};
+        pool_run(q8_pass_span, &p, spans, nt);
     }
     act_free(&a);
     return 0;

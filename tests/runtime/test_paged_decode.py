@@ -152,3 +152,113 @@ def test_backend_bfloat16_decode_uses_the_kernel_close_to_the_gather_path():
         finally:
             pd.enabled = True
     torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=2e-2)  # the gather path's SDPA runs in bf16
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("D", [16, 20, 40, 64, 96, 128])  # every inner-loop width: 64-, 32-, 8-float vectors, scalar
+@pytest.mark.parametrize("B,seq_lens", [
+    (1, [7]),  # tiny: one task, one thread, no merge pass
+    (3, [1, 5, 130]),  # small: under SERIAL_WORK, one part per (request, head)
+    (8, [512, 300, 1, 77, 511, 4, 260, 420]),  # above SERIAL_WORK, still one part each: parallel, no merge
+    (2, [513, 1030]),  # several parts: the merge pass
+])
+def test_kernel_paths_match_sdpa_for_every_head_size(threads, D, B, seq_lens):
+    """The one-thread path for small work, the final-part path (no merge), the parallel region,
+    and the q.k / p.v loops for head sizes that take each vector width (and none)."""
+    torch.manual_seed(D * 31 + B)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        H, KV, slots = 6, 2, 5000
+        k, v = torch.randn(slots, KV, D), torch.randn(slots, KV, D)
+        table = torch.randint(1, slots, (B + 1, 1100))
+        rows, lens, q = torch.randperm(B + 1)[:B], torch.tensor(seq_lens), torch.randn(B, H, D) * 2
+        got = pd.paged_decode(q, k, v, table, rows, lens, D ** -0.5)
+        torch.testing.assert_close(got, _reference(q, k, v, table, rows, lens, D ** -0.5), rtol=1e-4, atol=1e-5)
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_small_cascade_on_one_thread_matches_sdpa(threads):
+    """A short shared prefix over a few requests (under SERIAL_WORK: no parallel region) still
+    reads the prefix once and merges exactly."""
+    torch.manual_seed(6)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        B, H, KV, D, slots, P = 3, 9, 3, 64, 600, 20
+        k, v = torch.randn(slots, KV, D), torch.randn(slots, KV, D)
+        table = torch.randint(1, slots, (4, 64))
+        prefix, rows = torch.randint(1, slots, (P,)), torch.tensor([3, 0, 2])
+        table[rows, :P] = prefix
+        seq_lens = torch.tensor([1, 9, 40]) + P
+        q = torch.randn(B, H, D)
+        got = pd.paged_decode(q, k, v, table, rows, seq_lens, D ** -0.5, prefix=prefix)
+        torch.testing.assert_close(got, _reference(q, k, v, table, rows, seq_lens, D ** -0.5), rtol=1e-4, atol=1e-5)
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_concurrent_callers_share_the_worker_pool_and_agree_bitwise():
+    """Calls from several threads at once (one holds the kernel's worker pool, the others run on
+    their own thread) give what one thread gives, bit for bit (each part and the merge order are
+    fixed whoever runs them), and none hangs."""
+    import threading
+
+    torch.manual_seed(7)
+    B, H, KV, D, slots, P = 8, 9, 3, 64, 9000, 700
+    k, v = torch.randn(slots, KV, D), torch.randn(slots, KV, D)
+    table = torch.randint(1, slots, (9, 1400))
+    prefix, rows = torch.randint(1, slots, (P,)), torch.arange(1, 9)
+    table[rows, :P] = prefix
+    seq_lens = torch.tensor([1, 50, 300, 520, 700, 9, 100, 600]) + P
+    q = torch.randn(B, H, D)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = pd.paged_decode(q, k, v, table, rows, seq_lens, D ** -0.5, prefix=prefix)
+    finally:
+        torch.set_num_threads(old)
+    bad = []
+
+    def loop(i):
+        out = torch.empty_like(q)
+        own = pd.PagedDecodePlan(table, rows, seq_lens, D ** -0.5, H, KV, D, False, prefix)  # own scratch
+        for n in range(20):
+            args = list(own.c_args(q, k, v, out))
+            args[16] = 2  # nthreads
+            pd._KERNEL.lib().lm_paged_decode(*args)
+            if not torch.equal(out, want):
+                bad.append((i, n))
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads) and not bad, bad
+
+
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2", "-mno-avx", "-mno-fma")])
+def test_narrower_vector_builds_match_sdpa(flags, monkeypatch):
+    """The kernel built for narrower vectors than this machine's (8-float vectors: a ymm with
+    AVX2, two xmm without AVX) against SDPA: every head size's loop, cascade and merges."""
+    from lmprog_runtime import native
+
+    kernel = native.Kernel(pd._SOURCE, native.NATIVE_FLAGS + flags, True, pd._declare)
+    if kernel.lib() is None:
+        pytest.skip("the compiler refused " + " ".join(flags))
+    monkeypatch.setattr(pd, "_KERNEL", kernel)
+    torch.manual_seed(8)
+    for D in (20, 40, 64, 96):
+        H, KV, slots, P = 6, 2, 4000, 300
+        k, v = torch.randn(slots, KV, D), torch.randn(slots, KV, D)
+        table = torch.randint(1, slots, (5, 1400))
+        prefix, rows = torch.randint(1, slots, (P,)), torch.tensor([4, 1, 3])
+        table[rows, :P] = prefix
+        seq_lens, q = torch.tensor([1, 700, 1100]) + P, torch.randn(3, H, D)
+        for pre in (None, prefix):
+            got = pd.paged_decode(q, k, v, table, rows, seq_lens, D ** -0.5, prefix=pre)
+            torch.testing.assert_close(got, _reference(q, k, v, table, rows, seq_lens, D ** -0.5),
+                                       rtol=1e-4, atol=1e-5)

@@ -249,3 +249,84 @@ def test_smollm2_int4_int8_activations_greedy_agreement(monkeypatch):
     print(f"max |logit - fp32| = {(lg - lw).abs().max():.2f}, top-1 agreement {top1:.2f}")
     assert top1 >= 0.85
     assert (lg - lw).abs().max() <= 3.0  # logits span ~[-20, 40] here
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_kept_and_own_scratch_give_the_same_rows(fmt):
+    """Calls small enough for the calling thread's kept scratch and a call too big for it (its
+    own allocation), from this thread and from new ones (each keeps its own): every row the
+    same, bit for bit."""
+    import threading
+
+    bufs, _ = weights(fmt, 130, 576, seed=11)
+    x = torch.randn(300, 576)  # 300 x 576 int8 + scales: over the 256 KB kept per thread
+    big = qgemm.dot_matmul(fmt, x, *bufs)
+    got = {}
+
+    def rows(key, lo, hi):
+        got[key] = torch.cat([qgemm.dot_matmul(fmt, x[t:t + 3], *bufs) for t in range(lo, hi, 3)])
+
+    rows("main", 0, 60)
+    threads = [threading.Thread(target=rows, args=(i, 60 + 30 * i, 90 + 30 * i)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert torch.equal(got["main"], big[:60])
+    for i in range(3):
+        assert torch.equal(got[i], big[60 + 30 * i:90 + 30 * i]), i
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_concurrent_callers_share_the_worker_pool(fmt):
+    """Calls from several threads at once (one holds the pool, the others run alone on their
+    thread) and back-to-back calls (workers spinning, yielding or asleep): every result the
+    one-thread result, bit for bit, and no call hangs."""
+    import threading
+
+    bufs, _ = weights(fmt, 960, 576, seed=12)
+    xs = [torch.randn(T, 576) for T in (1, 2, 4, 9)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = [qgemm.dot_matmul(fmt, x, *bufs) for x in xs]
+    finally:
+        torch.set_num_threads(before)
+    bad = []
+
+    def loop(seed):
+        for i in range(40):
+            j = (seed + i) % len(xs)
+            y = torch.empty(xs[j].shape[0], 960)
+            assert qgemm.dot_fn(fmt)(xs[j].data_ptr(), xs[j].shape[0], 576, bufs[0].data_ptr(), bufs[1].data_ptr(),
+                                     960, y.data_ptr(), 2) == 0
+            if not torch.equal(y, want[j]):
+                bad.append((seed, i))
+
+    threads = [threading.Thread(target=loop, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads) and not bad, bad
+
+
+def test_a_forked_child_runs_the_kernel():
+    """After fork the child has none of the parent's pool workers: it starts its own."""
+    import multiprocessing as mp
+
+    bufs, _ = weights("int4", 960, 576, seed=13)
+    x = torch.randn(3, 576)
+    want = qgemm.dot_matmul("int4", x, *bufs)  # the parent's workers exist now
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    child = ctx.Process(target=_child_matmul, args=(q, x, bufs))
+    child.start()
+    child.join(timeout=120)
+    assert child.exitcode == 0
+    assert torch.equal(torch.tensor(q.get(timeout=10)), want)  # float32 -> Python float -> float32 is exact
+
+
+def _child_matmul(q, x, bufs):
+    torch.set_num_threads(2)
+    q.put(qgemm.dot_matmul("int4", x, *bufs).tolist())
