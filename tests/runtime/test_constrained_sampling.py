@@ -4,7 +4,7 @@ the default grammar engine: no request fails, and every output that stopped is v
 The tiny random-weight model writes near-uniform noise, so it walks into corners a real
 model seldom reaches; this found dead ends that greedy tests never met (a backslash after a
 pattern's last character, numbers that no completion could make equal to an enum value).
-`slow` runs the whole corpus; the default suite a fixed sample.
+`slow` runs the whole corpus (about 15 min on 2 cores); the default suite a fixed sample.
 """
 import json
 import pathlib
@@ -42,5 +42,6 @@ def test_sampling_under_corpus_schemas(tiny_engine):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_sampling_under_the_whole_corpus(tiny_engine):
-    assert _check(tiny_engine, _schemas(400), seeds=4, max_new_tokens=300) > 0
+    assert _check(tiny_engine, _schemas(400), seeds=2, max_new_tokens=200) > 0
