@@ -32,7 +32,7 @@ BAD_BODIES = [
     {"text": "hi", "sampling_params": {"sampling_seed": 1 << 64}},
     {"text": "hi", "sampling_params": {"logit_bias": {"5": "x"}}},
     {"text": "hi", "cache_salt": ["a"]}, {"input_ids": [-1]}, {"text": "hi", "stream": "false"},
-    {"text": "hi", "sampling_params": {"n": 10 ** 6}}, {"text": "hi", "sampling_params": {"regex": "a{1000000}"}},
+    {"text": "hi", "sampling_params": {"n": 10 ** 6}}, {"text": "hi", "sampling_params": {"regex": "(("}},
     {"text": "\ud800"}, {"text": "hi", "rid": "HEALTH_CHECK_soak"},
     {"text": "hi", "sampling_params": {"max_new_tokens": 10 ** 6}},
 ]
