@@ -1,9 +1,9 @@
 """Small C kernels compiled with the system C compiler at first use, like Triton's launcher.
 
 `build(source, flags, cpu_specific)` compiles `source` into CACHE_DIR/kernels once per
-(source, flags[, CPU flags]) and loads it; it returns None where that is impossible (no
-compiler, a failed build, or LMPROG_NO_C_KERNELS set), and callers keep their pure-torch or
-numpy path. Concurrent builders all end with a whole file (atomic rename).
+(source and the headers it includes, flags[, CPU flags]) and loads it; it returns None where
+that is impossible (no compiler, a failed build, or LMPROG_NO_C_KERNELS set), and callers keep
+their pure-torch or numpy path. Concurrent builders all end with a whole file (atomic rename).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -35,12 +36,30 @@ def cpu_key() -> str:
         return ""
 
 
+INCLUDE_DIR = pathlib.Path(__file__).parent  # shared headers (native_pool.h): #include "name.h"
+_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
+
+
+def local_headers(source: pathlib.Path) -> bytes:
+    """The bytes of the headers `source` includes with quotes (next to it or in INCLUDE_DIR),
+    so that an edit to a shared header rebuilds every kernel including it."""
+    out = b""
+    for name in _INCLUDE.findall(source.read_bytes()):
+        for d in (source.parent, INCLUDE_DIR):
+            path = d / name.decode()
+            if path.is_file():
+                out += path.read_bytes()
+                break
+    return out
+
+
 def build(source: pathlib.Path, flags: Sequence[str], cpu_specific: bool) -> Optional[ctypes.CDLL]:
     from lmprog_runtime.config import C_COMPILER, CACHE_DIR, NO_C_KERNELS
 
     if NO_C_KERNELS:
         return None
-    key = source.read_bytes() + repr(list(flags)).encode() + (cpu_key().encode() if cpu_specific else b"")
+    key = source.read_bytes() + local_headers(source) + repr(list(flags)).encode() + (
+        cpu_key().encode() if cpu_specific else b"")
     out = pathlib.Path(CACHE_DIR) / "kernels" / f"{source.stem}-{hashlib.sha256(key).hexdigest()[:16]}.so"
     if not out.exists():
         cc = C_COMPILER or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
@@ -51,8 +70,8 @@ def build(source: pathlib.Path, flags: Sequence[str], cpu_specific: bool) -> Opt
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
         try:
-            subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", tmp, str(source), "-lm"], check=True,
-                           capture_output=True, timeout=120)
+            argv = [cc, *flags, f"-I{INCLUDE_DIR}", "-shared", "-fPIC", "-o", tmp, str(source), "-lm"]
+            subprocess.run(argv, check=True, capture_output=True, timeout=120)
             os.replace(tmp, out)
         except (OSError, subprocess.SubprocessError) as exc:
             detail = (getattr(exc, "stderr", b"") or b"").decode(errors="replace")[:300]
