@@ -41,3 +41,10 @@ class AttentionBackend(ABC):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 forward_batch: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
         """q [T, heads, D], k/v [T, kv_heads, D] (new tokens, rotary applied) -> out [T, heads * D]."""
+
+    def decode_attend(self, q: torch.Tensor, out: torch.Tensor):
+        """For this batch, `attend(layer_id)`: what `forward(q, None, None, layer_id, fb,
+        save_kv_cache=False)` computes, written into `out` [T, heads, D] without the per-layer
+        checks and allocations (the fused decode layer calls it 30 times a step); q [T, heads, D]
+        is read at each call. None where the backend has no such path for this batch."""
+        return None

@@ -45,6 +45,11 @@ def available() -> bool:
     return enabled and _KERNEL.lib() is not None
 
 
+def kernel_fn():
+    """lm_paged_decode itself (PagedDecodePlan.c_args gives its arguments)."""
+    return _KERNEL.lib().lm_paged_decode
+
+
 class PagedDecodePlan:
     """What every layer of one decode step shares, prepared once per step (`init_forward_metadata`):
     the contiguous index tensors, the scratch buffer, the shapes. `run(q, k_cache, v_cache)` per

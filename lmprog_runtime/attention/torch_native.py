@@ -96,6 +96,27 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.paged = self._plan(table, fb.req_pool_indices, fb.seq_lens, max(seq_lens), prefix)
         return True
 
+    def decode_attend(self, q: torch.Tensor, out: torch.Tensor):
+        """A pure decode batch on the kernel (`decode_only`): one C call per layer, its arguments
+        bound here once (PagedDecodePlan.c_args) with only the layer's K/V pointers changing."""
+        if not getattr(self, "decode_only", False):
+            return None
+        k, v, plan = self.kv_pool.k, self.kv_pool.v, self.paged
+        if not (q.dtype == out.dtype == torch.float32 and q.is_contiguous() and out.is_contiguous()
+                and q.shape == out.shape == (plan.B, plan.H, plan.D) and v.is_contiguous()):
+            return None
+        assert k.dtype == v.dtype == (torch.bfloat16 if plan.kv_bf16 else torch.float32) and k.shape[2] == plan.KV
+        args = list(plan.c_args(q, k[0], v[0], out))
+        k0, v0 = k.data_ptr(), v.data_ptr()
+        step = k.stride(0) * k.element_size()  # bytes per layer, the same for v (same shape and dtype)
+        fn = paged_decode.kernel_fn()
+
+        def attend(layer_id: int) -> None:
+            args[1], args[2] = k0 + layer_id * step, v0 + layer_id * step
+            fn(*args)
+
+        return attend
+
     def _init_ones(self, fb: ForwardBatch, rows, short: List[int], seq_lens: List[int], extend_lens: List[int],
                    starts: List[int]):
         """Beside requests verifying several tokens (drafts), the one-token decodes of the

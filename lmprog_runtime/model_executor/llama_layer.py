@@ -181,6 +181,7 @@ class FusedLayers:
         self.bufs = {k: torch.empty(cap, w, dtype=torch.float32) for k, w in widths.items()}
         for k, t in self.bufs.items():
             setattr(self.ctx, k, t.data_ptr())
+        self.bufs["attn"] = torch.empty(cap, self.H * self.D, dtype=torch.float32)  # decode_attend's output
         self.capacity = cap
 
     # -- the step --
@@ -209,10 +210,15 @@ class FusedLayers:
             gate.wait(0)
         if self.head(self.ctx_ptr, ptrs[0], 1):
             raise MemoryError("llama_layer.c: no memory for a matmul's activation scratch")
+        attend = backend.decode_attend(q, b["attn"][:T].view(T, self.H, self.D))  # one C call a layer, or None
         for i in range(n):
-            out = backend.forward(q, None, None, i, fb, save_kv_cache=False)  # [T, H * D]
-            if out.dtype != torch.float32 or not out.is_contiguous():
-                out = out.float().contiguous()
+            if attend is not None:
+                attend(i)
+                out = b["attn"][:T]
+            else:
+                out = backend.forward(q, None, None, i, fb, save_kv_cache=False)  # [T, H * D]
+                if out.dtype != torch.float32 or not out.is_contiguous():
+                    out = out.float().contiguous()
             nxt = ptrs[i + 1] if i + 1 < n else None
             if nxt is not None and gate is not None:
                 gate.wait(i + 1)
