@@ -168,13 +168,15 @@ def main():
     attn_flops = 4 * c.num_layers * c.num_heads * c.head_dim * n * n / 2  # causal QK^T + PV
     prefill_flops = 2 * params * n + attn_flops
     dtype_name = str(runner.dtype).replace("torch.", "")
+    # a prefill's GEMMs run in the kept dense copies' dtype where it differs from the activations'
+    gemm_name = str(runner.formats.dense_weight_dtype or runner.dtype).replace("torch.", "")
     result = {
         "model": args.model_path, "dtype": dtype_name, "quantization": runner.quantization,
         "formats": str(runner.formats), "cpu_flags": cpu_flags(), "threads": torch.get_num_threads(), "params": params,
         "device": str(runner.device), "attention_backend": runner.attention_backend_name,
         "matmul_peak_gflops": peak, "copy_bandwidth_gbps": bandwidth, "read_bandwidth_gbps": read_bandwidth,
         "prefill": {"input_len": n, "seconds": t_prefill, "tokens_per_s": n / t_prefill,
-                    "pct_of_matmul_peak": 100 * prefill_flops / t_prefill / 1e9 / peak.get(dtype_name, peak["float32"])},
+                    "pct_of_matmul_peak": 100 * prefill_flops / t_prefill / 1e9 / peak.get(gemm_name, peak["float32"])},
         "decode": {},
     }
     for bs in args.batch_sizes:

@@ -7,7 +7,8 @@ QUANT_MARGIN over float activations). Which is fastest depends on the CPU
 (AVX2 vs AVX-512 vs AMX) and on the batch: torch's quantized CPU kernels win when a step is
 bound by reading weights (small batches) and can lose to the dense GEMM at large ones. So the
 probe times every allowed format at several batch sizes and returns
-- the dense dtype with the smallest summed time (the model's activation dtype),
+- the dense dtype with the smallest summed time (the model's activation dtype, except beside
+  quantized kernels that take float32, where it is only the kept dense copies' dtype),
 - the format with the fastest batch-1 step (a quantized one only when it beats the dense
   weights by QUANT_MARGIN), and, when it is quantized, the first batch size
   at which the dense weights are faster (`dense_rows`, None if never).
@@ -51,6 +52,7 @@ class FormatChoice:
     quant: Optional[str]  # None | "int8" | "int4"
     act_dtype: torch.dtype  # the quantized kernels' input dtype (int8: quantized per call, qdot.c)
     dense_rows: Optional[int]  # batches of at least this many rows use kept dense weights
+    dense_weight_dtype: Optional[torch.dtype] = None  # those kept weights' dtype; None: dense_dtype
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -145,7 +147,13 @@ def choose(timings: Dict[Format, Dict[int, float]], require_quant: bool = False)
         return FormatChoice(dense_dtype, None, torch.float32, None)
     crossover = [b for b in sorted(next(iter(dense.values()), {}))
                  if b not in timings[best] or min(d[b] for d in dense.values()) < timings[best][b]]
-    return FormatChoice(dense_dtype, best[0], _dtype(best[1]), crossover[0] if crossover else None)
+    if best[1] == "bfloat16":
+        return FormatChoice(dense_dtype, best[0], _dtype(best[1]), crossover[0] if crossover else None)
+    # float32 or int8 kernels take float32 activations: the model runs in float32 around them
+    # (the fused decode layer needs it, and converting every op's input costs more than it saves),
+    # while the kept dense copies stay in the faster dense dtype (bfloat16 GEMMs for prefill)
+    return FormatChoice(torch.float32, best[0], _dtype(best[1]), crossover[0] if crossover else None,
+                        dense_weight_dtype=dense_dtype if crossover else None)
 
 
 def select_formats(dtype: str, quantization: str, device: torch.device, config,
@@ -177,7 +185,7 @@ def select_formats(dtype: str, quantization: str, device: torch.device, config,
     timings = measure_cached(config, dense + quants)
     choice = choose(timings, require_quant=explicit_quant)
     if deterministic:
-        choice = dataclasses.replace(choice, dense_rows=None)
+        choice = dataclasses.replace(choice, dense_rows=None, dense_weight_dtype=None)
     logger.info("weight formats (decode-step matmuls): %s -> %s", describe(timings), choice)
     return choice
 

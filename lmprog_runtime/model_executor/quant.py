@@ -99,7 +99,8 @@ class QuantLinear(nn.Module):
     """
 
     def __init__(self, fmt: str, out_features: int, in_features: int, act_dtype: torch.dtype,
-                 bias: bool = False, dense_rows: Optional[int] = None, dense_dtype=torch.float32):
+                 bias: bool = False, dense_rows: Optional[int] = None, dense_dtype=torch.float32,
+                 dense_weight_dtype: Optional[torch.dtype] = None):
         super().__init__()
         assert fmt in QUANT_FORMATS, fmt
         self.fmt, self.act_dtype, self.dense_rows = fmt, act_dtype, dense_rows
@@ -126,7 +127,9 @@ class QuantLinear(nn.Module):
             self.register_buffer("qweight", torch.empty(n, k // 2, dtype=torch.uint8))
             self.register_buffer("scale_zeros", torch.empty(k // INT4_GROUP, n, 2, dtype=act_dtype))
         self.register_buffer("bias", torch.empty(n, dtype=dense_dtype) if bias else None)
-        self.register_buffer("dense", torch.empty(n, k, dtype=dense_dtype) if dense_rows else None)
+        # the kept dense copy may be in another dtype than the activations (float32 activations
+        # beside bfloat16 GEMMs for prefill, where the CPU has bfloat16 dot products)
+        self.register_buffer("dense", torch.empty(n, k, dtype=dense_weight_dtype or dense_dtype) if dense_rows else None)
 
     @staticmethod
     def supports(fmt: str, out_features: int, in_features: int) -> bool:
@@ -160,7 +163,9 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense_rows is not None and x.shape[0] >= self.dense_rows:  # dense exists iff dense_rows
-            return nn.functional.linear(x, self.dense.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+            # the activations take the weight's dtype, never the weight the activations'
+            y = nn.functional.linear(x.to(self.dense.dtype), self.dense).to(x.dtype)
+            return y if self.bias is None else y + self.bias.to(x.dtype)
         if self._c_kernel is not None and x.is_cpu:
             return self._c_forward(x)
         xa = x.to(self.act_dtype)
@@ -225,14 +230,16 @@ def _per_input(per_group: torch.Tensor) -> torch.Tensor:
 
 # -- the model ---------------------------------------------------------------------------------------
 def quantize_model(model: nn.Module, fmt: str, act_dtype: torch.dtype, dense_rows: Optional[int] = None,
-                   int4_sources: Optional[Dict[str, Int4Blocks]] = None, empty: bool = False) -> int:
+                   int4_sources: Optional[Dict[str, Int4Blocks]] = None, empty: bool = False,
+                   dense_weight_dtype: Optional[torch.dtype] = None) -> int:
     """Replace the model's projections and its logits head by `QuantLinear(fmt)`; return how many.
 
     The layers' `nn.Linear`s are swapped in place; the head becomes `model.quant_head` (the
     embedding stays dense for lookups when tied). int4 layers take exact GGUF blocks from
     `int4_sources` (HF weight name -> blocks) where every fused shard has them. The head is
     always int8 (GGUF files keep it in 8 bits, and 4-bit logits measured too coarse).
-    `empty=True` builds the structure only, for a state dict loaded afterwards.
+    `empty=True` builds the structure only, for a state dict loaded afterwards. Kept dense
+    copies (`dense_rows`) are in `dense_weight_dtype`, default the model's.
     """
     targets = [(name, mod) for name, mod in model.named_modules()
                if isinstance(mod, nn.Linear) and name.startswith("layers.")]
@@ -240,7 +247,7 @@ def quantize_model(model: nn.Module, fmt: str, act_dtype: torch.dtype, dense_row
     for name, lin in targets:
         if not QuantLinear.supports(fmt, lin.out_features, lin.in_features):
             continue
-        q = _quant_like(lin, fmt, act_dtype, dense_rows)
+        q = _quant_like(lin, fmt, act_dtype, dense_rows, dense_weight_dtype)
         if not empty:
             blocks = _fused_int4_blocks(model, name, int4_sources) if fmt == "int4" else None
             q.set_weight(lin.weight.data if blocks is None else None, int4=blocks)
@@ -251,16 +258,17 @@ def quantize_model(model: nn.Module, fmt: str, act_dtype: torch.dtype, dense_row
         count += 1
     head = model.lm_head if model.lm_head is not None else model.embed_tokens
     model.quant_head = QuantLinear("int8", head.weight.shape[0], head.weight.shape[1], act_dtype,
-                                   dense_rows=dense_rows)
+                                   dense_rows=dense_rows, dense_dtype=head.weight.dtype,
+                                   dense_weight_dtype=dense_weight_dtype)
     if not empty:
         model.quant_head.set_weight(head.weight.data)
     model.lm_head = None  # an untied head lives on in quant_head (and its dense copy, if kept)
     return count + 1
 
 
-def _quant_like(lin: nn.Linear, fmt, act_dtype, dense_rows) -> QuantLinear:
+def _quant_like(lin: nn.Linear, fmt, act_dtype, dense_rows, dense_weight_dtype=None) -> QuantLinear:
     return QuantLinear(fmt, lin.out_features, lin.in_features, act_dtype, bias=lin.bias is not None,
-                       dense_rows=dense_rows, dense_dtype=lin.weight.dtype)
+                       dense_rows=dense_rows, dense_dtype=lin.weight.dtype, dense_weight_dtype=dense_weight_dtype)
 
 
 def _fused_int4_blocks(model, module_name: str, sources) -> Optional[Int4Blocks]:

@@ -126,7 +126,8 @@ class ModelRunner:
             model = cls(self.model_config, max_positions=self.context_length)
             if quantized_structure and f.quant is not None:
                 model = model.to(self.dtype)
-                quantize_model(model, f.quant, f.act_dtype, f.dense_rows, empty=True)
+                quantize_model(model, f.quant, f.act_dtype, f.dense_rows, empty=True,
+                               dense_weight_dtype=f.dense_weight_dtype)
         return model
 
     def _load_model(self) -> torch.nn.Module:
@@ -142,7 +143,8 @@ class ModelRunner:
         model.load_weights(iter_weights(self.model_path, self.model_config, int4_sources=int4_sources))
         model = model.to(dtype=self.dtype).eval()
         if f.quant is not None:
-            n = quantize_model(model, f.quant, f.act_dtype, f.dense_rows, int4_sources)
+            n = quantize_model(model, f.quant, f.act_dtype, f.dense_rows, int4_sources,
+                               dense_weight_dtype=f.dense_weight_dtype)
             logger.info("weights: %d projections in %s (kernels in %s, dense from %s rows)",
                         n, f.quant, f.act_dtype, f.dense_rows)
         weight_cache.save(model, cache)

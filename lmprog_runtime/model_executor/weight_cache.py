@@ -35,7 +35,7 @@ def cache_file(model_path: str, formats, dtype: torch.dtype) -> Optional[str]:
     from lmprog_runtime.model_executor import qgemm
 
     key = repr((CACHE_VERSION, torch.__version__, formats.quant, str(formats.act_dtype),
-                formats.dense_rows is not None, str(dtype), qgemm.available(),  # native int4 layout
+                formats.dense_rows is not None, str(dtype), str(formats.dense_weight_dtype), qgemm.available(),  # native int4 layout
                 formats.quant is not None and qgemm.dot_available()))  # int8 activations: float16 int4 scales
     name = "weights-" + hashlib.sha256(key.encode()).hexdigest()[:16] + ".safetensors"
     return os.path.join(_gguf_cache_dir(model_path), name)

@@ -159,6 +159,27 @@ def test_choose_picks_fastest_batch1_and_the_crossover():
     assert probe.choose(near_tie).quant is None  # within QUANT_MARGIN: timing noise, keep exact fp32
 
 
+def test_choose_keeps_float32_activations_beside_float32_kernels():
+    """A CPU with bfloat16 dot products: dense bfloat16 beats dense float32, but the winning
+    kernels take float32 (int8 activations are quantized from float32), so the model runs in
+    float32 and only the kept dense copies (the crossover's prefill GEMMs) are bfloat16."""
+    t = {("none", "float32"): {1: 46, 4: 73, 16: 81, 64: 206},
+         ("none", "bfloat16"): {1: 25, 4: 27, 16: 37, 64: 82},
+         ("int4", "bfloat16"): {1: 9, 4: 13, 16: 38},
+         ("int4", "int8"): {1: 5.8, 4: 8.5, 16: 26, 64: 110}}
+    c = probe.choose(t)
+    assert (c.quant, c.act_dtype, c.dense_dtype, c.dense_weight_dtype, c.dense_rows) == \
+        ("int4", torch.int8, torch.float32, torch.bfloat16, 64)
+    lin = torch.nn.Linear(64, 32, bias=False)
+    q = QuantLinear("int8", 32, 64, torch.float32, dense_rows=4, dense_weight_dtype=torch.bfloat16)
+    q.set_weight(lin.weight.data)
+    assert q.dense.dtype == torch.bfloat16
+    x = torch.randn(8, 64)
+    y = q(x)  # 8 rows >= dense_rows: the bfloat16 copy, float32 in and out
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, x.bfloat16().float() @ q.dense.float().t(), rtol=1e-2, atol=1e-2)
+
+
 def test_probe_consistency_check():
     quiet = {("none", "float32"): {1: 10, 4: 11, 16: 30}, ("int4", "bfloat16"): {1: 5, 4: 20}}
     busy = {("none", "float32"): {1: 10, 4: 90, 16: 30}, ("int4", "bfloat16"): {1: 5}}
