@@ -13,9 +13,11 @@
   with the prefix offset.
 - Draft trees (`ForwardBatch.tree_masks`, speculative decoding): a tree request is short;
   its block of the padded mask is the tree mask instead of causal.
-- A batch where some requests verify drafts (several tokens) and the others decode one:
-  the decodes still read K/V in place through the kernel (`_init_ones`); only the
-  verifying requests are gathered and padded.
+- Chains of drafts being verified (several tokens, causal among them) read K/V in place through
+  the same kernel, each drafted token a row of its own whose context ends at its position; a
+  lone request's cached context is the shared prefix its rows read once.
+- A batch where some requests verify drafts and the others decode one: the decodes read K/V
+  through the kernel in a plan of their own (`_init_ones`), the chains in another.
 """
 
 from __future__ import annotations
@@ -62,14 +64,14 @@ class TorchNativeAttnBackend(AttentionBackend):
             self.all_short = False
         if self.all_short:
             self._init_short(rows, seq_lens, extend_lens, starts, trees)
-            self._init_paged(fb, short, seq_lens)
+            self._init_paged(fb, short, seq_lens, extend_lens, trees)
             return
         if trees is not None:
             assert all(trees[i] is None for i, e in enumerate(extend_lens) if e > SHORT_EXTEND), extend_lens
         if short:
             self._init_short(rows[short], [seq_lens[i] for i in short], [extend_lens[i] for i in short],
                              [starts[i] for i in short], None if trees is None else [trees[i] for i in short])
-            self._init_paged(fb, short, seq_lens)
+            self._init_paged(fb, short, seq_lens, extend_lens, trees)
         for i, (s, e) in enumerate(zip(seq_lens, extend_lens)):
             if e <= SHORT_EXTEND:
                 continue
@@ -168,23 +170,42 @@ class TorchNativeAttnBackend(AttentionBackend):
         # rows of the attention are (kv head, group member, position): [B, 1, G*E, S]
         self.mask = mask[:, None, None].expand(B, 1, G, E, mask.shape[-1]).reshape(B, 1, G * E, -1)
 
-    def _init_paged(self, fb: ForwardBatch, short: List[int], seq_lens: List[int]) -> None:
-        """Pure one-token decodes read K/V in place (paged_decode.c), a shared prefix once."""
+    def _init_paged(self, fb: ForwardBatch, short: List[int], seq_lens: List[int], extend_lens: List[int],
+                    trees=None) -> None:
+        """Short requests read K/V in place (paged_decode.c), a shared prefix once: one-token
+        decodes, and chains of drafts being verified, where each drafted token is a query row
+        of its own whose context ends at its position (causal within the chain, so a row of the
+        kernel's batch). Draft trees keep the gather and its tree mask."""
         self.paged = None
-        if self.short_E != 1 or fb.req_to_token.device.type != "cpu":
+        if fb.req_to_token.device.type != "cpu" or not (fb.req_to_token.is_contiguous() and paged_decode.available()):
             return
-        if not (fb.req_to_token.is_contiguous() and paged_decode.available()):
+        if trees is not None and any(trees[i] is not None for i in short):
             return
         k = self.kv_pool.k
         if k is None or k.dtype not in paged_decode.KV_DTYPES or not k.is_contiguous():
             return
         prefix = self.prefix_index if self.shared else None
-        if self.all_short:  # every request, in order: the batch's own tensors
-            self.paged = self._plan(fb.req_to_token, fb.req_pool_indices, fb.seq_lens, max(seq_lens), prefix)
+        if self.short_E == 1:
+            if self.all_short:  # every request, in order: the batch's own tensors
+                self.paged = self._plan(fb.req_to_token, fb.req_pool_indices, fb.seq_lens, max(seq_lens), prefix)
+                return
+            idx = torch.tensor(short, dtype=torch.int64)
+            lens = [seq_lens[i] for i in short]
+            self.paged = self._plan(fb.req_to_token, fb.req_pool_indices.index_select(0, idx),
+                                    torch.tensor(lens, dtype=torch.int64), max(lens), prefix)
             return
-        idx = torch.tensor(short, dtype=torch.int64)
-        lens = [seq_lens[i] for i in short]
-        self.paged = self._plan(fb.req_to_token, fb.req_pool_indices.index_select(0, idx),
+        # a chain of e tokens ending at seq_len s: rows whose contexts end at s - e + 1 ... s
+        reqs, lens = [], []
+        pool_rows = fb.req_pool_indices.tolist()
+        for i in short:
+            e, s_i = extend_lens[i], seq_lens[i]
+            reqs += [pool_rows[i]] * e
+            lens += range(s_i - e + 1, s_i + 1)
+        if prefix is None and len(short) == 1 and seq_lens[short[0]] > extend_lens[short[0]]:
+            # one request: its cached context is a prefix every row shares, read once per kv head
+            i = short[0]
+            prefix = fb.req_to_token[pool_rows[i], :seq_lens[i] - extend_lens[i]]
+        self.paged = self._plan(fb.req_to_token, torch.tensor(reqs, dtype=torch.int64),
                                 torch.tensor(lens, dtype=torch.int64), max(lens), prefix)
 
     @staticmethod
@@ -256,9 +277,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         return self._unpad(out).to(q.dtype)
 
     def _short_paged(self, q, k_cache, v_cache) -> torch.Tensor:
-        """One query token per request, K/V read in place: [B, H, D] in short_tokens order."""
-        # one token per request: with every request short, q's rows are already in order
-        qs = (q if self.all_short else q.index_select(0, self.q_index)).float()  # [B, H, D]
+        """One kernel row per query token, K/V read in place: [tokens, H, D] in short_tokens order."""
+        # with every request short, q's rows are already in order
+        qs = (q if self.all_short else q.index_select(0, self.short_tokens)).float()  # [tokens, H, D]
         return self.paged.run(qs.contiguous(), k_cache, v_cache).to(q.dtype)
 
     def _short_cascade(self, q, k_cache, v_cache) -> torch.Tensor:

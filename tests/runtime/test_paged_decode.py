@@ -119,6 +119,65 @@ def test_backend_cascade_decode_uses_the_kernel_and_equals_the_gather_path():
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
 
 
+def _verify_batch(seq_lens, extend_lens, table, trees=None):
+    B = len(seq_lens)
+    rows = torch.arange(1, B + 1)
+    pos = torch.cat([torch.arange(s - e, s) for s, e in zip(seq_lens, extend_lens)])
+    owner = torch.cat([torch.full((e,), r, dtype=torch.int64) for r, e in zip(rows.tolist(), extend_lens)])
+    return ForwardBatch(
+        input_ids=torch.zeros(len(pos), dtype=torch.int64), positions=pos, out_cache_loc=table[owner, pos],
+        req_pool_indices=rows, seq_lens=torch.tensor(seq_lens), extend_lens=torch.tensor(extend_lens),
+        req_to_token=table, seq_lens_cpu=list(seq_lens), extend_lens_cpu=list(extend_lens), tree_masks=trees)
+
+
+@pytest.mark.parametrize("seq_lens,extend_lens", [
+    ([900], [8]),  # batch 1: the cached context is the prefix the chain's rows share
+    ([1], [1]),
+    ([5, 700, 64, 1000], [5, 8, 1, 3]),  # ragged chains beside a one-token decode
+    ([720, 730, 740, 750, 760], [4, 4, 2, 6, 8]),  # a shared 700-slot document (cascade)
+])
+def test_backend_draft_chains_use_the_kernel_and_equal_the_gather_path(seq_lens, extend_lens):
+    """Verify steps of chain drafts (speculative decoding, topk 1): every drafted token is a
+    kernel row whose context ends at its own position, the same attention as the masked gather."""
+    torch.manual_seed(4)
+    H, KV, D, L = 4, 2, 16, 3
+    pool = TokenToKVPool(8000, L, KV, D, torch.float32)
+    pool.k.normal_(), pool.v.normal_()
+    table = torch.zeros(8, 1024, dtype=torch.int64)
+    table[1:] = torch.randperm(7999)[:7 * 1024].view(7, 1024) + 1
+    if len(seq_lens) == 5:
+        table[2:6, :700] = table[1, :700]
+    fb = _verify_batch(seq_lens, extend_lens, table)
+    T = sum(extend_lens)
+    q, k, v = torch.randn(T, H, D), torch.randn(T, KV, D), torch.randn(T, KV, D)
+    backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
+    outs = []
+    for use_kernel in (True, False):
+        pd.enabled = use_kernel
+        try:
+            backend.init_forward_metadata(fb)
+            on_kernel = backend.decode_only or backend.paged is not None
+            assert on_kernel == use_kernel
+            outs.append(backend.forward(q, k, v, 1, fb))
+        finally:
+            pd.enabled = True
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
+
+
+def test_backend_draft_trees_keep_the_gather_path():
+    torch.manual_seed(5)
+    H, KV, D, L = 4, 2, 16, 2
+    pool = TokenToKVPool(4000, L, KV, D, torch.float32)
+    pool.k.normal_(), pool.v.normal_()
+    table = torch.zeros(4, 1024, dtype=torch.int64)
+    table[1:] = torch.randperm(3999)[:3 * 1024].view(3, 1024) + 1
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # two siblings
+    fb = _verify_batch([300, 200], [3, 3], table, trees=[tree, None])
+    backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
+    backend.init_forward_metadata(fb)
+    assert backend.paged is None
+
+
 def test_kernel_reads_bfloat16_kv_exactly_widened():
     """bf16 K/V: the same answer as the float32 kernel on the same values widened."""
     torch.manual_seed(4)
