@@ -164,6 +164,35 @@ def test_backend_draft_chains_use_the_kernel_and_equal_the_gather_path(seq_lens,
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_chain_verify_rows_are_bitwise_the_decodes_at_their_positions(threads):
+    """A verify row computes what a one-token decode at its position computes, bit for bit (the
+    same chunks of the same context): speculative greedy outputs stay token-identical even where
+    int8 activations turn rounding differences into whole steps."""
+    torch.manual_seed(6)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        H, KV, D, L, s, e = 9, 3, 64, 2, 1300, 8  # three 512-key chunks
+        pool = TokenToKVPool(4000, L, KV, D, torch.float32)
+        pool.k.normal_(), pool.v.normal_()
+        table = torch.zeros(2, 2048, dtype=torch.int64)
+        table[1] = torch.randperm(3999)[:2048] + 1
+        q = torch.randn(e, H, D)
+        backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
+        backend.init_forward_metadata(_verify_batch([s], [e], table))
+        assert backend.paged is not None
+        chain = backend.forward(q, None, None, 1, _verify_batch([s], [e], table), save_kv_cache=False)
+        for j in range(e):
+            fb = _decode_batch(4000, [s - e + 1 + j], table)
+            backend.init_forward_metadata(fb)
+            assert backend.decode_only
+            one = backend.forward(q[j:j + 1], None, None, 1, fb, save_kv_cache=False)
+            assert torch.equal(chain[j:j + 1], one), j
+    finally:
+        torch.set_num_threads(old)
+
+
 def test_backend_draft_trees_keep_the_gather_path():
     torch.manual_seed(5)
     H, KV, D, L = 4, 2, 16, 2
