@@ -313,11 +313,13 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _extend(self, q, k_cache, v_cache, out) -> None:
         H = q.shape[1]
         for index, mask, start, e in self.extends:
-            qi = q[start:start + e].transpose(0, 1)  # [H, e, D]
-            keys = k_cache.index_select(0, index).transpose(0, 1)  # [KV, s, D]
-            values = v_cache.index_select(0, index).transpose(0, 1)  # [KV, s, D]
+            # 4-d inputs: torch's CPU flash-attention kernel takes them (with GQA and a mask), while
+            # 3-d ones fall to the math path, measured 6x slower on a 3,300-token causal prefill
+            qi = q[start:start + e].transpose(0, 1)[None]  # [1, H, e, D]
+            keys = k_cache.index_select(0, index).transpose(0, 1)[None]  # [1, KV, s, D]
+            values = v_cache.index_select(0, index).transpose(0, 1)[None]  # [1, KV, s, D]
             oi = F.scaled_dot_product_attention(
                 qi, keys, values, attn_mask=mask, is_causal=mask is None,
                 scale=self.scaling, enable_gqa=H != self.num_kv_heads,
-            )  # [H, e, D]
-            out[start:start + e] = oi.transpose(0, 1)
+            )  # [1, H, e, D]
+            out[start:start + e] = oi[0].transpose(0, 1)

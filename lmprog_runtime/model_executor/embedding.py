@@ -24,8 +24,9 @@ class DenseCausalAttention:
         T, H, D = q.shape
         group = H // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [T, H, D]
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                             is_causal=True)  # [H, T, D]
+        # 4-d, for torch's CPU flash-attention kernel (3-d inputs take the much slower math path)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                             is_causal=True)[0]  # [H, T, D]
         return out.transpose(0, 1).reshape(T, H * D)
 
 
