@@ -13,6 +13,7 @@ so each model file needs only one name scheme. Every failure is reported as one
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -152,12 +153,54 @@ def load_hf_config(path: str):
         raise ValueError(f"model {path!r}: cannot read its configuration: {e}") from e
 
 
-def load_model_config(path: str, context_length: Optional[int] = None) -> ModelConfig:
-    hf = load_hf_config(path)
+MODEL_CONFIG_CACHE_VERSION = 1
+
+
+def _model_config_cache(path: str) -> Optional[str]:
+    """Where a GGUF's ModelConfig is kept after its first conversion (None for HF folders): a
+    warm start then reads one small JSON file instead of importing transformers and parsing
+    its config (~2.5 s of a 6 s start on a 2-core machine)."""
+    if not is_gguf(path):
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        return ModelConfig.from_hf(hf, context_length)
-    except ValueError as e:
-        raise ValueError(f"model {path!r}: {e}") from None
+        tv = version("transformers")
+    except PackageNotFoundError:
+        tv = "none"
+    return os.path.join(_gguf_cache_dir(path), f"model_config-v{MODEL_CONFIG_CACHE_VERSION}-{tv}.json")
+
+
+def _cached_model_config(cache: str) -> Optional[ModelConfig]:
+    try:
+        with open(cache) as f:
+            d = json.load(f)
+        d["eos_token_ids"] = tuple(d["eos_token_ids"])
+        return ModelConfig(**d)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def load_model_config(path: str, context_length: Optional[int] = None) -> ModelConfig:
+    cache = _model_config_cache(path)
+    config = _cached_model_config(cache) if cache else None
+    if config is None:
+        hf = load_hf_config(path)
+        try:
+            config = ModelConfig.from_hf(hf)
+        except ValueError as e:
+            raise ValueError(f"model {path!r}: {e}") from None
+        if cache:
+            try:
+                tmp = f"{cache}.{os.getpid()}.tmp"
+                with open(tmp, "w") as f:
+                    json.dump(dataclasses.asdict(config), f)
+                os.replace(tmp, cache)
+            except OSError:  # a read-only cache only costs the conversion next time
+                pass
+    if context_length:
+        config = dataclasses.replace(config, context_length=int(context_length))
+    return config
 
 
 def load_tokenizer(path: str):

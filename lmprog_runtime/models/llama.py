@@ -191,7 +191,11 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, max_positions: Optional[int] = None):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        weight = torch.empty(config.vocab_size, config.hidden_size)
+        # on the meta device (a model built for loading) the init is skipped: meta normal_() goes
+        # through torch's reference ops, which import torch._dynamo (~1.3 s of a warm start)
+        self.embed_tokens = (nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight) if weight.is_meta
+                             else nn.Embedding(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)

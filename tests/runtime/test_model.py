@@ -223,3 +223,25 @@ def test_impossible_device_and_unknown_backend():
         create_attention_backend("flashinfer")
     with pytest.raises(ValueError, match="unknown attention backend"):
         create_attention_backend("nope")
+
+
+def test_gguf_model_config_is_cached_and_equal_to_the_conversion(monkeypatch, tmp_path):
+    """A warm start reads the GGUF's ModelConfig from one JSON file, no transformers: the same
+    config as the conversion, context_length applied on top; a corrupt file is converted again."""
+    import lmprog_runtime.config as config
+    from lmprog_runtime.model_executor import loader
+
+    path = resolve_model_path("default")
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    convert = loader.load_hf_config
+    want = loader.ModelConfig.from_hf(convert(path), 1024)
+    assert load_model_config(path, 1024) == want
+    cache = loader._model_config_cache(path)
+    assert cache.startswith(str(tmp_path)) and os.path.isfile(cache)
+    monkeypatch.setattr(loader, "load_hf_config", lambda p: pytest.fail("converted again"))
+    assert load_model_config(path, 1024) == want
+    assert load_model_config(path).context_length == loader.ModelConfig.from_hf(convert(path)).context_length
+    with open(cache, "w") as f:
+        f.write("{not json")
+    monkeypatch.setattr(loader, "load_hf_config", convert)
+    assert load_model_config(path, 1024) == want
