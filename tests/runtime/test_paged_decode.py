@@ -51,25 +51,41 @@ def _decode_batch(pool_slots, seq_lens, table):
         seq_lens_cpu=list(seq_lens), extend_lens_cpu=[1] * B)
 
 
-def test_backend_decode_equals_the_gather_path():
-    torch.manual_seed(1)
-    H, KV, D, L = 4, 2, 16, 3
-    pool = TokenToKVPool(8000, L, KV, D, torch.float32)
+def _scattered_pool(slots: int, rows: int, L: int, KV: int, D: int, dtype=torch.float32):
+    """A pool of random K/V and a table whose rows 1.. hold scattered slots (row 0 unused)."""
+    pool = TokenToKVPool(slots, L, KV, D, dtype)
     pool.k.normal_(), pool.v.normal_()
-    table = torch.zeros(8, 1024, dtype=torch.int64)
-    table[1:] = torch.randperm(7999)[:7 * 1024].view(7, 1024) + 1  # scattered slots
-    fb = _decode_batch(8000, [3, 700, 64, 1000, 1], table)
-    q, k, v = torch.randn(5, H, D), torch.randn(5, KV, D), torch.randn(5, KV, D)
-    backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
+    table = torch.zeros(rows, 1024, dtype=torch.int64)
+    table[1:] = torch.randperm(slots - 1)[:(rows - 1) * 1024].view(rows - 1, 1024) + 1
+    return pool, table
+
+
+def _kernel_then_gather(backend, fb, q, k, v, check):
+    """Layer 1's attention with the kernel allowed, then without (the gather path);
+    `check(backend, use_kernel)` after each init_forward_metadata."""
     outs = []
     for use_kernel in (True, False):
         pd.enabled = use_kernel
         try:
             backend.init_forward_metadata(fb)
-            assert (backend.paged is not None) == use_kernel
+            check(backend, use_kernel)
             outs.append(backend.forward(q, k, v, 1, fb))
         finally:
             pd.enabled = True
+    return outs
+
+
+def test_backend_decode_equals_the_gather_path():
+    torch.manual_seed(1)
+    H, KV, D, L = 4, 2, 16, 3
+    pool, table = _scattered_pool(8000, 8, L, KV, D)
+    fb = _decode_batch(8000, [3, 700, 64, 1000, 1], table)
+    q, k, v = torch.randn(5, H, D), torch.randn(5, KV, D), torch.randn(5, KV, D)
+    backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
+    def check(backend, use_kernel):
+        assert (backend.paged is not None) == use_kernel
+
+    outs = _kernel_then_gather(backend, fb, q, k, v, check)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
 
 
@@ -99,23 +115,15 @@ def test_kernel_with_shared_prefix_matches_sdpa(threads, prefix_len):
 def test_backend_cascade_decode_uses_the_kernel_and_equals_the_gather_path():
     torch.manual_seed(3)
     H, KV, D, L, shared = 4, 2, 16, 3, 700
-    pool = TokenToKVPool(8000, L, KV, D, torch.float32)
-    pool.k.normal_(), pool.v.normal_()
-    table = torch.zeros(8, 1024, dtype=torch.int64)
-    table[1:] = torch.randperm(7999)[:7 * 1024].view(7, 1024) + 1
+    pool, table = _scattered_pool(8000, 8, L, KV, D)
     table[2:7, :shared] = table[1, :shared]  # requests 1..6 share a 700-slot prefix
     fb = _decode_batch(8000, [701, 900, 760, 1000, 705, 720], table)
     q, k, v = torch.randn(6, H, D), torch.randn(6, KV, D), torch.randn(6, KV, D)
     backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
-    outs = []
-    for use_kernel in (True, False):
-        pd.enabled = use_kernel
-        try:
-            backend.init_forward_metadata(fb)
-            assert backend.shared == shared and (backend.paged is not None) == use_kernel
-            outs.append(backend.forward(q, k, v, 1, fb))
-        finally:
-            pd.enabled = True
+    def check(backend, use_kernel):
+        assert backend.shared == shared and (backend.paged is not None) == use_kernel
+
+    outs = _kernel_then_gather(backend, fb, q, k, v, check)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
 
 
@@ -141,26 +149,17 @@ def test_backend_draft_chains_use_the_kernel_and_equal_the_gather_path(seq_lens,
     kernel row whose context ends at its own position, the same attention as the masked gather."""
     torch.manual_seed(4)
     H, KV, D, L = 4, 2, 16, 3
-    pool = TokenToKVPool(8000, L, KV, D, torch.float32)
-    pool.k.normal_(), pool.v.normal_()
-    table = torch.zeros(8, 1024, dtype=torch.int64)
-    table[1:] = torch.randperm(7999)[:7 * 1024].view(7, 1024) + 1
+    pool, table = _scattered_pool(8000, 8, L, KV, D)
     if len(seq_lens) == 5:
         table[2:6, :700] = table[1, :700]
     fb = _verify_batch(seq_lens, extend_lens, table)
     T = sum(extend_lens)
     q, k, v = torch.randn(T, H, D), torch.randn(T, KV, D), torch.randn(T, KV, D)
     backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
-    outs = []
-    for use_kernel in (True, False):
-        pd.enabled = use_kernel
-        try:
-            backend.init_forward_metadata(fb)
-            on_kernel = backend.decode_only or backend.paged is not None
-            assert on_kernel == use_kernel
-            outs.append(backend.forward(q, k, v, 1, fb))
-        finally:
-            pd.enabled = True
+    def check(backend, use_kernel):
+        assert (backend.decode_only or backend.paged is not None) == use_kernel
+
+    outs = _kernel_then_gather(backend, fb, q, k, v, check)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
 
 
@@ -196,10 +195,7 @@ def test_chain_verify_rows_are_bitwise_the_decodes_at_their_positions(threads):
 def test_backend_draft_trees_keep_the_gather_path():
     torch.manual_seed(5)
     H, KV, D, L = 4, 2, 16, 2
-    pool = TokenToKVPool(4000, L, KV, D, torch.float32)
-    pool.k.normal_(), pool.v.normal_()
-    table = torch.zeros(4, 1024, dtype=torch.int64)
-    table[1:] = torch.randperm(3999)[:3 * 1024].view(3, 1024) + 1
+    pool, table = _scattered_pool(4000, 4, L, KV, D)
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # two siblings
     fb = _verify_batch([300, 200], [3, 3], table, trees=[tree, None])
     backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
@@ -223,22 +219,14 @@ def test_kernel_reads_bfloat16_kv_exactly_widened():
 def test_backend_bfloat16_decode_uses_the_kernel_close_to_the_gather_path():
     torch.manual_seed(5)
     H, KV, D, L = 4, 2, 16, 3
-    pool = TokenToKVPool(8000, L, KV, D, torch.bfloat16)
-    pool.k.normal_(), pool.v.normal_()
-    table = torch.zeros(8, 1024, dtype=torch.int64)
-    table[1:] = torch.randperm(7999)[:7 * 1024].view(7, 1024) + 1
+    pool, table = _scattered_pool(8000, 8, L, KV, D, torch.bfloat16)
     fb = _decode_batch(8000, [3, 700, 64, 1000, 1], table)
     q, k, v = (torch.randn(5, n, D).bfloat16() for n in (H, KV, KV))
     backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
-    outs = []
-    for use_kernel in (True, False):
-        pd.enabled = use_kernel
-        try:
-            backend.init_forward_metadata(fb)
-            assert (backend.paged is not None) == use_kernel
-            outs.append(backend.forward(q, k, v, 1, fb).float())
-        finally:
-            pd.enabled = True
+    def check(backend, use_kernel):
+        assert (backend.paged is not None) == use_kernel
+
+    outs = [o.float() for o in _kernel_then_gather(backend, fb, q, k, v, check)]
     torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=2e-2)  # the gather path's SDPA runs in bf16
 
 
