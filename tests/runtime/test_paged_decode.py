@@ -82,6 +82,7 @@ def test_backend_decode_equals_the_gather_path():
     fb = _decode_batch(8000, [3, 700, 64, 1000, 1], table)
     q, k, v = torch.randn(5, H, D), torch.randn(5, KV, D), torch.randn(5, KV, D)
     backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
+
     def check(backend, use_kernel):
         assert (backend.paged is not None) == use_kernel
 
@@ -120,6 +121,7 @@ def test_backend_cascade_decode_uses_the_kernel_and_equals_the_gather_path():
     fb = _decode_batch(8000, [701, 900, 760, 1000, 705, 720], table)
     q, k, v = torch.randn(6, H, D), torch.randn(6, KV, D), torch.randn(6, KV, D)
     backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
+
     def check(backend, use_kernel):
         assert backend.shared == shared and (backend.paged is not None) == use_kernel
 
@@ -156,6 +158,7 @@ def test_backend_draft_chains_use_the_kernel_and_equal_the_gather_path(seq_lens,
     T = sum(extend_lens)
     q, k, v = torch.randn(T, H, D), torch.randn(T, KV, D), torch.randn(T, KV, D)
     backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
+
     def check(backend, use_kernel):
         assert (backend.decode_only or backend.paged is not None) == use_kernel
 
@@ -223,6 +226,7 @@ def test_backend_bfloat16_decode_uses_the_kernel_close_to_the_gather_path():
     fb = _decode_batch(8000, [3, 700, 64, 1000, 1], table)
     q, k, v = (torch.randn(5, n, D).bfloat16() for n in (H, KV, KV))
     backend = tn.TorchNativeAttnBackend(token_to_kv_pool=pool, num_heads=H, num_kv_heads=KV, head_dim=D)
+
     def check(backend, use_kernel):
         assert (backend.paged is not None) == use_kernel
 
