@@ -137,30 +137,31 @@ def int8_act_runner(threads=None):
         probe.measure_cached = real
 
 
-def bind(runner, fns) -> None:
-    """Point every int8-activation QuantLinear of `runner` at fns[fmt] (its other arguments kept)."""
-    for m in runner.model.modules():
-        if isinstance(m, QuantLinear) and m._c_kernel in ("int4x8", "int8x8"):
-            b = m._bind_c()
-            m._c_bound = b[:3] + (fns[m.fmt],) + b[4:]
-
-
 def step_ab(old, pairs: int, threads=None):
+    """Two runners, each bound to one kernel before its first step (a runner rebound between
+    steps would keep the fused layer's first binding)."""
     from bench.one_batch import Batches
 
-    runner = int8_act_runner(threads)
-    assert runner.formats.act_dtype == torch.int8 and runner.formats.dense_rows is None
     new = {f: qgemm.dot_fn(f) for f in ("int8", "int4")}
-    batches, out = Batches(runner, 200), {}
+    runners = {}
+    for label, fns in (("old", old), ("new", new)):
+        saved = dict(qgemm._C_FNS)
+        qgemm._C_FNS.update({"int8x8": fns["int8"], "int4x8": fns["int4"]})
+        try:
+            runner = int8_act_runner(threads)
+            assert runner.formats.act_dtype == torch.int8 and runner.formats.dense_rows is None
+            batches = Batches(runner, 200)
+            runner.forward(batches.make(1, 128, 1))  # binds the QuantLinears and the fused layer to fns
+        finally:
+            qgemm._C_FNS.clear()
+            qgemm._C_FNS.update(saved)
+        runners[label] = (runner, batches)
+    out = {}
     for T in (1, 9):
-        fb = batches.make(1, 128, T)
-
-        def run(fns):
-            bind(runner, fns)
-            runner.forward(fb)
-        out[T] = summary(interleaved(lambda: run(old), lambda: run(new), pairs))
+        fbs = {label: b.make(1, 128, T) for label, (r, b) in runners.items()}
+        out[T] = summary(interleaved(lambda: runners["old"][0].forward(fbs["old"]),
+                                     lambda: runners["new"][0].forward(fbs["new"]), pairs))
         print(f"batch-1 forward, 128 cached + {T} new: new/old {out[T]['median_ratio_new_over_old']:.3f}")
-    bind(runner, new)
     return out
 
 

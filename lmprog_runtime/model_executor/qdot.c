@@ -15,7 +15,10 @@
  *
  * The inner loop is picked at compile time (native.py builds with -march=native):
  *   __AVX512VNNI__ (and BW/VL): vpdpbusd on 64 bytes = two blocks per instruction;
- *   __AVXVNNI__ / __AVX2__: 32 bytes a block, vpdpbusd or vpmaddubsw + vpmaddwd;
+ *   __AVXVNNI__ / __AVX2__: int8 weights 32 bytes a block; int4 two blocks at a time, their
+ *   low nibbles in one register and high nibbles in another against pair-ordered activations
+ *   (no per-block unpacking or lane shuffles), vpdpbusd or vpmaddubsw + vpmaddwd, and the
+ *   scales of four blocks in one float16 conversion and one multiply;
  *   otherwise (or with -DLM_QDOT_PORTABLE): plain C the compiler may vectorize.
  * -DLM_QDOT_NO_AVX512 skips the first, so tests exercise the AVX2 path on AVX-512 machines.
  * Every path is T-blocked: a weight block is loaded and unpacked once for up to QR (int8 on
@@ -24,8 +27,8 @@
  * reference). That invariance needs the build qgemm.py gives this file: -fno-associative-math
  * -ffp-contract=off (the fused multiply-adds are written out where wanted).
  * Fixed cost per call (what a decode step at T = 1 pays 30 x 4 times): no allocation (each
- * calling thread keeps KEEP_BYTES of activation scratch), the quantization vectorized on
- * AVX-512, no thread but the caller's for jobs under SERIAL_BYTES, and a help-first worker
+ * calling thread keeps KEEP_BYTES of activation scratch), the quantization vectorized (AVX-512
+ * or AVX2), no thread but the caller's for jobs under SERIAL_BYTES, and a help-first worker
  * pool instead of an OpenMP region (see pool_run: a late thread never holds the call up). The
  * thread count never changes a row's float order: the threads only split the weight rows.
  * All tensors are row-major and contiguous; K is a multiple of 32 (callers check).
@@ -132,6 +135,44 @@ static inline float quantize_block(const float *xg, uint8_t flip, __m128i *lo16,
     const __m128i f = _mm_set1_epi8((char)flip);
     *lo16 = _mm_xor_si128(_mm512_cvtepi32_epi8(i0), f);
     *hi16 = _mm_xor_si128(_mm512_cvtepi32_epi8(i1), f);
+    return d;
+}
+#define QUANT_VEC 1
+#elif defined(__AVX2__) && !defined(LM_QDOT_PORTABLE)
+#include <immintrin.h>
+/* quantize_block of the AVX-512 build in 256-bit registers, the same bits */
+static inline float quantize_block(const float *xg, uint8_t flip, __m128i *lo16, __m128i *hi16, int *sum) {
+    const __m256 sign = _mm256_set1_ps(-0.f), inf = _mm256_set1_ps(INFINITY);
+    __m256 x[4], amax = _mm256_setzero_ps();
+    int finite = 1;
+    for (int i = 0; i < 4; i++) {
+        x[i] = _mm256_loadu_ps(xg + 8 * i);
+        const __m256 ax = _mm256_andnot_ps(sign, x[i]);
+        finite &= _mm256_movemask_ps(_mm256_cmp_ps(ax, inf, _CMP_LT_OQ)) == 0xFF;
+        amax = _mm256_max_ps(amax, ax);
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float mx = _mm_cvtss_f32(m);
+    const float d = finite ? mx / 127.f : NAN, inv = finite && mx > 0.f ? 127.f / mx : 0.f;
+    const __m256 vi = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
+    __m256i q[4], s = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        const __m256 r = _mm256_round_ps(_mm256_mul_ps(x[i], vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q[i] = finite ? _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi)) : _mm256_setzero_si256();
+        s = _mm256_add_epi32(s, q[i]);
+    }
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    *sum = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+    /* the packs interleave 128-bit lanes: 4-byte groups come out as inputs 0-3, 8-11, 16-19,
+     * 24-27 | 4-7, 12-15, 20-23, 28-31; the permutation puts them back in order */
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    const __m256i n = _mm256_xor_si256(_mm256_permutevar8x32_epi32(b, _mm256_set_epi32(7, 3, 6, 2, 5, 1, 4, 0)),
+                                       _mm256_set1_epi8((char)flip));
+    *lo16 = _mm256_castsi256_si128(n);
+    *hi16 = _mm256_extracti128_si256(n, 1);
     return d;
 }
 #define QUANT_VEC 1
@@ -288,48 +329,88 @@ INL __m256i dot_u8s8(__m256i u, __m256i s) {
 #endif
 }
 
-/* block g's 32 nibbles in natural order, values 0..15 */
-INL __m256i q4_unpack(const uint8_t *qn, int g) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
+/* Blocks g, g+1 as two registers, values 0..15: *lo = [lo(g), lo(g+1)] (inputs 0..15 of each),
+ * *hi = [hi(g), hi(g+1)] (inputs 16..31): one load and three operations for the pair, matching
+ * the activations' pair order (pair_pos: the AVX-512 register's 64 bytes as two halves). */
+INL void q4_unpack_pair(const uint8_t *qn, int g, __m256i *lo, __m256i *hi) {
+    const __m256i b = _mm256_loadu_si256((const __m256i *)(qn + g * 16)), m = _mm256_set1_epi8(15);
+    *lo = _mm256_and_si256(b, m);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
 }
 
-/* one row's share of block g, added to acc: w unpacked, sv = its scale in every lane, mn its
- * minimum (explicit fused multiply-adds: the build contracts nothing itself) */
-INL __m256 q4_block_row(__m256 acc, __m256i w, __m256 sv, float mn, const int8_t *xt, const float *at, int g,
-                        float *zs) {
-    const __m256i d = dot_u8s8(w, _mm256_loadu_si256((const __m256i *)(xt + g * QB)));
-    *zs += mn * at[2 * g + 1];
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(sv, _mm256_broadcast_ss(at + 2 * g)), acc);
+/* A pair's exact integer dots with one row's pair-ordered activations xp [64]: lanes 0..3 sum
+ * to block g's, 4..7 to block g+1's. Without VNNI the halves' int16 pair sums are added before
+ * widening (each |.| <= 2 * 15 * 127, so the sum stays below 32767). */
+INL __m256i q4_pair_dot(__m256i lo, __m256i hi, const int8_t *xp) {
+    const __m256i xl = _mm256_loadu_si256((const __m256i *)xp), xh = _mm256_loadu_si256((const __m256i *)(xp + 32));
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, xl), hi, xh);
+#else
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)),
+                             _mm256_set1_epi16(1));
+#endif
 }
 
+/* p's lane 0 over a pair's first four dot lanes and lane 2 over the last four; the same with
+ * lanes 4 and 6 for the next pair */
+#define LANES_A _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0)
+#define LANES_B _mm256_set_epi32(6, 6, 6, 6, 4, 4, 4, 4)
+
+/* Per row and up to four blocks from g: p = (s, m, s', m', ...) * (dx, dx*sum, dx', dx'*sum', ...)
+ * (the row's aux); the odd lanes are the minimums' terms, summed into macc, the even lanes
+ * s * dx, each spread over its block's dot lanes. Two pair chains per row (a0, a1) hide the
+ * multiply-add latency; every row runs this sequence whatever nr. */
 INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, const float *l, int K,
                    int G, const int nr, float *res) {
     (void)l;
-    __m256 a0[QR], a1[QR];
-    float z0[QR], z1[QR];
-    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm256_setzero_ps(), z0[r] = z1[r] = 0.f;
+    __m256 a0[QR], a1[QR], mc[QR];
+    for (int r = 0; r < nr; r++) a0[r] = a1[r] = mc[r] = _mm256_setzero_ps();
     int g = 0;
-    for (; g + 1 < G; g += 2) {
-        const __m256i w0 = q4_unpack(qn, g), w1 = q4_unpack(qn, g + 1);
-        float s0, n0, s1, n1;
-        sm_at(szn, g, &s0, &n0);
-        sm_at(szn, g + 1, &s1, &n1);
-        const __m256 v0 = _mm256_set1_ps(s0), v1 = _mm256_set1_ps(s1);
+    for (; g + 3 < G; g += 4) {
+        __m256i lo0, hi0, lo1, hi1;
+        q4_unpack_pair(qn, g, &lo0, &hi0);
+        q4_unpack_pair(qn, g + 2, &lo1, &hi1);
+        const __m256 sm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(szn + 2 * g)));
         for (int r = 0; r < nr; r++) {
-            a0[r] = q4_block_row(a0[r], w0, v0, n0, x + r * K, a + r * 2 * G, g, &z0[r]);
-            a1[r] = q4_block_row(a1[r], w1, v1, n1, x + r * K, a + r * 2 * G, g + 1, &z1[r]);
+            const int8_t *xt = x + r * K + g * QB;
+            const __m256 p = _mm256_mul_ps(sm, _mm256_loadu_ps(a + r * 2 * G + 2 * g));
+            mc[r] = _mm256_add_ps(mc[r], p);
+            a0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair_dot(lo0, hi0, xt)),
+                                    _mm256_permutevar8x32_ps(p, LANES_A), a0[r]);
+            a1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair_dot(lo1, hi1, xt + 2 * QB)),
+                                    _mm256_permutevar8x32_ps(p, LANES_B), a1[r]);
         }
     }
-    if (g < G) {
-        const __m256i w0 = q4_unpack(qn, g);
-        float s0, n0;
-        sm_at(szn, g, &s0, &n0);
-        const __m256 v0 = _mm256_set1_ps(s0);
-        for (int r = 0; r < nr; r++) a0[r] = q4_block_row(a0[r], w0, v0, n0, x + r * K, a + r * 2 * G, g, &z0[r]);
+    if (g + 1 < G) {  /* a last pair */
+        __m256i lo0, hi0;
+        q4_unpack_pair(qn, g, &lo0, &hi0);
+        const __m128 sm = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(szn + 2 * g)));
+        for (int r = 0; r < nr; r++) {
+            const __m256 p = _mm256_zextps128_ps256(_mm_mul_ps(sm, _mm_loadu_ps(a + r * 2 * G + 2 * g)));
+            mc[r] = _mm256_add_ps(mc[r], p);
+            a0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair_dot(lo0, hi0, x + r * K + g * QB)),
+                                    _mm256_permutevar8x32_ps(p, LANES_A), a0[r]);
+        }
+        g += 2;
     }
-    for (int r = 0; r < nr; r++) res[r] = hsum256(_mm256_add_ps(a0[r], a1[r])) + (z0[r] + z1[r]);
+    for (int r = 0; r < nr; r++) {
+        const __m128 m = _mm_add_ps(_mm256_castps256_ps128(mc[r]), _mm256_extractf128_ps(mc[r], 1));
+        res[r] = hsum256(_mm256_add_ps(a0[r], a1[r])) + (m[1] + m[3]);
+    }
+    if (g < G) {  /* an odd last block, in natural order */
+        const __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
+        const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
+        float sc, mn;
+        sm_at(szn, g, &sc, &mn);
+        for (int r = 0; r < nr; r++) {
+            const float *at = a + r * 2 * G;
+            const __m256i d = dot_u8s8(w, _mm256_loadu_si256((const __m256i *)(x + r * K + g * QB)));
+            res[r] += hsum256(_mm256_cvtepi32_ps(d)) * (sc * at[2 * g]) + mn * at[2 * g + 1];
+        }
+    }
 }
+#undef LANES_A
+#undef LANES_B
 #else
 #define QR 4           /* activation rows per weight pass */
 #define PCH 32         /* blocks per integer pass of the plain-C loops */
@@ -519,12 +600,15 @@ _Static_assert(QR == 4 && (Q8R == 4 || Q8R == 8), "SPAN_CASES / SPAN_CASES8 spel
 #define SPAN_CASES8 SPAN_CASES
 #endif
 /* ---- entry points --------------------------------------------------------------------------- */
+#if defined(LM_QDOT_512) || defined(LM_QDOT_256)
+#define Q4_PAIRS 1     /* int4-weight activations in pair order (see pair_pos) */
+#else
+#define Q4_PAIRS 0
+#endif
 #if defined(LM_QDOT_512)
-#define Q4_PAIRS 1
 #define Q8_BIASED 1    /* int8-weight activations stored as qx ^ 0x80 (see q8_corr) */
 #define DXL 1
 #else
-#define Q4_PAIRS 0
 #define Q8_BIASED 0
 #define DXL 0
 #endif
