@@ -97,8 +97,9 @@ typedef struct {
     void *owned; /* a call's own allocation (too big for the thread's kept scratch), else NULL */
 } act_t;
 
-/* The order of qx within a block pair for the AVX-512 int4 path: the 64-byte register of two
- * blocks' nibbles is [lo(g), lo(g+1), hi(g), hi(g+1)] (16 bytes each; lo(g) = inputs 0..15). */
+/* The order of qx within a block pair for the int4 paths: the AVX-512 register of two
+ * blocks' nibbles is [lo(g), lo(g+1), hi(g), hi(g+1)] (16 bytes each; lo(g) = inputs 0..15), the
+ * AVX2 pair of registers its two halves. */
 static inline int pair_pos(int j) {
     const int blk = j / QB, i = j % QB;
     return (i / 16) * 32 + blk * 16 + i % 16;
