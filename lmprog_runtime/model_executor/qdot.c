@@ -43,7 +43,7 @@
 #if !defined(LM_QDOT_PORTABLE) && !defined(LM_QDOT_NO_AVX512) && defined(__AVX512VNNI__) && \
     defined(__AVX512BW__) && defined(__AVX512VL__)
 #define LM_QDOT_512 1
-#elif !defined(LM_QDOT_PORTABLE) && defined(__AVX2__) && defined(__FMA__)
+#elif !defined(LM_QDOT_PORTABLE) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LM_QDOT_256 1
 #endif
 #if defined(LM_QDOT_512) || defined(LM_QDOT_256)
