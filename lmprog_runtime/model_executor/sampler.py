@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
+import numpy as np
 import torch
 
 from lmprog_runtime.sampling_params import TOP_K_ALL
@@ -54,6 +55,27 @@ class Sampler:
                 if reqs[i].generator is not None:
                     token_ids[i] = int(torch.multinomial(probs[k], 1, generator=reqs[i].generator))
         return SampleResult(token_ids, logprobs)
+
+    def plain_argmax(self, logits: torch.Tensor, rows: List[int], reqs: list) -> Optional[List[int]]:
+        """The tokens of rows `rows` of logits [N, V] for `reqs` (one each) when every request
+        is greedy and nothing edits its logits (no penalty, stop-token ban or bias; the caller
+        has no grammar mask and wants no logprobs): their argmax, read in place, the token
+        `__call__` picks (the same first index of the maximum). None where that does not hold
+        or the logits are not float32 on the CPU. numpy's argmax runs on the calling thread;
+        torch's row copy, divide and argmax are each a parallel region, whose wake-up and join
+        took ~15% of a batch-1 decode step on two cores."""
+        if logits.device.type != "cpu" or logits.dtype != torch.float32 or not all(map(self._untouched, reqs)):
+            return None
+        return np.argmax(logits.numpy()[rows, : self.vocab_size], axis=-1).tolist()
+
+    def _untouched(self, r) -> bool:
+        """Greedy and nothing of the pipeline before the draw changes its row."""
+        sp = r.sampling
+        if not sp.is_greedy or sp.logit_bias:
+            return False
+        if len(r.output_ids) < sp.min_new_tokens and (sp.stop_token_ids or not sp.ignore_eos and self.eos_token_ids):
+            return False
+        return not (r.output_ids and (sp.frequency_penalty or sp.presence_penalty or sp.repetition_penalty != 1.0))
 
     def scaled_logits(self, logits: torch.Tensor, reqs: list,
                       grammar_mask: Optional[torch.Tensor] = None) -> torch.Tensor:

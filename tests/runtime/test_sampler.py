@@ -1,0 +1,62 @@
+"""Sampler.plain_argmax, the greedy rows' shortcut: the token the full pipeline picks, or None
+wherever the pipeline would change a row before its argmax."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lmprog_runtime.model_executor.sampler import Sampler
+from lmprog_runtime.sampling_params import SamplingParams
+
+VOCAB, PADDED = 300, 320  # the logits carry padded vocab columns, as a model's head may
+
+
+def req(output_ids=(), **params):
+    return SimpleNamespace(sampling=SamplingParams(**params), output_ids=list(output_ids), generator=None)
+
+
+def logits_with_ties(rows: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-3, 4, (rows, PADDED), generator=g).float()  # many equal maxima per row
+    x[:, VOCAB:] = 100.0  # padding beyond the vocab must never win
+    return x
+
+
+def test_plain_argmax_is_the_pipelines_greedy_token():
+    sampler = Sampler(VOCAB, eos_token_ids=[2])
+    x = logits_with_ties(6)
+    rows = [5, 0, 3]
+    reqs = [req(temperature=0), req([7, 7], temperature=0), req(temperature=0, ignore_eos=True)]
+    fast = sampler.plain_argmax(x, rows, reqs)
+    full = sampler(x[rows], reqs).token_ids
+    assert fast == full
+    assert all(t < VOCAB for t in fast)
+
+
+@pytest.mark.parametrize("r", [
+    req(temperature=0.7),                                   # sampled
+    req(temperature=0, logit_bias={"4": 2.0}),              # biased
+    req([1, 2], temperature=0, repetition_penalty=1.2),     # penalized
+    req([1], temperature=0, frequency_penalty=0.5),
+    req([1], temperature=0, presence_penalty=0.5),
+    req([1], temperature=0, min_new_tokens=3),              # EOS still banned
+    req([], temperature=0, min_new_tokens=1, ignore_eos=True, stop_token_ids=[9]),
+])
+def test_plain_argmax_declines_rows_the_pipeline_edits(r):
+    sampler = Sampler(VOCAB, eos_token_ids=[2])
+    assert sampler.plain_argmax(logits_with_ties(2), [0, 1], [req(temperature=0), r]) is None
+
+
+def test_plain_argmax_keeps_rows_whose_edits_do_not_apply_yet_or_any_more():
+    """A penalty with nothing generated yet, and a min_new_tokens ban already served, leave
+    the row as it is: the shortcut applies and agrees."""
+    sampler = Sampler(VOCAB, eos_token_ids=[2])
+    x = logits_with_ties(2)
+    reqs = [req([], temperature=0, repetition_penalty=1.3), req([1, 2, 3], temperature=0, min_new_tokens=2)]
+    assert sampler.plain_argmax(x, [0, 1], reqs) == sampler(x.clone(), reqs).token_ids
+
+
+def test_plain_argmax_only_for_float32_cpu_logits():
+    sampler = Sampler(VOCAB, eos_token_ids=[2])
+    assert sampler.plain_argmax(logits_with_ties(1).bfloat16(), [0], [req(temperature=0)]) is None
