@@ -187,6 +187,34 @@ class StringFrames:
                 return []
         return self.finish(rest, text, pos + 1, ctx)
 
+    def pattern_bytes(self, state: tuple):
+        """Where `candidates` allows any byte, a superset of the bytes `advance` may accept
+        when every alternative is a string body at a character boundary with patterns: the
+        quote, `\\`, and the first bytes of characters every pattern can take (a set); None
+        otherwise. For the mask table's dead bytes only: `candidates`' None also says that a
+        token ending in the state lives, which this leaves as it is."""
+        out: set = set()
+        for st in state:
+            top = st[0] if st is not None else None
+            if top is None or top[0] != "S" or top[3] or top[4] or top[5] or not top[6]:
+                return None
+            out.update(self._pattern_first_bytes(top[6]))
+        return out
+
+    def _pattern_first_bytes(self, pats: tuple) -> frozenset:
+        got = self._pattern_bytes.get(pats)
+        if got is None:
+            ranges = [self.pool.first(p) for p in pats]
+            out = {0x22, 0x5C}
+            out.update(set.intersection(*({c for lo, hi in rs for c in range(max(lo, 0x20), min(hi, 0x7F) + 1)}
+                                          for rs in ranges)))
+            if all(any(hi >= 0x80 for _, hi in rs) for rs in ranges):  # (a lead byte: _string's check)
+                out.update(b for b in range(0xC2, 0xF5) if self._pats_can(pats, utf8_start(b)[1], utf8_start(b)[0]))
+            if len(self._pattern_bytes) >= 4096:
+                self._pattern_bytes.clear()
+            got = self._pattern_bytes[pats] = frozenset(out)
+        return got
+
     def _pats_can(self, pats, acc: int, need: int, bits: int = -1) -> bool:
         """Every pattern can still take some character whose first bits are `acc`, with
         `need` UTF-8 continuation bytes (6 bits each) or `bits` hex bits still to come: a
