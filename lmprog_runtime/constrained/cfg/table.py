@@ -32,8 +32,8 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime import native
-from lmprog_runtime.constrained.cfg.canonical import (EXITS, canonical, exits, extra_key, free_number_exponent,
-                                                      has_free, key_parent, root_key)
+from lmprog_runtime.constrained.cfg.canonical import (EXITS, alike_bytes, canonical, exits, extra_key,
+                                                      free_number_exponent, has_free, key_parent, root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
 from lmprog_runtime.constrained.cfg.lexrows import (LexRows, States, StrContext, WsContext, string_shape, ws_lexeme,
                                                     ws_of)
@@ -355,6 +355,15 @@ class TableWalker:
         return lists[2][i]
 
     def _derive(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
+        """trans[s, b] derived, and those of the bytes that step s alike (canonical.py
+        alike_bytes) filled from it."""
+        self._derive_byte(s, b, hist, trie, i, d)
+        alike = alike_bytes(self.table.states[s], b) if self._json else None
+        if alike is not None:
+            row = self.table.trans[s * 256:(s + 1) * 256]
+            row[alike[row[alike] == UNKNOWN]] = row[b]
+
+    def _derive_byte(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
         tab = self.table
         st = tab.states[s]
         if self._json and ((b == 0x22 and has_free(st)) or free_number_exponent(st, b)):
