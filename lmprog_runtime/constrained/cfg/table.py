@@ -52,7 +52,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     ptr, i32 = ctypes.c_void_p, ctypes.c_int32
     lib.cfg_table_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.cfg_table_walk.restype = i32
-    lib.cfg_class_walk.argtypes = [ptr, ptr, i32, i32, ptr, ptr, i32, ctypes.c_int64, ctypes.c_int64, ptr, ptr, i32]
+    lib.cfg_class_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, i32, ctypes.c_int64, ctypes.c_int64, ptr, ptr,
+                                    i32]
     lib.cfg_class_walk.restype = i32
 
 
