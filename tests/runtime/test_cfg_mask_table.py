@@ -411,7 +411,7 @@ def test_masks_under_a_pending_check_are_keyed_by_text_only_where_read(backend):
 
 def test_steps_filled_without_a_derivation_per_byte_match_python_walk(backend):
     """Table steps that are not derived byte by byte: bytes no string pattern takes are dead
-    when the state is interned (strings.py pattern_bytes), and one derived step is copied to
+    when the state is interned (strings.py string_bytes), and one derived step is copied to
     the bytes that step alike (canonical.py alike_bytes: a count-only string body's
     characters, a free number's digits). The pattern tokens walk the class table in sorted
     order (table_walk.c cfg_class_walk resumes at the prefix a token shares with the one

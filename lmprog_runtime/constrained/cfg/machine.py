@@ -71,7 +71,7 @@ class Machine(StringFrames):
         self._child_of = child_of  # (node, key) -> Node | None
         self.regex_term = regex_term
         self._starts: dict = {}  # node -> the bytes its values may start with (value_starts)
-        self._pattern_bytes: dict = {}  # string patterns -> bytes (strings.py pattern_bytes)
+        self._pattern_bytes: dict = {}  # string patterns -> bytes (strings.py string_bytes)
 
     def initial(self) -> tuple:
         if self.regex_term is not None:

@@ -8,8 +8,8 @@ States are interned (tuple -> int id) and their transitions kept in an int32 tab
 [states x 256], filled on demand: the C walk (table_walk.c) runs over the trie until it
 meets a transition or a liveness not derived yet, returns to Python to derive it
 (`Machine.advance`, once per state and byte), and resumes. Bytes outside
-`Machine.candidates` are dead when a state is interned (in a string body with patterns,
-so are the bytes no pattern takes: `pattern_bytes`); a lexeme frame's inside steps
+`Machine.candidates` are dead when a state is interned (in a string body, so are the
+bytes it never takes there: `string_bytes`); a lexeme frame's inside steps
 are read off the first state with the same frame (`StateTable.inside_step`; for plain
 string bodies the C walk does it itself and makes the new state ids, lexrows.py). A step
 that reads the text (a captured value's check, a key's closing quote) is PYTHON: that
@@ -145,7 +145,7 @@ class StateTable:
         cands = self.machine.candidates(state)
         if cands is None:
             self.lives[n] = 1  # (MaskEngine._lives: a state taking any byte lets a token end)
-            cands = self.machine.pattern_bytes(state) if self.lexemes else None
+            cands = self.machine.string_bytes(state) if self.lexemes else None
         if cands is not None:
             cands = frozenset(cands)
             row = self._rows.get(cands)
