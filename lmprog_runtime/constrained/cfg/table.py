@@ -174,10 +174,14 @@ class StateTable:
         one: the same frame with its whitespace state stepped, or nothing)."""
         pool, ctx = self.machine.pool, WsContext.of(st)
         ws = ws_of(st[0])
+        made: dict = {}  # whitespace state -> id (the ws bytes mostly step alike)
         for b in WS:
             if self.trans[n * 256 + b] == UNKNOWN:
                 got = pool.step(ws, b)
-                self.trans[n * 256 + b] = self.intern((ctx.state(got),)) if got != pool.NONE else DEAD
+                t = made.get(got)
+                if t is None:
+                    t = made[got] = self.intern((ctx.state(got),)) if got != pool.NONE else DEAD
+                self.trans[n * 256 + b] = t
 
     def _string_lexeme(self, state: tuple) -> int:
         """table_walk.c's kind of a state: 1 a plain string body (no enum: any byte may come)
