@@ -46,6 +46,7 @@ IN_PYTHON = 3  # liveness that reads the output text (table_walk.c stops there: 
 SOFT_STATES = 4096
 HARD_STATES = 16384
 _SOURCE = pathlib.Path(__file__).with_name("table_walk.c")
+_ROWS: dict = {}  # candidate bytes (frozenset) -> a new state's table row, shared by all grammars (read only)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -71,7 +72,6 @@ class StateTable:
     def __init__(self, machine, lexemes: bool):
         """lexemes: share rows between states in the same lexeme (JSON machines only)."""
         self.machine, self.lexemes = machine, lexemes
-        self._rows: dict = {}  # candidates frozenset -> its initial table row
         self.keys = KeyCloses()
         self.lexrows = LexRows()
         self.lock = threading.Lock()  # held while a walk uses the table (TableWalker sets the engine's)
@@ -148,10 +148,13 @@ class StateTable:
             cands = self.machine.string_bytes(state) if self.lexemes else None
         if cands is not None:
             cands = frozenset(cands)
-            row = self._rows.get(cands)
+            row = _ROWS.get(cands)
             if row is None:
-                row = self._rows[cands] = np.full(256, DEAD, dtype=np.int32)
+                if len(_ROWS) >= 4096:
+                    _ROWS.clear()
+                row = np.full(256, DEAD, dtype=np.int32)
                 row[list(cands)] = UNKNOWN
+                _ROWS[cands] = row  # (complete before another grammar's thread can read it)
             self.trans[n * 256:(n + 1) * 256] = row
         if self.lexemes and len(state) == 1 and state[0][0][0] in EXITS:
             top = state[0][0]
