@@ -154,10 +154,13 @@ def _unplace(st):
     return out
 
 
-def has_free(state: tuple) -> bool:
+def closes_free(state: tuple) -> bool:
+    """A quote may close a string whose text is FREE (a key's: its close reads the text).
+    Not inside a UTF-8 character or an escape: there the quote is dead, or after `\\` a
+    character of the text like any other."""
     for st in state:
         top = st[0] if st is not None else None
-        if type(top) is tuple and top[0] == "S" and top[7] is FREE:
+        if type(top) is tuple and top[0] == "S" and top[7] is FREE and not top[3] and not top[4]:
             return True
     return False
 

@@ -32,8 +32,8 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime import native
-from lmprog_runtime.constrained.cfg.canonical import (EXITS, alike_bytes, canonical, exits, extra_key,
-                                                      free_number_exponent, has_free, key_parent, root_key)
+from lmprog_runtime.constrained.cfg.canonical import (EXITS, alike_bytes, canonical, closes_free, exits, extra_key,
+                                                      free_number_exponent, key_parent, root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
 from lmprog_runtime.constrained.cfg.lexrows import (LexRows, States, StrContext, WsContext, string_shape, ws_lexeme,
                                                     ws_of)
@@ -374,7 +374,7 @@ class TableWalker:
     def _derive_byte(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
         tab = self.table
         st = tab.states[s]
-        if self._json and ((b == 0x22 and has_free(st)) or free_number_exponent(st, b)):
+        if self._json and ((b == 0x22 and closes_free(st)) or free_number_exponent(st, b)):
             tab.trans[s * 256 + b] = PYTHON  # (a string's text or a number's digits were abstracted)
             return
         got = tab.inside_step(s, b)
