@@ -128,6 +128,7 @@ class Machine(StringFrames):
         walk does not step `{` into a string rule (memoized per node)."""
         got = self._starts.get(node)
         if got is None:
+            self._starts[node] = _VALUE_START  # (meanwhile: a superset, were alts ever to cycle)
             if node.never:
                 got = frozenset()
             elif node.alts is not None:
