@@ -219,6 +219,8 @@ class StringFrames:
         return out
 
     def _pattern_first_bytes(self, pats: tuple) -> frozenset:
+        """The quote, `\\`, and the printable ASCII and UTF-8 lead bytes that start a
+        character every pattern of `pats` can take (memoized per patterns)."""
         got = self._pattern_bytes.get(pats)
         if got is None:
             firsts = [self.pool.first(p) for p in pats]
