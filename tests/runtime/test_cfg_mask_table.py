@@ -13,7 +13,8 @@ import pytest
 from lmprog_runtime.constrained.base import GrammarError
 from lmprog_runtime.constrained.cfg.backend import CfgBackend
 from lmprog_runtime.constrained.cfg.mask import MaskEngine
-from lmprog_runtime.constrained.cfg.table import c_table_walker
+from lmprog_runtime.constrained.cfg.canonical import canonical
+from lmprog_runtime.constrained.cfg.table import DEAD, _NeedsText, _no_ctx, c_table_walker
 from tiny_model import smollm2_tokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -406,3 +407,77 @@ def test_masks_under_a_pending_check_are_keyed_by_text_only_where_read(backend):
         assert any(v is _BY_TEXT for v in memo.values()), "no mask read the captured text"
         # again, memo kept: masks met along other texts
         assert sum(_walk(tok, g0, oracle, text, schema) for text in reversed(texts)) > 40
+
+
+def test_steps_filled_without_a_derivation_per_byte_match_python_walk(backend):
+    """Table steps that are not derived byte by byte: bytes no string pattern takes are dead
+    when the state is interned (strings.py string_bytes), and one derived step is copied to
+    the bytes that step alike (canonical.py alike_bytes: a count-only string body's
+    characters, a free number's digits). The pattern tokens walk the class table in sorted
+    order (table_walk.c cfg_class_walk resumes at the prefix a token shares with the one
+    before). A quote after `\\` in a key is a step of the table, not a close read in
+    Python. Value starts a rule cannot take are not candidates (machine.py value_starts),
+    in both walks: valid texts must be accepted whole."""
+    tok, be = backend
+    cases = [
+        ({"type": "object", "properties": {
+            "d": {"type": "string", "format": "date"}, "w": {"type": "string", "pattern": "^[a-z\u00e9]+$"},
+            "u": {"type": "string", "pattern": "^\\p{L}*$"},
+            "two": {"type": "string", "allOf": [{"pattern": "^[a-z]"}, {"pattern": "[0-9]$"}], "maxLength": 5}}},
+         ['{"d":"2024-01-05","w":"\u00e9t\u00e9","u":"\u00c5ngstr\u00f6m\u03a9"}', '{"w":"a\u00e9\\u00e9"}',
+          '{"two":"ab12","u":"x"}'],
+         ['{"u":"x\\ud83d\\ude00"}', '{"d":"2024-13-01"}', '{"w":"A"}', '{"d":"\u00e9"}', '{"two":"abcd12"}']),
+        ({"type": "object", "properties": {"i": {"type": "integer"}, "n": {"type": "number"},
+                                           "b": {"type": "number", "maximum": 50}, "e": {"enum": [1, 2.5, "x"]},
+                                           "k": {"enum": ["abc", "abd", "x y"]}},
+          "additionalProperties": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 3},
+                                             {"type": "null"}]}},
+         ['{"i":-120,"n":-0.125,"b":49.5,"e":2.5,"k":"abd"}', '{"k":"x y"}', '{"i":1.0,"n":10.50}', '{"n":-7.0e3,"i":10}',
+          '{"x":12,"y":"abc","z":null,"w":-7}', '{"q\\"x":1,"p\\\\y":null,"\\"":"a"}'],
+         ['{"i":1.5}', '{"k":"abx"}', '{"y":"abcd"}', '{"b":51}', '{"n":01}', '{"i":-01}']),
+        ({"type": "array", "items": {"anyOf": [{"type": "boolean"}, {"const": None},
+                                               {"type": "string", "minLength": 2}]}},
+         ['[true,null,"ab"]', '["a b c d",false]'], ['[false,"a"]', '[1]', '[{}]', '[nul]']),
+        ({"type": ["string", "null"], "maxLength": 3}, ['"abc"', "null", '"a\\"b"'], ['"abcd"', "12"]),
+    ]
+    n = 0
+    for schema, valid, invalid in cases:
+        g0 = be.compile("json", json.dumps(schema))
+        oracle = MaskEngine(g0._shared.machine, g0._shared.engine.vocab, use_c=False)
+        for _ in range(2):  # (again with the mask LRU emptied: the table's steps read back)
+            g0._shared.engine._memo.clear()
+            n += sum(_walk(tok, g0, oracle, text, schema, must_accept=True) for text in valid)
+            n += sum(_walk(tok, g0, oracle, text, schema) for text in invalid)
+        assert _audit_steps(g0._shared.machine, g0._shared.engine._tw.table) > 100
+        if schema is cases[0][0]:
+            tab = g0._shared.engine._tw.table
+            assert any(len(st) == 1 and st[0][0][0] == "S" and st[0][0][6] and tab.trans[i * 256 + 0xC3] == -2
+                       for i, st in enumerate(tab.states)), "no pattern state had its lead bytes dead at interning"
+    assert n > 300
+
+
+def _audit_steps(machine, tab) -> int:
+    """Every filled transition of the table (derived, copied, or dead at interning) is the
+    matcher's step from its state, canonical; a string frame's node aside (lexeme rows share
+    steps across the nodes of one shape). Steps that read the output text are skipped.
+    Returns how many were checked."""
+    def shape(state):
+        return tuple((st[0][:1] + st[0][2:], st[1]) if st[0][0] == "S" else st for st in state)
+
+    n = 0
+    for s in range(len(tab.states)):
+        st = tab.states[s]
+        for b in range(256):
+            t = int(tab.trans[s * 256 + b])
+            if t < 0 and t != DEAD:
+                continue
+            try:
+                nxt = machine.advance(st, b, 0, _no_ctx)
+            except _NeedsText:
+                continue
+            if t == DEAD:
+                assert not nxt, (st, b)
+            else:
+                assert shape(canonical(nxt)) == shape(tab.states[t]), (st, b)
+            n += 1
+    return n

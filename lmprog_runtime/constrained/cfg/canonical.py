@@ -59,8 +59,45 @@ def _free_number(top) -> bool:
     state: `free_number_exponent`) and by the MAX_NUMBER_CHARS cap, which a walk (at most
     256 bytes deep) cannot reach from a text this short: it becomes "0"."""
     node, text = top[1], top[2]
-    return (node.lo is None and node.hi is None and node.multiple_of is None and node.num_enum is None and top[3] <= 5
-            and text != "0" and len(text) < MAX_NUMBER_CHARS - 257)
+    return _free_node(node) and top[3] <= 5 and text != "0" and len(text) < MAX_NUMBER_CHARS - 257
+
+
+_CHAR_BYTE = np.zeros(256, dtype=np.bool_)  # one-byte characters of a string body (strings.py _char)
+_CHAR_BYTE[0x20:0x80] = True
+_CHAR_BYTE[[0x22, 0x5C]] = False
+_CHAR_BYTES = np.nonzero(_CHAR_BYTE)[0]
+_DIGITS = np.arange(0x30, 0x3A)  # (number digits: the JSON-number DFA of machine.py)
+
+
+def alike_bytes(state: tuple, b: int) -> Optional[np.ndarray]:
+    """Bytes that step canonical `state` where b does (table.py derives b's step and fills
+    theirs from it), or None: in a string body that keeps only its count (no pattern, no
+    text: an enum's string keeps its text) every one-byte character; in a free number's
+    integer or fraction digits ("0" whatever they were) every digit (the fraction's only of
+    a non-integer); at the value start of a free number rule the digits 1-9."""
+    if len(state) != 1 or state[0] is None or type(state[0][0]) is not tuple:
+        return None
+    top = state[0][0]
+    kind = top[0]
+    if kind == "S":
+        if _CHAR_BYTE[b] and not top[3] and not top[4] and not top[6] and (top[7] is None or top[7] is FREE):
+            return _CHAR_BYTES
+    elif kind == "N":
+        if 0x30 <= b <= 0x39 and top[2] == "0" and _free_node(top[1]):
+            if top[3] == 3 or (top[3] in (4, 5) and not top[1].integer_only()):
+                return _DIGITS
+            if top[3] == 1 and b != 0x30:
+                return _DIGITS[1:]
+    elif kind == "V":
+        node = top[1]
+        if 0x31 <= b <= 0x39 and node.alts is None and _free_node(node):
+            return _DIGITS[1:]
+    return None
+
+
+def _free_node(node) -> bool:
+    """No number rule reads the digits (the text of such a number is "0" in the table)."""
+    return node.lo is None and node.hi is None and node.multiple_of is None and node.num_enum is None
 
 
 def free_number_exponent(state: tuple, b: int) -> bool:
@@ -117,10 +154,13 @@ def _unplace(st):
     return out
 
 
-def has_free(state: tuple) -> bool:
+def closes_free(state: tuple) -> bool:
+    """A quote may close a string whose text is FREE (a key's: its close reads the text).
+    Not inside a UTF-8 character or an escape: there the quote is dead, or after `\\` a
+    character of the text like any other."""
     for st in state:
         top = st[0] if st is not None else None
-        if type(top) is tuple and top[0] == "S" and top[7] is FREE:
+        if type(top) is tuple and top[0] == "S" and top[7] is FREE and not top[3] and not top[4]:
             return True
     return False
 

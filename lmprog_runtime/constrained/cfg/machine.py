@@ -70,6 +70,8 @@ class Machine(StringFrames):
         self.root, self.pool, self.residual, self.ws0 = root, pool, residual, ws0
         self._child_of = child_of  # (node, key) -> Node | None
         self.regex_term = regex_term
+        self._starts: dict = {}  # node -> the bytes its values may start with (value_starts)
+        self._pattern_bytes: dict = {}  # string patterns -> bytes (strings.py string_bytes)
 
     def initial(self) -> tuple:
         if self.regex_term is not None:
@@ -107,7 +109,7 @@ class Machine(StringFrames):
             elif kind == "A":
                 got = _ARR.get(top[2], WS)
             elif kind == "V":
-                got = _VALUE_START | WS
+                got = self.value_starts(top[1]) | WS
             elif kind == "L":
                 got = (ord(top[1][top[2]]),)
             elif kind == "N":
@@ -120,6 +122,30 @@ class Machine(StringFrames):
                 return None
             out.update(got)
         return out
+
+    def value_starts(self, node: Node) -> frozenset:
+        """A superset of the first bytes of `node`'s values (start_value's cases), so that a
+        walk does not step `{` into a string rule (memoized per node)."""
+        got = self._starts.get(node)
+        if got is None:
+            self._starts[node] = _VALUE_START  # (meanwhile: a superset, were alts ever to cycle)
+            if node.never:
+                got = frozenset()
+            elif node.alts is not None:
+                got = frozenset().union(*(self.value_starts(alt) for alt in node.alts))
+            else:
+                out = {ord(lit[0]) for lit in node.literals}
+                if "string" in node.types:
+                    out.add(0x22)
+                if "object" in node.types:
+                    out.add(0x7B)
+                if "array" in node.types:
+                    out.add(0x5B)
+                if node.allows_number():
+                    out.update(DIGITS, (0x2D,))
+                got = frozenset(out)
+            self._starts[node] = got
+        return got
 
     def complete(self, state: tuple) -> bool:
         """No byte can follow: every alternative is done."""

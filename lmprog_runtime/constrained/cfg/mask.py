@@ -67,6 +67,11 @@ class VocabInfo:
             self.whole[i] = True
             ids.append(i)
             cps.append([ord(c) for c in text])
+        # sorted by their characters, each with the length of the prefix it shares with the
+        # one before (the C class walk resumes there: a walk over the tokens' character trie)
+        order = sorted(range(len(cps)), key=cps.__getitem__)
+        ids, cps = [ids[r] for r in order], [cps[r] for r in order]
+        self.whole_lcp = np.asarray([0] + [_shared_prefix(a, b) for a, b in zip(cps, cps[1:])], dtype=np.int32)
         self.whole_ids = np.asarray(ids, dtype=np.int64)
         self.whole_len = np.asarray([len(c) for c in cps], dtype=np.int64)
         self.cps = np.zeros((len(cps), MAX_TABLE_CHARS), dtype=np.int64)  # code points, 0-padded
@@ -85,6 +90,15 @@ class VocabInfo:
 def _lists(trie: TokenTrie):
     return (trie.byte.tolist(), trie.depth.tolist(), trie.skip.tolist(), trie.node_tok.tolist(),
             list(zip(trie.dup_tok.tolist(), trie.dup_src.tolist())))
+
+
+def _shared_prefix(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _plain_chars(data: bytes) -> Optional[int]:
@@ -389,9 +403,9 @@ class MaskEngine:
         missing = np.zeros((4096, 2), dtype=np.int64)
         start, cmap = tab.local(p), tab.class_map(v)
         while True:
-            m = lib.cfg_class_walk(v.cp_idx.ctypes.data, v.whole_len.ctypes.data, n, MAX_TABLE_CHARS,
-                                   cmap.ctypes.data, tab.trans.ctypes.data, tab.n_classes, start, tab.dead,
-                                   alive.ctypes.data, missing.ctypes.data, len(missing))
+            m = lib.cfg_class_walk(v.cp_idx.ctypes.data, v.whole_len.ctypes.data, v.whole_lcp.ctypes.data, n,
+                                   MAX_TABLE_CHARS, cmap.ctypes.data, tab.trans.ctypes.data, tab.n_classes, start,
+                                   tab.dead, alive.ctypes.data, missing.ctypes.data, len(missing))
             if m == 0:
                 break
             try:

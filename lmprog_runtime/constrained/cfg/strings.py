@@ -17,6 +17,8 @@ Ctx = Callable[[int, int], bytes]  # output bytes [start, end)
 _ESC = {0x22: 0x22, 0x5C: 0x5C, 0x2F: 0x2F, 0x62: 8, 0x66: 12, 0x6E: 10, 0x72: 13, 0x74: 9}
 _HEX = {b: int(chr(b), 16) for b in b"0123456789abcdefABCDEF"}
 _UTF8_FLOOR = (0, 0x80, 0x800, 0x10000)
+_ESC_BYTES = frozenset(_ESC) | {0x75}
+_BODY_BYTES = frozenset(range(0x20, 0x80)) | frozenset(range(0xC2, 0xF5))  # (utf8_start's lead bytes)
 
 
 class _Free:
@@ -56,6 +58,11 @@ def utf8_start(b: int):
     if 0xF0 <= b <= 0xF4:
         return (3, b & 0x07, 0x90 if b == 0xF0 else 0x80, 0x8F if b == 0xF4 else 0xBF)
     return None
+
+
+def _utf8_lead(cp: int) -> int:
+    """The first UTF-8 byte of code point cp >= 0x80 (surrogates too: _pats_can's ranges hold them)."""
+    return 0xC0 | cp >> 6 if cp < 0x800 else 0xE0 | cp >> 12 if cp < 0x10000 else 0xF0 | cp >> 18
 
 
 class StringFrames:
@@ -186,6 +193,46 @@ class StringFrames:
             if i == len(node.enum) or node.enum[i] != text:
                 return []
         return self.finish(rest, text, pos + 1, ctx)
+
+    def string_bytes(self, state: tuple):
+        """Where `candidates` allows any byte, a superset of the bytes `advance` may accept
+        when every alternative is a string body (a set), else None: inside a UTF-8
+        character its next byte's range, after `\\` the escape letters, in `\\u` the hex
+        digits, else the quote, `\\`, printable ASCII and UTF-8 lead bytes (with patterns:
+        the first bytes of characters every pattern can take). For the mask table's dead
+        bytes only: `candidates`' None also says that a token ending in the state lives,
+        which this leaves as it is."""
+        out: set = set()
+        for st in state:
+            top = st[0] if st is not None else None
+            if top is None or top[0] != "S":
+                return None
+            utf, esc = top[3], top[4]
+            if utf:
+                out.update(range(utf[2], utf[3] + 1))
+            elif esc:
+                out.update(_ESC_BYTES if esc == 1 else _HEX)
+            elif top[6] and not top[5]:
+                out.update(self._pattern_first_bytes(top[6]))
+            else:
+                out.update(_BODY_BYTES)
+        return out
+
+    def _pattern_first_bytes(self, pats: tuple) -> frozenset:
+        """The quote, `\\`, and the printable ASCII and UTF-8 lead bytes that start a
+        character every pattern of `pats` can take (memoized per patterns)."""
+        got = self._pattern_bytes.get(pats)
+        if got is None:
+            firsts = [self.pool.first(p) for p in pats]
+            out = {0x22, 0x5C}
+            out.update(set.intersection(*({c for lo, hi in rs for c in range(max(lo, 0x20), min(hi, 0x7F) + 1)}
+                                          for rs in firsts)))
+            out.update(set.intersection(*({b for lo, hi in rs if hi >= 0x80 for b in
+                                           range(_utf8_lead(max(lo, 0x80)), _utf8_lead(hi) + 1)} for rs in firsts)))
+            if len(self._pattern_bytes) >= 4096:
+                self._pattern_bytes.clear()
+            got = self._pattern_bytes[pats] = frozenset(out)
+        return got
 
     def _pats_can(self, pats, acc: int, need: int, bits: int = -1) -> bool:
         """Every pattern can still take some character whose first bits are `acc`, with

@@ -8,7 +8,8 @@ States are interned (tuple -> int id) and their transitions kept in an int32 tab
 [states x 256], filled on demand: the C walk (table_walk.c) runs over the trie until it
 meets a transition or a liveness not derived yet, returns to Python to derive it
 (`Machine.advance`, once per state and byte), and resumes. Bytes outside
-`Machine.candidates` are dead when a state is interned; a lexeme frame's inside steps
+`Machine.candidates` are dead when a state is interned (in a string body, so are the
+bytes it never takes there: `string_bytes`); a lexeme frame's inside steps
 are read off the first state with the same frame (`StateTable.inside_step`; for plain
 string bodies the C walk does it itself and makes the new state ids, lexrows.py). A step
 that reads the text (a captured value's check, a key's closing quote) is PYTHON: that
@@ -31,8 +32,8 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime import native
-from lmprog_runtime.constrained.cfg.canonical import (EXITS, canonical, exits, extra_key, free_number_exponent,
-                                                      has_free, key_parent, root_key)
+from lmprog_runtime.constrained.cfg.canonical import (EXITS, alike_bytes, canonical, closes_free, exits, extra_key,
+                                                      free_number_exponent, key_parent, root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
 from lmprog_runtime.constrained.cfg.lexrows import (LexRows, States, StrContext, WsContext, string_shape, ws_lexeme,
                                                     ws_of)
@@ -45,13 +46,15 @@ IN_PYTHON = 3  # liveness that reads the output text (table_walk.c stops there: 
 SOFT_STATES = 4096
 HARD_STATES = 16384
 _SOURCE = pathlib.Path(__file__).with_name("table_walk.c")
+_ROWS: dict = {}  # candidate bytes (frozenset) -> a new state's table row, shared by all grammars (read only)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
     ptr, i32 = ctypes.c_void_p, ctypes.c_int32
     lib.cfg_table_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.cfg_table_walk.restype = i32
-    lib.cfg_class_walk.argtypes = [ptr, ptr, i32, i32, ptr, ptr, i32, ctypes.c_int64, ctypes.c_int64, ptr, ptr, i32]
+    lib.cfg_class_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, i32, ctypes.c_int64, ctypes.c_int64, ptr, ptr,
+                                    i32]
     lib.cfg_class_walk.restype = i32
 
 
@@ -69,7 +72,6 @@ class StateTable:
     def __init__(self, machine, lexemes: bool):
         """lexemes: share rows between states in the same lexeme (JSON machines only)."""
         self.machine, self.lexemes = machine, lexemes
-        self._rows: dict = {}  # candidates frozenset -> its initial table row
         self.keys = KeyCloses()
         self.lexrows = LexRows()
         self.lock = threading.Lock()  # held while a walk uses the table (TableWalker sets the engine's)
@@ -143,12 +145,16 @@ class StateTable:
         cands = self.machine.candidates(state)
         if cands is None:
             self.lives[n] = 1  # (MaskEngine._lives: a state taking any byte lets a token end)
-        else:
+            cands = self.machine.string_bytes(state) if self.lexemes else None
+        if cands is not None:
             cands = frozenset(cands)
-            row = self._rows.get(cands)
+            row = _ROWS.get(cands)
             if row is None:
-                row = self._rows[cands] = np.full(256, DEAD, dtype=np.int32)
+                if len(_ROWS) >= 4096:
+                    _ROWS.clear()
+                row = np.full(256, DEAD, dtype=np.int32)
                 row[list(cands)] = UNKNOWN
+                _ROWS[cands] = row  # (complete before another grammar's thread can read it)
             self.trans[n * 256:(n + 1) * 256] = row
         if self.lexemes and len(state) == 1 and state[0][0][0] in EXITS:
             top = state[0][0]
@@ -171,10 +177,14 @@ class StateTable:
         one: the same frame with its whitespace state stepped, or nothing)."""
         pool, ctx = self.machine.pool, WsContext.of(st)
         ws = ws_of(st[0])
+        made: dict = {}  # whitespace state -> id (the ws bytes mostly step alike)
         for b in WS:
             if self.trans[n * 256 + b] == UNKNOWN:
                 got = pool.step(ws, b)
-                self.trans[n * 256 + b] = self.intern((ctx.state(got),)) if got != pool.NONE else DEAD
+                t = made.get(got)
+                if t is None:
+                    t = made[got] = self.intern((ctx.state(got),)) if got != pool.NONE else DEAD
+                self.trans[n * 256 + b] = t
 
     def _string_lexeme(self, state: tuple) -> int:
         """table_walk.c's kind of a state: 1 a plain string body (no enum: any byte may come)
@@ -353,9 +363,18 @@ class TableWalker:
         return lists[2][i]
 
     def _derive(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
+        """trans[s, b] derived, and those of the bytes that step s alike (canonical.py
+        alike_bytes) filled from it."""
+        self._derive_byte(s, b, hist, trie, i, d)
+        alike = alike_bytes(self.table.states[s], b) if self._json else None
+        if alike is not None:
+            row = self.table.trans[s * 256:(s + 1) * 256]
+            row[alike[row[alike] == UNKNOWN]] = row[b]
+
+    def _derive_byte(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
         tab = self.table
         st = tab.states[s]
-        if self._json and ((b == 0x22 and has_free(st)) or free_number_exponent(st, b)):
+        if self._json and ((b == 0x22 and closes_free(st)) or free_number_exponent(st, b)):
             tab.trans[s * 256 + b] = PYTHON  # (a string's text or a number's digits were abstracted)
             return
         got = tab.inside_step(s, b)
