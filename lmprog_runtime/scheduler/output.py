@@ -77,7 +77,7 @@ class PostProcessor:
             try:
                 if not r.finished:
                     self._check(Stage.SAMPLING, r)
-                    rows = logits[item.verify_row:item.verify_row + k + 1].clone()
+                    rows = logits[item.verify_row:item.verify_row + k + 1]  # (verify_rows copies it to edit)
                     v = verify_rows(self.sampler, r, rows, item.draft.tokens, item.draft.mask, item.draft.parents)
                     if v.path:  # a tree: the accepted nodes' KV moves to the positions after the root
                         self.kv.keep_path(r, item.start + item.num_tokens - k, v.path)

@@ -46,9 +46,16 @@ class Verified:
 
 def verify_rows(sampler, r, rows: torch.Tensor, draft: List[int], mask: Optional[torch.Tensor],
                 parents: Optional[List[int]] = None) -> Verified:
-    """rows: float [k + 1, V] logits (a copy; edited in place); mask: bool [k + 1, vocab] or None;
-    parents: the draft's tree (None: a chain)."""
+    """rows: float [k + 1, V] logits (read only: the sampler's pipeline edits a copy); mask:
+    bool [k + 1, vocab] or None; parents: the draft's tree (None: a chain)."""
     reqs = _row_views(r, draft, parents)
+    best = None if mask is not None or r.return_logprob else sampler.plain_argmax(rows, list(range(len(reqs))), reqs)
+    if best is not None:  # greedy rows nothing edits: their argmax read in place (Sampler.plain_argmax)
+        if parents is None:
+            return Verified(*_accept_best(best, draft), None)
+        tokens, path = _accept_tree_best(best, draft, parents)
+        return Verified(tokens, len(path), None, path)
+    rows = rows.clone()
     if mask is not None and mask.shape[-1] < rows.shape[-1]:  # padded vocab rows stay banned
         pad = torch.zeros((mask.shape[0], rows.shape[-1] - mask.shape[-1]), dtype=torch.bool)
         mask = torch.cat([mask, pad], dim=-1)
@@ -104,7 +111,11 @@ def _row_views(r, draft: List[int], parents: Optional[List[int]] = None) -> list
 
 
 def _accept_greedy(scaled: torch.Tensor, draft: List[int]):
-    best = torch.argmax(scaled, dim=-1).tolist()  # [k + 1]
+    return _accept_best(torch.argmax(scaled, dim=-1).tolist(), draft)
+
+
+def _accept_best(best: List[int], draft: List[int]):
+    """best: the rows' argmax [k + 1] -> (accepted drafts + the bonus token, how many drafts)."""
     a = 0
     while a < len(draft) and draft[a] == best[a]:
         a += 1
@@ -129,7 +140,11 @@ def _accept_sampled(probs: torch.Tensor, draft: List[int], gen: torch.Generator)
 
 def accept_tree_greedy(scaled: torch.Tensor, draft: List[int], parents: List[int]):
     """scaled [k + 1, V] → (accepted tokens + bonus, accepted node indices)."""
-    best = torch.argmax(scaled, dim=-1).tolist()  # [k + 1]
+    return _accept_tree_best(torch.argmax(scaled, dim=-1).tolist(), draft, parents)
+
+
+def _accept_tree_best(best: List[int], draft: List[int], parents: List[int]):
+    """best: the rows' argmax [k + 1] → accept_tree_greedy's answer."""
     kids = children(parents)
     path: List[int] = []
     row = 0
