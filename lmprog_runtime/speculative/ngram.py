@@ -9,10 +9,11 @@ tokens appended. A chain stops where its path's estimated probability (the produ
 drafted token, of how often it followed the last CONFIDENCE_CONTEXT tokens, of all the
 continuations seen there) falls below MIN_PATH_PROB; where no suffix of MIN_MATCH tokens
 matches, the last token alone may start it, discounted by SHORT_MATCH_PRIOR (so only a
-token always followed by the same one drafts). A chain looks in the request's own prompt
-first (`PromptIndex`): what it copies from there (an extraction's values) follows the
-prompt, not the other requests' n-grams; and it drafts only tokens the request's grammar
-allows (`allows`, from the speculator's GrammarGuide). With topk > 1 (`draft_tree`) the draft is
+token always followed by the same one drafts). A chain also looks in the request's own
+prompt (`PromptIndex`): what it copies from there (an extraction's values) follows the
+prompt, not the other requests' n-grams, for as long as outputs tend to copy (`copy_rate`,
+learned from the outputs); and it drafts only tokens the request's grammar allows
+(`allows`, from the speculator's GrammarGuide). With topk > 1 (`draft_tree`) the draft is
 a tree: where a node has several continuations, up to topk of them (the most frequent
 first) become children, and nodes join the tree best-first by their path's estimated
 probability (the product of count(child) / count(all children) along the path) until the
@@ -44,10 +45,12 @@ MIN_PATH_PROB = 0.4
 # been followed by the same one (a name copied from the prompt into a JSON value: 'Alice'
 # → ' Martin', where the tokens before differ), never after a common token (' the', ',').
 SHORT_MATCH_PRIOR = 0.5
-# Where the trie has seen several continuations, one the request's prompt never holds is
-# discounted by this: past `"name": "` those are the earlier requests' values (each seen
-# once, so the best of them keeps p >= MIN_PATH_PROB until a few requests went by).
-UNPROMPTED_PRIOR = 0.5
+# A token copied from the prompt after a match of n tokens there is drafted with probability
+# the rate at which outputs went on copying after such matches: an extraction's value ends
+# where the prompt goes on (`"Emma Stone` → `",`, not ` is`), a quote does not. An EMA per n
+# (COPY_DECAY per observation), starting from COPY_PRIOR copies seen and none missed.
+COPY_DECAY = 0.95
+COPY_PRIOR = 2.0
 # The context whose continuation counts give a drafted token's probability.
 CONFIDENCE_CONTEXT = 4
 
@@ -75,11 +78,12 @@ class _Node:
 class _SeqState:
     """Where one request's tokens stand in the current trie."""
 
-    __slots__ = ("gen", "open", "fed", "last", "prompt")
+    __slots__ = ("gen", "open", "fed", "last", "prompt", "observed")
 
     def __init__(self, gen: int, prompt: Optional["PromptIndex"] = None):
         self.gen = gen
         self.prompt = prompt         # the request's own prompt (chains match it first)
+        self.observed = 0            # tokens whose copying from the prompt was counted
         self.open: List[_Node] = []  # open[j]: node of the last j + 1 tokens (depth j + 1 < max_depth)
         self.fed = 0                 # tokens of the request inserted so far
         self.last = -1               # the last token inserted (detects a rewritten tail)
@@ -94,6 +98,22 @@ class NgramCorpus:
         self.gen = 0
         self.nodes = 0  # nodes of the current generation
         self._tie = itertools.count()  # heap tie-breaker: earlier pushes first
+        self.copies = [[0.0, 0.0] for _ in range(max_depth)]  # n -> [EMA copied, EMA matched]
+
+    def observe_copies(self, prompt: "PromptIndex", tokens: Sequence[int], start: int) -> None:
+        """Count, for tokens[start:], whether each followed the prompt after a match there of
+        MIN_MATCH+ tokens (per match length: `copy_rate`)."""
+        for i in range(start, len(tokens)):
+            at, n = prompt.match(tokens[max(0, i - self.max_depth + 1):i], self.max_depth - 1)
+            if n >= MIN_MATCH:
+                stat = self.copies[n]
+                stat[0] = COPY_DECAY * stat[0] + (tokens[i] == prompt.tokens[at])
+                stat[1] = COPY_DECAY * stat[1] + 1.0
+
+    def copy_rate(self, n: int) -> float:
+        """How often outputs went on copying the prompt after a match of n tokens there."""
+        copied, matched = self.copies[n]
+        return (copied + COPY_PRIOR) / (matched + COPY_PRIOR)
 
     # -- insertion ------------------------------------------------------------------------
     def feed(self, state: _SeqState, tokens: Sequence[int]) -> None:
@@ -145,15 +165,14 @@ class NgramCorpus:
         path's estimated probability (the product of each token's `_share`) falls below
         MIN_PATH_PROB: past a point where the corpus has seen many different continuations
         (a JSON value after its key: the previous requests' values) every drafted row is
-        likely wasted. Each token comes from the first of: a match of MIN_MATCH+ tokens in
-        the request's `prompt`, one in the trie, the last token alone in the prompt, in the
-        trie (those two discounted by SHORT_MATCH_PRIOR). `allows(draft, token)`: whether
-        the request's grammar allows `token` after `draft`; only such tokens are drafted
-        (shares are then of the allowed continuations)."""
+        likely wasted. Each token is the trie's (its deepest context matched, else the last
+        token alone, discounted by SHORT_MATCH_PRIOR) or the request's `prompt`'s (see
+        `_next`). `allows(draft, token)`: whether the request's grammar allows `token` after
+        `draft`; only such tokens are drafted (shares are then of the allowed continuations)."""
         ok = allows or _anything
         out: List[int] = []
         p = 1.0
-        node = None  # the trie node being followed
+        node = (None, 0)  # the trie node being followed, the length of the context it spells
         while len(out) < k:
             token, share, node = self._next(tail + out, out, node, prompt, ok)
             p *= share
@@ -162,28 +181,36 @@ class NgramCorpus:
             out.append(token)
         return out
 
-    def _next(self, seq: List[int], out: List[int], node: Optional[_Node], prompt: Optional["PromptIndex"],
-              ok: Allows):
-        """(next token or -1, its probability, the trie node to follow after it or None)."""
+    def _next(self, seq: List[int], out: List[int], node: Tuple[Optional[_Node], int],
+              prompt: Optional["PromptIndex"], ok: Allows):
+        """(next token or -1, its probability, (the trie node to follow after it, its
+        context length)). The prompt's continuation (probability `copy_rate`) competes with
+        the trie's where the prompt matches MIN_MATCH+ tokens and no fewer than the trie
+        (which holds the prompt too: a longer match there is other text that went the same
+        way for longer, e.g. an earlier answer to the same question); the more probable
+        wins. A trie token the prompt never holds has its probability squared: at a
+        branching point that is another request's value."""
         at, n = prompt.match(seq, self.max_depth - 1) if prompt is not None else (-1, 0)
         copied = prompt.tokens[at] if n and ok(out, prompt.tokens[at]) else -1
-        if copied >= 0 and n >= MIN_MATCH:
-            return copied, 1.0, None
-        if node is None or self._pick(node, out, ok) is None:
-            node = self._deepest_match(seq, MIN_MATCH, out, ok)
-        if node is not None:
-            token, child, share = self._pick(node, out, ok)
+        trie, depth = node
+        if trie is None or self._pick(trie, out, ok) is None:
+            trie, depth = self._deepest_match(seq, MIN_MATCH, out, ok)
+        best = None
+        if trie is not None:
+            token, child, share = self._pick(trie, out, ok)
             share = self._share(seq, token, share, out, ok)
-            if prompt is not None and share < 1 and token not in prompt.at:
-                share *= UNPROMPTED_PRIOR
-            return token, share, child
-        if copied >= 0:
-            return copied, SHORT_MATCH_PRIOR, None
-        node = self._deepest_match(seq[-1:], 1, out, ok)
-        if node is None:
-            return -1, 1.0, None
-        token, child, share = self._pick(node, out, ok)
-        return token, SHORT_MATCH_PRIOR * self._share(seq, token, share, out, ok), child
+            if prompt is not None and token not in prompt.at:
+                share *= share  # past `"name": "`: another request's value (1/2 → 1/4)
+            best = token, share, (child, depth + 1)
+        if copied >= 0 and n >= max(MIN_MATCH, depth) and (best is None or self.copy_rate(n) >= best[1]):
+            return copied, self.copy_rate(n), (None, 0)
+        if best is not None:
+            return best
+        trie, _ = self._deepest_match(seq[-1:], 1, out, ok)
+        if trie is None:
+            return -1, 1.0, (None, 0)
+        token, child, share = self._pick(trie, out, ok)
+        return token, SHORT_MATCH_PRIOR * self._share(seq, token, share, out, ok), (child, 2)
 
     @staticmethod
     def _pick(node: _Node, out: List[int], ok: Allows):
@@ -225,7 +252,7 @@ class NgramCorpus:
         parents: List[int] = []
         paths: List[List[int]] = []  # paths[j]: tokens from the root to node j, inclusive
         heap: list = []  # (-probability, tie, parent index, token, trie node of the token)
-        self._push_children(heap, self._deepest_match(tail), 1.0, -1, topk)
+        self._push_children(heap, self._deepest_match(tail)[0], 1.0, -1, topk)
         while heap and len(tokens) < k and -heap[0][0] >= MIN_PATH_PROB:
             neg_p, _, parent, token, node = heapq.heappop(heap)
             j = len(tokens)
@@ -233,7 +260,7 @@ class NgramCorpus:
             parents.append(parent)
             paths.append((paths[parent] if parent >= 0 else []) + [token])
             if node.best < 0:  # a leaf: match again with the path appended
-                node = self._deepest_match(tail + paths[j])
+                node = self._deepest_match(tail + paths[j])[0]
             self._push_children(heap, node, -neg_p, j, topk)
         return tokens, parents
 
@@ -248,9 +275,10 @@ class NgramCorpus:
             heapq.heappush(heap, (-prob * child.count / total, next(self._tie), parent, token, child))
 
     def _deepest_match(self, seq: List[int], least: int = MIN_MATCH, out: Optional[List[int]] = None,
-                       ok: Optional[Allows] = None) -> Optional[_Node]:
-        """The node of the longest suffix of `seq` (least .. max_depth - 1 tokens) that has
-        a child (one `ok(out, token)` allows, when given); None when there is none."""
+                       ok: Optional[Allows] = None) -> Tuple[Optional[_Node], int]:
+        """(the node of the longest suffix of `seq` (least .. max_depth - 1 tokens) that has
+        a child (one `ok(out, token)` allows, when given), that suffix's length); (None, 0)
+        when there is none."""
         longest = min(len(seq), self.max_depth - 1)
         for root in (self.current, self.previous):
             if root is None:
@@ -262,8 +290,8 @@ class NgramCorpus:
                     if node is None:
                         break
                 if node is not None and node.best >= 0 and (ok is None or self._pick(node, out, ok)):
-                    return node
-        return None
+                    return node, m
+        return None, 0
 
 
 class PromptIndex:
@@ -311,6 +339,8 @@ class NgramDraftSource(DraftSource):
             if state is None:
                 state = self.states[r.rid] = _SeqState(self.corpus.gen, PromptIndex(r.origin_input_ids))
             tokens = r.origin_input_ids + r.output_ids
+            self.corpus.observe_copies(state.prompt, tokens, max(state.observed, len(r.origin_input_ids)))
+            state.observed = len(tokens)
             self.corpus.feed(state, tokens)  # verified tokens only: a prefix is not fed
             tail = (tokens[-(depth - 1):] + list(prefixes[i] if prefixes else ()))[-(depth - 1):]
             if self.topk == 1:

@@ -129,16 +129,29 @@ def test_ngram_chain_may_start_from_the_last_token_alone():
     assert corpus.draft([7, 3], 2) == []          # 3 was followed by 40, 60 and 61
 
 
-def test_ngram_chain_copies_the_requests_own_prompt_first():
-    """An earlier request wrote `age : 4 4` (its record: "is 4 4"); this request's record says
-    "is 4 7": after its `age : 4` the shared trie's deepest context says 4, its own prompt 7
-    (a JSON extraction's digits, copied from the prompt). Where the prompt has no match of
-    MIN_MATCH tokens the trie's structure still drafts (50 51 → 30)."""
+def test_ngram_chain_copies_the_requests_own_prompt():
+    """Other records said "is 4 4" (30 4 → 4, twice); this request's record says "is 4 7":
+    after its `: 4` (50 30 4, new to the trie) the trie's most frequent continuation is 4
+    (2/3), its own prompt's 7 (copied so far whenever matched): a JSON extraction's digits.
+    Where the trie matches longer (an earlier output went 50 51 30 4 → 4) the trie wins."""
     src = NgramDraftSource(max_depth=8, capacity=10_000)
-    src.propose([_R("a", [9, 1, 30, 4, 4, 31], [50, 51, 30, 4, 4, 52])], [1])
-    b = _R("b", [9, 2, 30, 4, 7, 31], [50, 51, 30, 4])
+    src.propose([_R("a", [9, 1, 30, 4, 4, 31, 30, 4, 4], [50, 51, 30, 4, 4, 52])], [1])
+    b = _R("b", [9, 2, 30, 4, 7, 31], [50, 30, 4])
     assert src.propose([b], [1])[0].tokens == [7]
-    assert src.propose([_R("c", [9, 2, 30, 4, 7, 31], [50, 51])], [1])[0].tokens == [30]
+    assert src.propose([_R("c", [9, 2, 30, 4, 7, 31], [50, 51, 30, 4])], [1])[0].tokens == [4]
+
+
+def test_ngram_prompt_copies_stop_where_outputs_stopped_copying():
+    """Outputs that matched 2 tokens of their prompt (1 2) and went on with 9 instead of the
+    prompt's 3 (a JSON value closing where the prompt's sentence goes on) make such copies
+    improbable: the chain from the prompt stops there."""
+    from lmprog_runtime.speculative.ngram import PromptIndex
+    corpus = NgramCorpus(max_depth=8, capacity=10_000)
+    prompt = PromptIndex([1, 2, 3, 4, 5, 6])
+    assert corpus.draft([7, 1, 2], 3, prompt) == [3, 4, 5]
+    corpus.observe_copies(prompt, [1, 2, 3, 4, 5, 6] + [8, 1, 2, 9] * 4, 6)
+    assert corpus.copy_rate(2) < 0.4
+    assert corpus.draft([7, 1, 2], 3, prompt) == []
 
 
 def test_ngram_chain_skips_what_the_grammar_forbids():
@@ -155,10 +168,10 @@ def test_ngram_chain_skips_what_the_grammar_forbids():
 
 def test_ngram_chain_discounts_other_requests_values():
     """Past a key (1 2 3 4) two requests wrote their own values (50, 51): a third request
-    whose prompt holds neither drafts nothing there (each has 1/2, discounted by
-    UNPROMPTED_PRIOR), one whose prompt holds 51 drafts it."""
-    from lmprog_runtime.speculative.ngram import MIN_PATH_PROB, UNPROMPTED_PRIOR
-    assert 0.5 >= MIN_PATH_PROB > 0.5 * UNPROMPTED_PRIOR
+    whose prompt holds neither drafts nothing there (1/2 each, squared: 1/4), one whose
+    prompt holds 51 drafts it (1/2)."""
+    from lmprog_runtime.speculative.ngram import MIN_PATH_PROB
+    assert 0.5 >= MIN_PATH_PROB > 0.25
     src = NgramDraftSource(max_depth=8, capacity=10_000)
     for rid, value in (("a", 50), ("b", 51)):
         src.propose([_R(rid, [20, value, 21], [1, 2, 3, 4, value, 60])], [1])
