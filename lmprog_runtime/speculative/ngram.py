@@ -82,7 +82,7 @@ class _SeqState:
 
     def __init__(self, gen: int, prompt: Optional["PromptIndex"] = None):
         self.gen = gen
-        self.prompt = prompt         # the request's own prompt (chains match it first)
+        self.prompt = prompt         # the request's own prompt (chains match it too)
         self.observed = 0            # tokens whose copying from the prompt was counted
         self.open: List[_Node] = []  # open[j]: node of the last j + 1 tokens (depth j + 1 < max_depth)
         self.fed = 0                 # tokens of the request inserted so far
@@ -297,8 +297,9 @@ class NgramCorpus:
 class PromptIndex:
     """Where each token of one request's prompt occurs. What a request copies from its own
     prompt (a JSON extraction's values, a quote) follows the prompt there, while the shared
-    trie has seen other requests' values after the same context (`"age": 4` → the previous
-    record's digits), so a suffix found in the prompt is tried first."""
+    trie may have seen other requests' values after the same context (`"age": 4` → the
+    previous record's digits), so a chain weighs the prompt's continuation too
+    (`NgramCorpus._next`)."""
 
     __slots__ = ("tokens", "at")
 

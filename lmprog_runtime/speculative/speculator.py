@@ -29,14 +29,13 @@ Constrained requests: a source that asks (`guided`) drafts only what the grammar
 (guide.py, rolled back after the call); any draft is cut at the first token the grammar
 forbids, and before any token after which the grammar terminates (that token may still
 come as the verify step's bonus token, where `on_token` handles it as a plain step
-would). A draft runs on
-through text the grammar forces (its tokens are the model's own earlier tokenization of
-it, which the model accepts more often than the forced text's canonical tokens). Where
-jump-forward forces text this step, the request's draft is its own one if that goes past
-the forced text, else the forced tokens followed by the source's continuation after them
-(`prefixes`), else the forced text alone. The mask of every drafted position (and of the
-bonus position) is written here, with the matcher advanced through the draft and rolled
-back exactly.
+would). A draft runs on through text the grammar forces (its tokens are the model's own
+earlier tokenization of it, which the model accepts more often than the forced text's
+canonical tokens). Where jump-forward forces text this step, the request's draft is its
+own one if that goes past the forced text, else the forced tokens followed by the
+source's continuation after them (`prefixes`), else the forced text alone. The mask of
+every drafted position (and of the bonus position) is written here, with the matcher
+advanced through the draft and rolled back exactly.
 """
 
 from __future__ import annotations
@@ -331,6 +330,7 @@ class Speculator:
                 for i, r in enumerate(reqs)]
 
     def _propose_guided(self, reqs: List, budgets: List[int], prefixes, guides) -> list:
+        """`_propose` with the guides made: the batched call, else one request at a time."""
         extra = {} if prefixes is None else {"prefixes": prefixes}
         if guides is not None:
             extra["guides"] = guides
