@@ -311,16 +311,19 @@ class PromptIndex:
 
     def match(self, seq: List[int], longest: int) -> Tuple[int, int]:
         """(index of the prompt token after the longest suffix of `seq` (1..longest tokens)
-        found in the prompt, that suffix's length), the latest such place on ties; (-1, 0)
-        when the last token is not in the prompt."""
-        best, n = -1, 0
+        found in the prompt, that suffix's length); (-1, 0) when the last token is not in
+        the prompt, or where the longest matches go on differently (a question quoting its
+        document: the trie's counts decide there)."""
+        best, n, clash = -1, 0, False
         for i in self.at.get(seq[-1], ()):
             m = 1
             while m < min(longest, len(seq), i + 1) and self.tokens[i - m] == seq[-1 - m]:
                 m += 1
-            if m >= n:
-                best, n = i + 1, m
-        return best, n
+            if m > n:
+                best, n, clash = i + 1, m, False
+            elif m == n:
+                clash = clash or self.tokens[i + 1] != self.tokens[best]
+        return (-1, 0) if clash else (best, n)
 
 
 class NgramDraftSource(DraftSource):

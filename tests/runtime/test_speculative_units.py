@@ -141,6 +141,16 @@ def test_ngram_chain_copies_the_requests_own_prompt():
     assert src.propose([_R("c", [9, 2, 30, 4, 7, 31], [50, 51, 30, 4])], [1])[0].tokens == [4]
 
 
+def test_prompt_index_defers_where_its_longest_matches_disagree():
+    """A question quoting its document ("designed the bridge" → " with" in the document, "?"
+    in the question): the prompt proposes nothing there, the trie's counts decide."""
+    from lmprog_runtime.speculative.ngram import PromptIndex
+    prompt = PromptIndex([5, 1, 2, 3, 9, 1, 2, 4, 8, 7, 2, 6])
+    assert prompt.match([0, 1, 2], 8) == (-1, 0)  # "1 2" goes on with 3 and with 4
+    assert prompt.match([5, 1, 2], 8) == (3, 3)   # "5 1 2" only once: → 3
+    assert prompt.match([0, 7, 2], 8) == (11, 2)  # the longest match alone counts
+
+
 def test_ngram_prompt_copies_stop_where_outputs_stopped_copying():
     """Outputs that matched 2 tokens of their prompt (1 2) and went on with 9 instead of the
     prompt's 3 (a JSON value closing where the prompt's sentence goes on) make such copies
