@@ -11,7 +11,9 @@ these three methods and is added to `create_draft_source`.
 continues `req.origin_input_ids + req.output_ids` (+ `prefixes[i]` when given: text the
 request's grammar forces, which the verify step checks first; the draft continues after
 it, and a source that cannot may return None there). `budgets[i]` bounds request i's
-draft (>= 1). A source never changes a request; it reads its tokens.
+draft (>= 1). A source never changes a request; it reads its tokens. A source with
+`guided = True` also gets `guides`: per request its grammar's GrammarGuide (guide.py; None
+without a grammar), which says what may follow a draft being built.
 
 `Draft.parents` describes a tree (parents[j] = index of token j's parent, -1 = the last
 verified token; parents[j] < j, so every prefix of the draft is a tree too; siblings
@@ -35,6 +37,8 @@ class DraftSource(abc.ABC):
     # A proposal costs only a lookup (no forward): the speculator then also drafts, every
     # few tokens, for requests it does not verify, to measure their acceptance (shadow.py).
     cheap = False
+    # `propose` takes `guides` (see the module docstring; the speculator rolls them back).
+    guided = False
 
     @abc.abstractmethod
     def propose(self, reqs: Sequence, budgets: Sequence[int],

@@ -25,16 +25,17 @@ plain decode. Per step, all drafts together are capped (CPU_STEP_DRAFT_TOKENS on
 where a forward of many tokens costs like a prefill); the requests with the best recent
 acceptance keep theirs first.
 
-Constrained requests: a draft is cut at the first token the grammar forbids, and before
-any token after which the grammar terminates (that token may still come as the verify
-step's bonus token, where `on_token` handles it as a plain step would). A draft runs on
-through text the grammar forces (its tokens are the model's own earlier tokenization of
-it, which the model accepts more often than the forced text's canonical tokens). Where
-jump-forward forces text this step, the request's draft is its own one if that goes past
-the forced text, else the forced tokens followed by the source's continuation after them
-(`prefixes`), else the forced text alone. The mask of every drafted position (and of the
-bonus position) is written here, with the matcher advanced through the draft and rolled
-back exactly.
+Constrained requests: a source that asks (`guided`) drafts only what the grammar allows
+(guide.py, rolled back after the call); any draft is cut at the first token the grammar
+forbids, and before any token after which the grammar terminates (that token may still
+come as the verify step's bonus token, where `on_token` handles it as a plain step
+would). A draft runs on through text the grammar forces (its tokens are the model's own
+earlier tokenization of it, which the model accepts more often than the forced text's
+canonical tokens). Where jump-forward forces text this step, the request's draft is its
+own one if that goes past the forced text, else the forced tokens followed by the
+source's continuation after them (`prefixes`), else the forced text alone. The mask of
+every drafted position (and of the bonus position) is written here, with the matcher
+advanced through the draft and rolled back exactly.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from lmprog_runtime.scheduler.batch import PlannedDraft
 from lmprog_runtime.scheduler.faults import Stage, fail_request
 from lmprog_runtime.scheduler.jump_forward import grammar_draft
 from lmprog_runtime.speculative.cost import Acceptance, StepCost, draft_length, worth_it
+from lmprog_runtime.speculative.guide import GrammarGuide
 from lmprog_runtime.speculative.shadow import Shadow, make_shadow
 from lmprog_runtime.speculative.tree import chain_parents, depths, grammar_tree_draft, well_formed
 
@@ -312,7 +314,26 @@ class Speculator:
     def _propose(self, reqs: List, budgets: List[int], prefixes=None) -> list:
         """The source's drafts; if the batched call fails, each request alone (a request
         whose own call fails finishes with an error)."""
+        guides = self._guides(reqs, prefixes)
+        try:
+            return self._propose_guided(reqs, budgets, prefixes, guides)
+        finally:
+            for g in guides or ():
+                if g is not None:
+                    g.close()
+
+    def _guides(self, reqs: List, prefixes) -> Optional[List[Optional[GrammarGuide]]]:
+        """Per request its grammar's guide (after its prefix), for a source that asks one."""
+        if not getattr(self.source, "guided", False):  # duck-typed sources (tests) ask none
+            return None
+        return [None if r.grammar is None else GrammarGuide(r.grammar, self.vocab_size, prefixes[i] if prefixes else ())
+                for i, r in enumerate(reqs)]
+
+    def _propose_guided(self, reqs: List, budgets: List[int], prefixes, guides) -> list:
+        """`_propose` with the guides made: the batched call, else one request at a time."""
         extra = {} if prefixes is None else {"prefixes": prefixes}
+        if guides is not None:
+            extra["guides"] = guides
         try:
             if self.faults is not None:
                 self.faults.check_any(Stage.DRAFT, [r.rid for r in reqs], spend=False)
@@ -324,7 +345,7 @@ class Speculator:
             try:
                 if self.faults is not None:
                     self.faults.check(Stage.DRAFT, r.rid)
-                one = {} if prefixes is None else {"prefixes": [prefixes[i]]}
+                one = {key: [v[i]] for key, v in extra.items()}
                 drafts.extend(self.source.propose([r], [k], **one))
             except Exception as e:
                 fail_request(r, Stage.DRAFT, e)

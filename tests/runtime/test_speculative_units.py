@@ -129,6 +129,101 @@ def test_ngram_chain_may_start_from_the_last_token_alone():
     assert corpus.draft([7, 3], 2) == []          # 3 was followed by 40, 60 and 61
 
 
+def test_ngram_chain_copies_the_requests_own_prompt():
+    """Other records said "is 4 4" (30 4 → 4, twice); this request's record says "is 4 7":
+    after its `: 4` (50 30 4, new to the trie) the trie's most frequent continuation is 4
+    (2/3), its own prompt's 7 (copied so far whenever matched): a JSON extraction's digits.
+    Where the trie matches longer (an earlier output went 50 51 30 4 → 4) the trie wins."""
+    src = NgramDraftSource(max_depth=8, capacity=10_000)
+    src.propose([_R("a", [9, 1, 30, 4, 4, 31, 30, 4, 4], [50, 51, 30, 4, 4, 52])], [1])
+    b = _R("b", [9, 2, 30, 4, 7, 31], [50, 30, 4])
+    assert src.propose([b], [1])[0].tokens == [7]
+    assert src.propose([_R("c", [9, 2, 30, 4, 7, 31], [50, 51, 30, 4])], [1])[0].tokens == [4]
+
+
+def test_prompt_index_defers_where_its_longest_matches_disagree():
+    """A question quoting its document ("designed the bridge" → " with" in the document, "?"
+    in the question): the prompt proposes nothing there, the trie's counts decide."""
+    from lmprog_runtime.speculative.ngram import PromptIndex
+    prompt = PromptIndex([5, 1, 2, 3, 9, 1, 2, 4, 8, 7, 2, 6])
+    assert prompt.match([0, 1, 2], 8) == (-1, 0)  # "1 2" goes on with 3 and with 4
+    assert prompt.match([5, 1, 2], 8) == (3, 3)   # "5 1 2" only once: → 3
+    assert prompt.match([0, 7, 2], 8) == (11, 2)  # the longest match alone counts
+
+
+def test_ngram_prompt_copies_stop_where_outputs_stopped_copying():
+    """Outputs that matched 2 tokens of their prompt (1 2) and went on with 9 instead of the
+    prompt's 3 (a JSON value closing where the prompt's sentence goes on) make such copies
+    improbable: the chain from the prompt stops there."""
+    from lmprog_runtime.speculative.ngram import PromptIndex
+    corpus = NgramCorpus(max_depth=8, capacity=10_000)
+    prompt = PromptIndex([1, 2, 3, 4, 5, 6])
+    assert corpus.draft([7, 1, 2], 3, prompt) == [3, 4, 5]
+    corpus.observe_copies(prompt, [1, 2, 3, 4, 5, 6] + [8, 1, 2, 9] * 4, 6)
+    assert corpus.copy_rate(2) < 0.4
+    assert corpus.draft([7, 1, 2], 3, prompt) == []
+
+
+def test_ngram_chain_skips_what_the_grammar_forbids():
+    """After 5 (a JSON integer's comma) the prompts went on with 40 (" lives") twice and an
+    output with 6 ("\n") once: the grammar allows only 6 there, so the chain drafts it, with
+    its share of the allowed continuations (1), and goes on."""
+    from lmprog_runtime.speculative.ngram import _SeqState
+    corpus = NgramCorpus(max_depth=4, capacity=10_000)
+    for seq in ([1, 5, 40, 41], [2, 5, 40, 41], [3, 5, 6, 7]):
+        corpus.feed(_SeqState(corpus.gen), seq)
+    assert corpus.draft([8, 5], 2) == []  # 40 (2 of 3) after the single token 5: p = 1/3
+    assert corpus.draft([8, 5], 2, allows=lambda draft, t: t != 40) == [6, 7]
+
+
+def test_ngram_chain_discounts_other_requests_values():
+    """Past a key (1 2 3 4) two requests wrote their own values (50, 51): a third request
+    whose prompt holds neither drafts nothing there (1/2 each, squared: 1/4), one whose
+    prompt holds 51 drafts it (1/2)."""
+    from lmprog_runtime.speculative.ngram import MIN_PATH_PROB
+    assert 0.5 >= MIN_PATH_PROB > 0.25
+    src = NgramDraftSource(max_depth=8, capacity=10_000)
+    for rid, value in (("a", 50), ("b", 51)):
+        src.propose([_R(rid, [20, value, 21], [1, 2, 3, 4, value, 60])], [1])
+    assert src.propose([_R("c", [20, 52, 21], [1, 2, 3, 4])], [1]) == [None]
+    assert src.propose([_R("d", [20, 51, 21], [1, 2, 3, 4])], [1])[0].tokens[0] == 51
+
+
+class _ListGrammar:
+    """A matcher over tokens 0..9 that allows only 6 after 5 (and anything elsewhere)."""
+
+    def __init__(self):
+        self.accepted = [1]
+
+    def write_mask(self, row):
+        row[:] = self.accepted[-1] != 5
+        row[6] = True
+
+    def accept_token(self, t):
+        self.accepted.append(t)
+
+    def rollback(self, k):
+        del self.accepted[len(self.accepted) - k:]
+
+    def is_terminated(self):
+        return False
+
+
+def test_grammar_guide_follows_any_draft_and_rolls_back():
+    from lmprog_runtime.speculative.guide import GrammarGuide
+    g = _ListGrammar()
+    guide = GrammarGuide(g, 10, prefix=[2])
+    assert guide.allows([], 5) and guide.allows([5], 6) and not guide.allows([5], 7)
+    assert guide.allows([3], 7) and g.accepted == [1, 2, 3]  # back to the common part, then on
+    assert not guide.allows([5, 7], 1) and not guide.allows([], 11)  # a forbidden draft; out of vocab
+    guide.close()
+    assert g.accepted == [1]
+    bad = GrammarGuide(g, 10, prefix=[5, 7])  # the prefix itself forbidden: nothing follows
+    assert not bad.allows([], 1)
+    bad.close()
+    assert g.accepted == [1]
+
+
 def test_ngram_tree_branches_best_first_by_count():
     corpus = NgramCorpus(max_depth=4, capacity=10_000)
     from lmprog_runtime.speculative.ngram import _SeqState
