@@ -234,14 +234,44 @@ static void quantize_row(const float *x, int K, int pairs, int biased, int8_t *q
  * accumulator arrays live in registers. */
 #define INL static inline __attribute__((always_inline))
 
-/* ---- int4 x int8: one weight row qn [K/2] (qgemm.c nibble order), szn [G, 2] -------------- */
-#if defined(LM_QDOT_512)
-#define QR 4           /* activation rows per weight pass: 4 rows x (2 zmm + 2 xmm) accumulators */
+#if defined(LM_QDOT_512) || defined(LM_QDOT_256)
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
+
+/* u8 [32] . s8 [32] -> 8 int32 sums of 4 products, exact for what this file passes (u8 <= 127,
+ * |s8| <= 127: vpmaddubsw's int16 pair sums stay below 2 * 127 * 127 < 32767) */
+INL __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(LM_QDOT_512)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* An odd last int4 block g, in natural order (no pair to share a register with), added to
+ * the nr rows' results */
+INL void q4_odd_block(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, int K, int G,
+                      int g, int nr, float *res) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
+    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
+    float sc, mn;
+    sm_at(szn, g, &sc, &mn);
+    for (int r = 0; r < nr; r++) {
+        const float *at = a + r * 2 * G;
+        const __m256i d = dot_u8s8(w, _mm256_loadu_si256((const __m256i *)(x + r * K + g * QB)));
+        res[r] += hsum256(_mm256_cvtepi32_ps(d)) * (sc * at[2 * g]) + mn * at[2 * g + 1];
+    }
+}
+#endif
+
+/* ---- int4 x int8: one weight row qn [K/2] (qgemm.c nibble order), szn [G, 2] -------------- */
+#if defined(LM_QDOT_512)
+#define QR 4           /* activation rows per weight pass: 4 rows x (2 zmm + 2 xmm) accumulators */
 
 /* blocks g, g+1's nibbles as one register [lo(g), lo(g+1), hi(g), hi(g+1)], values 0..15 */
 INL __m512i q4_unpack_pair(const uint8_t *qn, int g) {
@@ -299,36 +329,10 @@ INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, cons
         const __m128 m = _mm_add_ps(m0[r], m1[r]);
         res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])) + m[1] + m[3];
     }
-    if (g < G) {  /* an odd last block, in natural order */
-        const __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
-        const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
-        float sc, mn;
-        sm_at(szn, g, &sc, &mn);
-        for (int r = 0; r < nr; r++) {
-            const float *at = a + r * 2 * G;
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + r * K + g * QB));
-            const __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xv);
-            res[r] += hsum256(_mm256_cvtepi32_ps(d)) * (sc * at[2 * g]) + mn * at[2 * g + 1];
-        }
-    }
+    if (g < G) q4_odd_block(qn, szn, x, a, K, G, g, nr, res);
 }
 #elif defined(LM_QDOT_256)
 #define QR 4           /* activation rows per weight pass (the 16 ymm registers spill beyond) */
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-/* u8 [32] . s8 [32] -> 8 int32 sums of 4 products, exact for what this file passes (u8 <= 127,
- * |s8| <= 127: vpmaddubsw's int16 pair sums stay below 2 * 127 * 127 < 32767) */
-INL __m256i dot_u8s8(__m256i u, __m256i s) {
-#if defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
 
 /* Blocks g, g+1 as two registers, values 0..15: *lo = [lo(g), lo(g+1)] (inputs 0..15 of each),
  * *hi = [hi(g), hi(g+1)] (inputs 16..31): one load and three operations for the pair, matching
@@ -398,17 +402,7 @@ INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, cons
         const __m128 m = _mm_add_ps(_mm256_castps256_ps128(mc[r]), _mm256_extractf128_ps(mc[r], 1));
         res[r] = hsum256(_mm256_add_ps(a0[r], a1[r])) + (m[1] + m[3]);
     }
-    if (g < G) {  /* an odd last block, in natural order */
-        const __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
-        const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
-        float sc, mn;
-        sm_at(szn, g, &sc, &mn);
-        for (int r = 0; r < nr; r++) {
-            const float *at = a + r * 2 * G;
-            const __m256i d = dot_u8s8(w, _mm256_loadu_si256((const __m256i *)(x + r * K + g * QB)));
-            res[r] += hsum256(_mm256_cvtepi32_ps(d)) * (sc * at[2 * g]) + mn * at[2 * g + 1];
-        }
-    }
+    if (g < G) q4_odd_block(qn, szn, x, a, K, G, g, nr, res);
 }
 #undef LANES_A
 #undef LANES_B
