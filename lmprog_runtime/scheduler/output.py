@@ -122,6 +122,9 @@ class PostProcessor:
             return None
         reqs = [it.req for it in items]
         picked = [it.sample_row for it in items]
+        if mask is not None and mask.shape[-1] < logits.shape[-1]:  # padded vocab rows stay banned
+            pad = torch.zeros((mask.shape[0], logits.shape[-1] - mask.shape[-1]), dtype=torch.bool)
+            mask = torch.cat([mask, pad], dim=-1)
         need_lp = any(r.return_logprob for r in reqs)
         try:
             if self.faults is not None:
@@ -129,12 +132,8 @@ class PostProcessor:
             plain = None if mask is not None or need_lp else self.sampler.plain_argmax(logits, picked, reqs)
             if plain is not None:
                 sampled = Sampled(reqs, plain, None)
-            else:
-                rows = logits[picked]  # a copy: the sampler edits it in place
-                if mask is not None and mask.shape[-1] < rows.shape[-1]:  # padded vocab rows stay banned
-                    pad = torch.zeros((mask.shape[0], rows.shape[-1] - mask.shape[-1]), dtype=torch.bool)
-                    mask = torch.cat([mask, pad], dim=-1)
-                result = self.sampler(rows, reqs, mask, need_logprobs=need_lp)
+            else:  # the rows copied: the sampler edits them in place
+                result = self.sampler(logits[picked], reqs, mask, need_logprobs=need_lp)
                 sampled = Sampled(reqs, result.token_ids, result.logprobs)
         except Exception:
             sampled = self._sample_alone(logits[picked], reqs, mask, need_lp)
