@@ -43,7 +43,7 @@ import torch  # noqa: E402
 
 from lmprog_runtime import native  # noqa: E402
 from lmprog_runtime.model_executor import probe, qgemm  # noqa: E402
-from lmprog_runtime.model_executor.quant import QuantLinear, quantize_int4, quantize_int8  # noqa: E402
+from lmprog_runtime.model_executor.quant import quantize_int4, quantize_int8  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
 OLD_REV = "e3c65bc"  # qdot.c before issue19a's fixed-cost cuts (732eca7: before the T-blocking)
