@@ -307,11 +307,13 @@ static void run_task(const job_t *j, int64_t t) {
     const int64_t qo = ((int64_t)b * j->H + (int64_t)kvh * G) * D;
     chunk_attend(j->q + qo, 0, 1, j->k, j->v, j->bf16, j->table + j->rows[b] * j->ld, s0, s1, j->KV, G, D, kvh,
                  j->scale, m, 0);
-    if (j->parts == 1)
+    if (j->parts == 1)  /* acc / l, as merge_parts computes one part: a verify row whose context
+                         * ends on the other side of a chunk boundary from its chain's longest row
+                         * (merged, parts > 1) gets the bits a decode at its position gets */
         for (int g = 0; g < G; g++) {
-            const float inv = 1.f / m[G + g], *ac = m + 2 * G + g * D;
+            const float *ac = m + 2 * G + g * D;
             float *og = j->out + qo + g * D;
-            for (int d = 0; d < D; d++) og[d] = ac[d] * inv;
+            for (int d = 0; d < D; d++) og[d] = ac[d] / m[G + g];
         }
 }
 

@@ -167,15 +167,18 @@ def test_backend_draft_chains_use_the_kernel_and_equal_the_gather_path(seq_lens,
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_chain_verify_rows_are_bitwise_the_decodes_at_their_positions(threads):
+@pytest.mark.parametrize("s", [1300, 516, 40])
+def test_chain_verify_rows_are_bitwise_the_decodes_at_their_positions(threads, s):
     """A verify row computes what a one-token decode at its position computes, bit for bit (the
     same chunks of the same context): speculative greedy outputs stay token-identical even where
-    int8 activations turn rounding differences into whole steps."""
+    int8 activations turn rounding differences into whole steps. s = 516: the rows' contexts end on both sides of a chunk boundary (one part,
+    normalized in place, against two, merged); 40: a context within one tile."""
     torch.manual_seed(6)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        H, KV, D, L, s, e = 9, 3, 64, 2, 1300, 8  # three 512-key chunks
+        H, KV, D, L, e = 9, 3, 64, 2, 8
+        assert s != 516 or pd.CHUNK in range(s - e + 1, s), "the chain crosses a chunk boundary"
         pool = TokenToKVPool(4000, L, KV, D, torch.float32)
         pool.k.normal_(), pool.v.normal_()
         table = torch.zeros(2, 2048, dtype=torch.int64)
