@@ -124,6 +124,7 @@ def main():
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--num-threads", type=int, default=None)
     ap.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"])
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bf16", "bfloat16"])
     ap.add_argument("--quick", action="store_true", help="batch sizes 1 8 32, a 128-token prompt, fewer repetitions")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of one decode step")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -144,7 +145,7 @@ def main():
     max_bs, max_len = max(args.batch_sizes + (args.ab_fused_layer or [])), args.input_len + args.output_len + 1
     global DEVICE
     runner = ModelRunner(ServerArgs(model_path=args.model_path, dtype=args.dtype, num_threads=args.num_threads,
-                                    quantization=args.quantization,
+                                    quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
                                     device=args.device, attention_backend=args.attention_backend,
                                     max_total_tokens=max_bs * max_len + 16, max_running_requests=max_bs,
                                     context_length=max(max_len, 1024)))
@@ -172,6 +173,7 @@ def main():
     gemm_name = str(runner.formats.dense_weight_dtype or runner.dtype).replace("torch.", "")
     result = {
         "model": args.model_path, "dtype": dtype_name, "quantization": runner.quantization,
+        "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
         "formats": str(runner.formats), "cpu_flags": cpu_flags(), "threads": torch.get_num_threads(), "params": params,
         "device": str(runner.device), "attention_backend": runner.attention_backend_name,
         "matmul_peak_gflops": peak, "copy_bandwidth_gbps": bandwidth, "read_bandwidth_gbps": read_bandwidth,

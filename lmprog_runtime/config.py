@@ -16,6 +16,8 @@ DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct GGUF from `llm-s
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# KV cache dtype (SGLang's --kv-cache-dtype; its fp8 / fp4 formats are not implemented here).
+KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
 GRAMMAR_BACKENDS = ("outlines", "cfg", "llguidance", "xgrammar", "none")
@@ -30,6 +32,8 @@ HICACHE_IO_BACKENDS = ("kernel", "direct")  # layer-wise overlapped / whole load
 HICACHE_STORAGE_BACKENDS = ("file", "mooncake")
 HICACHE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 HICACHE_HOST_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# KV cache dtype (SGLang's --kv-cache-dtype; its fp8 / fp4 formats are not implemented here).
+KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16")
 # Speculative decoding (lmprog_runtime/speculative/, docs/speculative.md).
 SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")
 NGRAM_MATCH_TYPES = ("BFS", "PROB")
@@ -54,6 +58,7 @@ class ServerArgs:
     served_model_name: Optional[str] = None
     context_length: Optional[int] = None
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
     device: str = "auto"
     chat_template: Optional[str] = None
     random_seed: int = 0
@@ -141,6 +146,7 @@ class ServerArgs:
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _check_choice("device", self.device, DEVICES)
         _check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         _check_choice("grammar_backend", self.grammar_backend, GRAMMAR_BACKENDS)
@@ -241,6 +247,9 @@ FLAG_HELP = {
     "served_model_name": "model name in /v1/models and responses (unset: the model path's basename)",
     "context_length": "context window in tokens (unset: the model's)",
     "dtype": "dense weight and KV dtype (auto: bfloat16/float16 on a GPU, measured on a CPU)",
+    "kv_cache_dtype": "KV cache dtype (auto: the model's dtype; bf16 or bfloat16: half the KV memory "
+                      "and half the bytes a decode step reads of a float32 model's cache, K and V "
+                      "rounded to bfloat16)",
     "device": "where the model runs (auto: cuda when available, else cpu)",
     "chat_template": "chat template for /v1/chat/completions: a Jinja file or template text "
                      "(unset: the tokenizer's)",
@@ -355,7 +364,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             continue
         kind = {"int": int, "float": float}.get(str(f.type).replace("Optional[", "").rstrip("]"), str)
         choices = {
-            "dtype": DTYPES, "device": DEVICES, "schedule_policy": SCHEDULE_POLICIES,
+            "dtype": DTYPES, "kv_cache_dtype": KV_CACHE_DTYPES, "device": DEVICES, "schedule_policy": SCHEDULE_POLICIES,
             "grammar_backend": GRAMMAR_BACKENDS, "attention_backend": ATTENTION_BACKENDS,
             "quantization": QUANTIZATIONS, "tool_call_parser": TOOL_CALL_PARSERS,
             "embedding_pooling": EMBEDDING_POOLINGS, "hicache_write_policy": HICACHE_WRITE_POLICIES,

@@ -41,6 +41,16 @@ CASCADE_MIN_SHARED = 256
 SHORT_EXTEND = 16
 
 
+def _widest(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor):
+    """q, keys, values in one dtype for SDPA: the wider of the queries' and the cache's (a
+    bfloat16 cache beside float32 activations, --kv-cache-dtype bf16, is widened exactly)."""
+    if q.dtype == keys.dtype:
+        return q, keys, values
+    if torch.finfo(q.dtype).bits >= torch.finfo(keys.dtype).bits:
+        return q, keys.to(q.dtype), values.to(q.dtype)
+    return q.to(keys.dtype), keys, values
+
+
 class TorchNativeAttnBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         seq_lens = fb.seq_lens_cpu or fb.seq_lens.tolist()
@@ -273,7 +283,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         kbuf, vbuf = self._gather_buffers(flat.numel(), k_cache)
         keys = torch.index_select(k_cache, 0, flat, out=kbuf).view(B, S, KV, D).transpose(1, 2)  # [B, KV, S, D]
         values = torch.index_select(v_cache, 0, flat, out=vbuf).view(B, S, KV, D).transpose(1, 2)
-        qs = self._queries(q).to(keys.dtype)  # [B, KV, G*E, D]
+        qs, keys, values = _widest(self._queries(q), keys, values)  # [B, KV, G*E, D]
         out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=self.mask, scale=self.scaling)
         return self._unpad(out).to(q.dtype)
 
@@ -318,6 +328,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             qi = q[start:start + e].transpose(0, 1)[None]  # [1, H, e, D]
             keys = k_cache.index_select(0, index).transpose(0, 1)[None]  # [1, KV, s, D]
             values = v_cache.index_select(0, index).transpose(0, 1)[None]  # [1, KV, s, D]
+            qi, keys, values = _widest(qi, keys, values)
             oi = F.scaled_dot_product_attention(
                 qi, keys, values, attn_mask=mask, is_causal=mask is None,
                 scale=self.scaling, enable_gqa=H != self.num_kv_heads,

@@ -6,7 +6,8 @@
  *     pos [T] int64; slots [T] int64.
  *     q_out[t, h, i] = q[i] * cos[i] + q[(i + D/2) % D] * ssin[i]   (rotate-half rope)
  *     k_cache[slots[t], j, :] = rope(k[t, j, :]); v_cache[slots[t], j, :] = v[t, j, :]
- *     k_cache, v_cache float32 [slots, KV, D].
+ *     k_cache, v_cache float32 [slots, KV, D], or bfloat16 with kv_bf16 (--kv-cache-dtype bf16):
+ *     each value rounded to nearest even, as torch's float32 -> bfloat16 conversion rounds it.
  *
  * Built with -ffp-contract=off: rope is the same two products and one sum per value as torch's
  * `x * cos + swapped * ssin`, bit for bit. (silu * up was tried here too: with a scalar expf it
@@ -22,15 +23,38 @@ static inline void rope_row(const float *x, const float *cos, const float *ssin,
     for (int i = half; i < D; i++) out[i] = x[i] * cos[i] + x[i - half] * ssin[i];
 }
 
+/* float32 -> bfloat16 bits, round to nearest even; any NaN -> 0xFFFF (what torch's vectorized CPU
+ * conversion writes) */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffff;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline void store_bf16(const float *x, uint16_t *out, int n) {
+    for (int i = 0; i < n; i++) out[i] = to_bf16(x[i]);
+}
+
 void lm_rope_kv(const float *qkv, int64_t T, int H, int KV, int D, const float *table, const int64_t *pos,
-                const int64_t *slots, float *q_out, float *k_cache, float *v_cache, int nthreads) {
+                const int64_t *slots, float *q_out, void *k_cache, void *v_cache, int kv_bf16, int nthreads) {
     const int64_t row = (int64_t)(H + 2 * KV) * D;
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (T >= 64)
     for (int64_t t = 0; t < T; t++) {
         const float *x = qkv + t * row;
         const float *cos = table + pos[t] * 2 * D, *ssin = cos + D;
         for (int h = 0; h < H; h++) rope_row(x + h * D, cos, ssin, q_out + (t * H + h) * D, D);
-        float *kd = k_cache + slots[t] * KV * D, *vd = v_cache + slots[t] * KV * D;
+        if (kv_bf16) {
+            uint16_t *kd = (uint16_t *)k_cache + slots[t] * KV * D, *vd = (uint16_t *)v_cache + slots[t] * KV * D;
+            float kr[D];
+            for (int j = 0; j < KV; j++) {
+                rope_row(x + (H + j) * D, cos, ssin, kr, D);
+                store_bf16(kr, kd + j * D, D);
+            }
+            store_bf16(x + (int64_t)(H + KV) * D, vd, KV * D);
+            continue;
+        }
+        float *kd = (float *)k_cache + slots[t] * KV * D, *vd = (float *)v_cache + slots[t] * KV * D;
         for (int j = 0; j < KV; j++) rope_row(x + (H + j) * D, cos, ssin, kd + j * D, D);
         memcpy(vd, x + (int64_t)(H + KV) * D, sizeof(float) * KV * D);
     }

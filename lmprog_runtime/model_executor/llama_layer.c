@@ -29,8 +29,8 @@ typedef void (*gemm_void_fn)(const float *x, int T, int K, const void *q, const 
 typedef void (*norm_fn)(const float *x, const float *r, float *sum_out, const float *w, float *out, int64_t T,
                         int64_t H, float eps, int nthreads);
 typedef void (*rope_kv_fn)(const float *qkv, int64_t T, int H, int KV, int D, const float *table,
-                           const int64_t *pos, const int64_t *slots, float *q_out, float *k_cache, float *v_cache,
-                           int nthreads);
+                           const int64_t *pos, const int64_t *slots, float *q_out, void *k_cache, void *v_cache,
+                           int kv_bf16, int nthreads);
 typedef void (*silu_mul_fn)(const float *gu, int64_t T, int64_t I, float *out, int nthreads);
 
 typedef struct {      /* one QuantLinear: y [T, N] = x [T, K] @ W.T (+ bias [N]) */
@@ -44,7 +44,7 @@ typedef struct {      /* one QuantLinear: y [T, N] = x [T, K] @ W.T (+ bias [N])
 typedef struct {      /* one decoder layer's weights and KV slots */
     lm_gemm qkv, o, gate_up, down;
     const float *in_norm, *post_norm;  /* [hidden] */
-    float *k_cache, *v_cache;          /* [slots, KV, D] */
+    void *k_cache, *v_cache;           /* [slots, KV, D], float32 or bfloat16 (ctx kv_bf16) */
 } lm_layer;
 
 typedef struct {      /* one batch shape's buffers and the step's positions */
@@ -54,6 +54,7 @@ typedef struct {      /* one batch shape's buffers and the step's positions */
     int64_t T, hidden, H, KV, D, I;
     int64_t nthreads;
     double eps;
+    int64_t kv_bf16;                   /* the KV pool holds bfloat16 (--kv-cache-dtype bf16) */
     float *res, *x, *h, *qkv, *q, *o, *gu, *act;
     const float *table;                /* [P, 2, D] */
     const int64_t *pos, *slots;        /* [T] each, in range (llama.fused_decode_ok checked) */
@@ -79,7 +80,7 @@ int lm_layer_head(const lm_ctx *c, const lm_layer *w, int first) {
         c->norm(c->x, c->res, c->res, w->in_norm, c->h, c->T, c->hidden, (float)c->eps, (int)c->nthreads);
     if (gemm(c, &w->qkv, c->h, c->qkv)) return -1;
     c->rope_kv(c->qkv, c->T, (int)c->H, (int)c->KV, (int)c->D, c->table, c->pos, c->slots, c->q, w->k_cache,
-               w->v_cache, (int)c->nthreads);
+               w->v_cache, (int)c->kv_bf16, (int)c->nthreads);
     return 0;
 }
 

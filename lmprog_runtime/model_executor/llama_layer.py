@@ -46,6 +46,7 @@ class _Layer(ctypes.Structure):
 class _Ctx(ctypes.Structure):
     _fields_ = [("norm", _p), ("rope_kv", _p), ("silu_mul", _p), ("T", _i64), ("hidden", _i64), ("H", _i64),
                 ("KV", _i64), ("D", _i64), ("I", _i64), ("nthreads", _i64), ("eps", ctypes.c_double),
+                ("kv_bf16", _i64),
                 *((name, _p) for name in ("res", "x", "h", "qkv", "q", "o", "gu", "act")),
                 ("table", _p), ("pos", _p), ("slots", _p)]
 
@@ -154,6 +155,7 @@ class FusedLayers:
                                        q=q_ptr, s=s_ptr, bias=0 if bias is None else bias.data_ptr()))
             self.structs.append(s)
         self.ptrs = [ctypes.addressof(s) for s in self.structs]
+        self.ctx.kv_bf16 = int(pool.k.dtype == torch.bfloat16)
         self.pool, (self.dicts, self.keys) = pool, self._slots_of(pool)
         self.held = list(map(operator.getitem, self.dicts, self.keys))
 

@@ -93,6 +93,9 @@ class ModelRunner:
         self.tokenizer = load_tokenizer(resolve_model_path(server_args.tokenizer_path or server_args.model_path))
         self.formats = self._select_formats()
         self.dtype = self.formats.dense_dtype
+        # --kv-cache-dtype: the model's dtype, or bfloat16 (K/V rounded when written, widened
+        # exactly when read: attention's arithmetic stays in the activations' dtype)
+        self.kv_dtype = self.dtype if server_args.kv_cache_dtype == "auto" else torch.bfloat16
         self.quantization = self.formats.quant or "none"
         self.model = self._load_model()
 
@@ -103,7 +106,7 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, self.context_length, self.device)
         c = self.model_config
         self.token_to_kv_pool = TokenToKVPool(self.max_total_num_tokens, c.num_layers, c.num_kv_heads, c.head_dim,
-                                              self.dtype, self.device, self.page_size)
+                                              self.kv_dtype, self.device, self.page_size)
         self.attention_backend_name = server_args.attention_backend or default_attention_backend(self.device)
         self.attn_backend = create_attention_backend(
             self.attention_backend_name, token_to_kv_pool=self.token_to_kv_pool,
@@ -154,7 +157,7 @@ class ModelRunner:
     def _kv_pool_size(self) -> int:
         """KV slots: `max_total_tokens` if given, else what the memory budget allows, in whole pages."""
         c, args = self.model_config, self.server_args
-        per_token = TokenToKVPool.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype)
+        per_token = TokenToKVPool.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, self.kv_dtype)
         if args.max_total_tokens is not None:
             tokens = args.max_total_tokens
         elif self.device.type == "cuda":

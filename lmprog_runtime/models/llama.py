@@ -70,13 +70,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 
 def fused_decode_ok(x: torch.Tensor, fb: Optional[ForwardBatch], attn_backend, positions: int) -> bool:
     """Whether the layers may run rope + the KV write as one C call (decode_ops.rope_kv): float32
-    activations and KV pool on the CPU, and every position (< `positions`, the rope table's
-    length) and slot of the batch in range: the C op does not bounds-check, so this is checked
-    here, once per forward rather than per layer."""
+    activations and a float32 or bfloat16 KV pool on the CPU, and every position (< `positions`,
+    the rope table's length) and slot of the batch in range: the C op does not bounds-check, so
+    this is checked here, once per forward rather than per layer."""
     pool = getattr(attn_backend, "kv_pool", None)
     if fb is None or pool is None or pool.k is None or not decode_ops.usable(x) or fb.positions.numel() == 0:
         return False
-    if pool.k.dtype != torch.float32 or not (pool.k.is_contiguous() and pool.v.is_contiguous()):
+    if pool.k.dtype not in decode_ops.KV_DTYPES or not (pool.k.is_contiguous() and pool.v.is_contiguous()):
         return False
     p_lo, p_hi = (int(v) for v in torch.aminmax(fb.positions))
     s_lo, s_hi = (int(v) for v in torch.aminmax(fb.out_cache_loc))

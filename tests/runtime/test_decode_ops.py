@@ -36,6 +36,28 @@ def test_rope_kv_is_bit_identical_to_torch(T, H, KV, D):
     assert not k_cache[untouched].any() and not v_cache[untouched].any()
 
 
+def test_rope_kv_writes_a_bfloat16_cache_rounded_as_torch_rounds():
+    """--kv-cache-dtype bf16: K (after rope) and V rounded to nearest even, NaN and infinities
+    kept, as `.to(torch.bfloat16)` does; the queries stay float32."""
+    torch.manual_seed(3)
+    T, H, KV, D = 6, 4, 2, 16
+    table = torch.randn(64, 2, D)
+    qkv = torch.randn(T, (H + 2 * KV) * D)
+    v = qkv[:, (H + KV) * D:]
+    # ties (low half exactly 0x8000, even and odd upper halves), NaN, infinities, a subnormal
+    v[0, :6] = torch.tensor([0x3F808000, 0x3F818000, 0x7FC00001, 0x7F800000, 0xFF800000, 0x00000001],
+                            dtype=torch.int64).to(torch.int32).view(torch.float32)
+    pos, slots = torch.randint(0, 64, (T,)), torch.randperm(50)[:T]
+    k_cache = torch.zeros(50, KV, D, dtype=torch.bfloat16)
+    v_cache = torch.zeros(50, KV, D, dtype=torch.bfloat16)
+    q = decode_ops.rope_kv(qkv, H, KV, table, pos, slots, k_cache, v_cache)
+    cs = table[pos]
+    qk = apply_rope(qkv[:, :(H + KV) * D].view(T, H + KV, D), cs[:, 0:1], cs[:, 1:2])
+    assert q.dtype == torch.float32 and torch.equal(q, qk[:, :H])
+    assert torch.equal(k_cache[slots].view(torch.int16), qk[:, H:].to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(v_cache[slots].view(torch.int16), v.reshape(T, KV, D).to(torch.bfloat16).view(torch.int16))
+
+
 @pytest.fixture(scope="module", params=[1, 16], ids=["page1", "page16"])
 def runner(request, tiny_model_path):
     return ModelRunner(ServerArgs(model_path=tiny_model_path, dtype="float32", page_size=request.param,
@@ -75,6 +97,16 @@ def test_model_with_fused_ops_matches_without(runner, batch, cached, new, monkey
     fused, plain = _forward_both(runner, lambda: fb)
     assert len(calls) == runner.model_config.num_layers  # the fused path ran, once per layer
     assert torch.equal(fused, plain)
+
+
+@pytest.mark.parametrize("batch,cached,new", [(1, 40, 1), (3, 17, 1), (2, 20, 5)])
+def test_bfloat16_kv_cache_fused_ops_match_without(tiny_model_path, batch, cached, new, monkeypatch):
+    """--kv-cache-dtype bf16 on a float32 model: the C op's rounded K/V are the bits set_kv
+    writes, and the logits are the same bit for bit."""
+    runner = ModelRunner(ServerArgs(model_path=tiny_model_path, dtype="float32", kv_cache_dtype="bf16",
+                                    max_total_tokens=8 * 64 + 64, max_running_requests=8, context_length=256))
+    assert runner.token_to_kv_pool.k.dtype == torch.bfloat16 and runner.dtype == torch.float32
+    test_model_with_fused_ops_matches_without(runner, batch, cached, new, monkeypatch)
 
 
 def test_fused_kv_write_waits_for_layerwise_load_backs(runner, monkeypatch):

@@ -2,6 +2,7 @@
 logprobs, bad parameters, retraction, chunked prefill and aborts."""
 
 import pytest
+import torch
 
 from engine_helpers import make_engine
 from lmprog_runtime.generate_request import RequestError
@@ -303,3 +304,29 @@ def test_generation_throughput_is_measured(tiny_model_path):
         while eng.get_internal_state()["last_gen_throughput"] == 0 and time.monotonic() < deadline:
             eng.generate(PROMPTS[:4], {"max_new_tokens": 64, "ignore_eos": True})
         assert eng.get_internal_state()["last_gen_throughput"] > 0
+
+
+def test_bfloat16_kv_cache(tiny_model_path, tiny_engine):
+    """--kv-cache-dtype bf16 on a float32 model: the pool holds bfloat16 (half the bytes per
+    token), prefill, chunked prefill, cached prefixes and decodes run on it, and every logprob
+    stays within bfloat16 rounding of the float32 pool's (greedy tokens may differ only where
+    the top two were that close)."""
+    from lmprog_runtime.config import ServerArgs
+
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        ServerArgs(kv_cache_dtype="fp8_e5m2")
+    params = {**GREEDY, "max_new_tokens": 8}
+    with make_engine(tiny_model_path, kv_cache_dtype="bf16", max_total_tokens=8192, chunked_prefill_size=16) as eng:
+        runner = eng.scheduler.runner
+        assert runner.token_to_kv_pool.k.dtype == torch.bfloat16 and runner.dtype == torch.float32
+        for prompt in PROMPTS[:4] + [PROMPTS[1] + " over the lazy dog" * 4]:
+            got = eng.generate(prompt, params, return_logprob=True, logprob_start_len=0)
+            want = tiny_engine.generate(prompt, params, return_logprob=True, logprob_start_len=0)
+            g, w = got["meta_info"], want["meta_info"]
+            pairs = [(a[0], b[0]) for a, b in zip(g["input_token_logprobs"][1:], w["input_token_logprobs"][1:])]
+            pairs += [(a[0], b[0]) for a, b in zip(g["output_token_logprobs"], w["output_token_logprobs"])
+                      if a[1] == b[1]]
+            assert pairs and max(abs(a - b) for a, b in pairs) < 0.01, prompt  # measured <= 1e-3
+            again = eng.generate(prompt, params)  # the prompt now from the radix cache
+            assert again["meta_info"]["cached_tokens"] > 0 and again["output_ids"] == got["output_ids"]
+        eng.check_integrity()

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(not (qgemm.available() and llama_layer.available
                                 reason="no C compiler: the fused layer is not built")
 
 
-def _runner(path, fmt: str, act: str, monkeypatch, dense_rows_at: int = 10 ** 9) -> ModelRunner:
+def _runner(path, fmt: str, act: str, monkeypatch, dense_rows_at: int = 10 ** 9,
+            kv_cache_dtype: str = "auto") -> ModelRunner:
     """A runner whose probe 'measured' (fmt, act) fastest below `dense_rows_at` rows."""
     def timings(config, formats):
         fast = lambda f, b: f[0] != "none" and f[1] == act and b < dense_rows_at  # noqa: E731
@@ -29,7 +30,7 @@ def _runner(path, fmt: str, act: str, monkeypatch, dense_rows_at: int = 10 ** 9)
 
     monkeypatch.setattr(probe, "measure_cached", timings)
     runner = ModelRunner(ServerArgs(model_path=path, quantization=fmt, max_total_tokens=2048,
-                                    max_running_requests=8, dtype="float32"))
+                                    max_running_requests=8, dtype="float32", kv_cache_dtype=kv_cache_dtype))
     assert runner.formats.quant == fmt and runner.formats.act_dtype == getattr(torch, act)
     return runner
 
@@ -108,6 +109,14 @@ def test_fused_equals_layer_by_layer_float_activations(tiny_model_path, fmt, mon
     runner = _runner(tiny_model_path, fmt, "float32", monkeypatch)
     assert all(m._c_kernel == fmt for m in runner.model.layers.modules() if hasattr(m, "_c_kernel"))
     _assert_paths_equal(runner, monkeypatch)
+
+
+def test_fused_equals_layer_by_layer_with_a_bfloat16_kv_cache(tiny_model_path, monkeypatch):
+    """--kv-cache-dtype bf16: the fused step writes (rope_kv, rounded) and reads (the paged
+    kernel, widened) a bfloat16 pool, with the layer-by-layer path's bits."""
+    runner = _runner(tiny_model_path, "int4", "int8", monkeypatch, kv_cache_dtype="bf16")
+    assert runner.token_to_kv_pool.k.dtype == torch.bfloat16
+    _assert_paths_equal(runner, monkeypatch, batches=(1, 5))
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
