@@ -143,6 +143,8 @@ class ServerArgs:
     disaggregation_bootstrap_port: int = 8998
     disaggregation_transfer_backend: str = "mooncake"
     disaggregation_ib_device: Optional[str] = None
+    # Python's garbage collector in the server processes (gc_tuning.py)
+    gc_warning_threshold_secs: float = 0.0
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
@@ -162,6 +164,8 @@ class ServerArgs:
             raise ValueError(f"max_total_tokens must be at least 16, got {self.max_total_tokens}.")
         if self.stream_interval < 1:
             raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}.")
+        if not self.gc_warning_threshold_secs >= 0:
+            raise ValueError(f"gc_warning_threshold_secs must be >= 0, got {self.gc_warning_threshold_secs}.")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}.")
         if self.tp_size != 1:
@@ -346,6 +350,8 @@ FLAG_HELP = {
     "disaggregation_transfer_backend": "how KV pages move: mooncake (Mooncake TransferEngine writes into "
                                        "the decode pool) or fake (the handshake and metadata only, no KV bytes)",
     "disaggregation_ib_device": "RDMA device(s) for mooncake (unset, or none present: protocol tcp)",
+    "gc_warning_threshold_secs": "log a warning for each garbage collection of the scheduler process "
+                                 "longer than this many seconds (0: never)",
 }
 _ALIASES = {"tp_size": ("--tp",), "dp_size": ("--dp",)}
 

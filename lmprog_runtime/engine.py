@@ -46,6 +46,9 @@ def build_scheduler(args: ServerArgs, faults=None):
             whitespace_pattern=args.constrained_json_whitespace_pattern)
 
     use_grammars = args.grammar_backend != "none"
+    from lmprog_runtime import gc_tuning
+
+    gc_tuning.monitor(args.gc_warning_threshold_secs)  # collections counted and timed from here on
     return Scheduler(args, runner, grammar_factory=grammar_factory if use_grammars else None, faults=faults)
 
 
@@ -192,6 +195,12 @@ class Engine:
     def flush_cache(self) -> dict:
         reply = self._call(self.tm.control("flush_cache"))
         return {"success": reply.success, "message": reply.message}
+
+    def freeze_gc(self) -> dict:
+        """Collect, then freeze this process's live objects (gc_tuning.py; the Engine never does
+        it on its own: the surrounding program's objects are frozen too)."""
+        reply = self._call(self.tm.control("freeze_gc"))
+        return {"success": reply.success, "message": reply.message, **reply.data}
 
     def get_internal_state(self) -> dict:
         return self._call(self.tm.control("internal_state")).data

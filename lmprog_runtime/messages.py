@@ -131,6 +131,11 @@ class GetInternalStateReq:
     pass
 
 
+@dataclass(frozen=True)
+class FreezeGcReq:
+    """Collect, then freeze the scheduler process's live objects (gc_tuning.py)."""
+
+
 # The Inspector's snapshot (scheduler/inspect.py); answered by ControlReply("inspect").
 INSPECT_MAX_NODES_DEFAULT = 2000  # radix tree nodes in one snapshot, unless asked otherwise
 INSPECT_MAX_NODES_CAP = 20000     # the most a client may ask for

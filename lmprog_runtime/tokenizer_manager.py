@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 from lmprog_runtime.detokenize import IncrementalDetokenizer
 from lmprog_runtime.generate_request import GenerateJob, GenerateParser, RequestError
 from lmprog_runtime.messages import (AbortReq, BatchOutput, ControlReply, FinishReason,
-                                     FlushCacheReq, GetInternalStateReq, TokenizedGenerateReq)
+                                     FlushCacheReq, FreezeGcReq, GetInternalStateReq, TokenizedGenerateReq)
 from lmprog_runtime.sessions import SessionError, SessionStore
 from lmprog_runtime.streaming import DeltaCursor, spec_meta, stop_prefix_len
 
@@ -160,7 +160,8 @@ class TokenizerManager:
         if self.dead:
             raise RequestError(f"The scheduler is not running: {self.dead}", status=503)
         if msg is None:
-            msg = {"flush_cache": FlushCacheReq, "internal_state": GetInternalStateReq}[kind]()
+            msg = {"flush_cache": FlushCacheReq, "internal_state": GetInternalStateReq,
+                   "freeze_gc": FreezeGcReq}[kind]()
         fut = asyncio.get_running_loop().create_future()
         self.control_waiters.setdefault(kind, []).append(fut)
         self.send(msg)

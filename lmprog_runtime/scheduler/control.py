@@ -6,7 +6,8 @@ storage) first checks that the scheduler is idle, and there is no forward then.
 
 from __future__ import annotations
 
-from lmprog_runtime.messages import (ControlReply, FlushCacheReq, GetInternalStateReq, HiCacheStorageReq,
+from lmprog_runtime import gc_tuning
+from lmprog_runtime.messages import (ControlReply, FlushCacheReq, FreezeGcReq, GetInternalStateReq, HiCacheStorageReq,
                                      InspectReq, MemoryOccupationReq, UpdateWeightsReq)
 from lmprog_runtime.scheduler.inspect import inspect_reply
 
@@ -16,6 +17,9 @@ def control_reply(s, msg) -> ControlReply:
         return flush_cache(s)
     if isinstance(msg, GetInternalStateReq):
         return ControlReply("internal_state", data=internal_state(s))
+    if isinstance(msg, FreezeGcReq):
+        frozen = gc_tuning.freeze()
+        return ControlReply("freeze_gc", message=f"Froze {frozen} objects.", data={"gc_frozen_objects": frozen})
     if isinstance(msg, InspectReq):
         return inspect_reply(s, msg)
     if isinstance(msg, (UpdateWeightsReq, MemoryOccupationReq)):
@@ -71,6 +75,7 @@ def internal_state(s) -> dict:
         **st,
         **(kv.hicache.state() if kv.hicache is not None else {}),
         **(s.disagg.state() if s.disagg is not None else {}),
+        **gc_tuning.monitor(s.args.gc_warning_threshold_secs).stats(),
     }
 
 

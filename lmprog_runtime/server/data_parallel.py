@@ -173,7 +173,7 @@ class Dispatcher:
 
 
 # Control requests without a `kind` attribute, by class name -> the kind of their reply.
-_CONTROL_KINDS = {"FlushCacheReq": "flush_cache", "GetInternalStateReq": "internal_state"}
+_CONTROL_KINDS = {"FlushCacheReq": "flush_cache", "GetInternalStateReq": "internal_state", "FreezeGcReq": "freeze_gc"}
 
 
 def replica_args(args, rank: int):

@@ -264,6 +264,18 @@ async def flush_cache(request: web.Request) -> web.Response:
     return error_response(reply.message, 400)
 
 
+async def freeze_gc(request: web.Request) -> web.Response:
+    """Collect, then freeze the live objects of every scheduler process and of this one
+    (gc_tuning.py): later garbage collections skip them."""
+    from lmprog_runtime import gc_tuning
+
+    reply = await control(request.app[RUNTIME], "freeze_gc")
+    if not reply.success:
+        return error_response(reply.message, 500)
+    gc_tuning.freeze()
+    return web.Response(text="Garbage collection frozen.")
+
+
 async def abort_request(request: web.Request) -> web.Response:
     obj = await read_request(request, "/abort_request")
     rid, abort_all = obj.get("rid") or "", bool(obj.get("abort_all"))
@@ -338,6 +350,7 @@ NATIVE_ROUTES = [
     ("GET", "/model_info", get_model_info), ("GET", "/get_model_info", get_model_info),
     ("GET", "/server_info", get_server_info), ("GET", "/get_server_info", get_server_info),
     ("GET", "/flush_cache", flush_cache), ("POST", "/flush_cache", flush_cache),
+    ("POST", "/freeze_gc", freeze_gc),
     ("POST", "/abort_request", abort_request),
     ("POST", "/tokenize", tokenize), ("POST", "/v1/tokenize", tokenize),
     ("POST", "/detokenize", detokenize), ("POST", "/v1/detokenize", detokenize),

@@ -21,6 +21,8 @@ ROUTE_DOCS: Dict[str, tuple] = {
     "/server_info": ("Server arguments, scheduler limits and live internal state.", False),
     "/get_server_info": ("Deprecated alias of /server_info.", False),
     "/flush_cache": ("Clear the prefix cache (only when idle; 400 otherwise).", False),
+    "/freeze_gc": ("Freeze the garbage collector's live objects in the scheduler and server processes "
+                   "(later collections skip them).", False),
     "/get_load": ("Load per data-parallel replica: requests running and waiting, KV tokens in use.", False),
     "/abort_request": ("Abort requests whose id starts with rid, or all of them.", True),
     "/tokenize": ("Token ids of a prompt or chat messages.", True),
