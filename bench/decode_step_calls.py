@@ -68,6 +68,7 @@ def instrument(runner) -> None:
 
 def measure(runner, batches, batch: int, cached: int, steps: int, fused: bool) -> dict:
     llama_layer.enabled = fused
+    batches.fill(batch, cached)  # the context's K/V in memory (Batches.fill)
     for _ in range(3):
         runner.forward(batches.make(batch, cached, 1))
     TOTALS.clear()
