@@ -2,13 +2,13 @@
 
 A full (generation 2) collection walks every tracked object of the process. After start-up
 the scheduler process holds ~220k of them (torch, the tokenizer, the model's modules, grammar
-tables), and one full collection measured ~100 ms there (SmolLM2 server, AVX2 EPYC), a
-stall of every running request's next token. `freeze()` moves everything alive at that
-point into the permanent generation, which collections skip: the same collection measured
-~10 ms. The server's scheduler process and its HTTP process freeze once when start-up ends;
-`POST /freeze_gc` (and `Engine.freeze_gc`) freezes again, e.g. after warm-up traffic compiled
-the grammars a deployment uses. An in-process Engine does not freeze on its own: the objects
-of the program around it would be frozen too (never collected while frozen).
+tables), and one full collection measured ~100 ms there (SmolLM2, 60 JSON-schema requests,
+AVX2 EPYC): a stall of every running request's next token. `freeze()` moves everything alive
+into the permanent generation, which collections skip: the same collection measured ~10 ms.
+But on CPython 3.11 here a frozen process also decoded 10-20% slower, with no collection
+running (batch-1 decode 137 -> 104 tokens/s in-process, 117 -> 96-100 through the server,
+gc.freeze alone, gc.collect alone not; cause not found), so nothing freezes on its own:
+`POST /freeze_gc` (`Engine.freeze_gc`) is there for a deployment whose measurements favour it.
 
 `GcMonitor` times every collection (gc.callbacks) per generation; the scheduler reports the
 counts and pauses in its internal state, and `--gc-warning-threshold-secs` logs a warning for

@@ -130,9 +130,6 @@ class ServerRuntime:
         self.tm.weight_version = self.info.get("weight_version", "default")
         for rep in self.replicas:
             rep.attach(self._on_message, self._on_child_exit)
-        from lmprog_runtime import gc_tuning
-
-        gc_tuning.freeze()  # this process's start-up objects (tokenizer, schemas) out of later collections
 
     def _on_message(self, rank: int, obj) -> None:
         if isinstance(obj, SchedulerFailed):

@@ -52,11 +52,6 @@ def run_scheduler_process(args: ServerArgs, paths: IpcPaths) -> None:
         channel.send(SchedulerFailed(f"{type(e).__name__}: {e}"))
         channel.close()
         sys.exit(1)
-    from lmprog_runtime import gc_tuning
-
-    gc_tuning.monitor(args.gc_warning_threshold_secs)
-    frozen = gc_tuning.freeze()  # start-up's objects out of every later collection's walk
-    logger.info("garbage collector: %d start-up objects frozen", frozen)
     channel.send(SchedulerReady(info))
     try:
         scheduler.run_forever(channel.recv, channel.send)

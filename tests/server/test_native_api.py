@@ -183,12 +183,11 @@ def test_flush_cache(live_server):
 
 
 def test_freeze_gc(live_server):
-    """The scheduler process froze its start-up objects; /freeze_gc freezes again (and reports)."""
-    state = internal_state(live_server)
-    assert state["gc_frozen_objects"] > 1000 and len(state["gc_collections"]) == 3
+    """Collections are counted per generation; /freeze_gc freezes the scheduler's live objects."""
+    assert len(internal_state(live_server)["gc_collections"]) == 3
     r = requests.post(live_server + "/freeze_gc", timeout=30)
     assert r.status_code == 200 and r.text == "Garbage collection frozen."
-    assert internal_state(live_server)["gc_frozen_objects"] > 0.9 * state["gc_frozen_objects"]
+    assert internal_state(live_server)["gc_frozen_objects"] > 1000
 
 
 def test_tokenize_detokenize(live_server):
