@@ -20,14 +20,16 @@ def _load(results_dir: str, name: str) -> Optional[dict]:
 
 def one_batch_dtypes(results_dir: str) -> List[str]:
     rows = []
-    for name in ("one_batch_fp32.json", "one_batch.json"):
+    for name in ("one_batch_fp32.json", "one_batch.json", "one_batch_kv_bf16.json"):
         d = _load(results_dir, name)
         if not d:
             continue
         peak = d["matmul_peak_gflops"]
         dec = d["decode"]
+        kv = d.get("kv_cache_dtype", d["dtype"])
+        label = d["dtype"] + (", `--kv-cache-dtype bf16`" if kv == "bfloat16" and d["dtype"] != "bfloat16" else "")
         rows.append(
-            f"| {d['dtype']} | {d.get('quantization', 'none')} | {_f(peak.get('float32'), 0)} / {_f(peak.get('bfloat16'), 0)} | {_f(d['copy_bandwidth_gbps'], 1)} / {_f(d.get('read_bandwidth_gbps'), 1)} | "
+            f"| {label} | {d.get('quantization', 'none')} | {_f(peak.get('float32'), 0)} / {_f(peak.get('bfloat16'), 0)} | {_f(d['copy_bandwidth_gbps'], 1)} / {_f(d.get('read_bandwidth_gbps'), 1)} | "
             f"{_f(d['prefill']['tokens_per_s'], 0)} ({_f(d['prefill']['pct_of_matmul_peak'], 0)}% of its peak) | "
             + " | ".join(f"{_f(dec[b]['step_ms'], 1)} ms / {_f(dec[b]['tokens_per_s'], 0)}" if b in dec else "–"
                          for b in ("1", "8", "32", "64"))
@@ -44,7 +46,9 @@ def one_batch_dtypes(results_dir: str) -> List[str]:
             "| b1 step / floor | b32/b1 |",
             "|---|---|---|---:|---|---|---|---|---|---:|---:|", *rows, "",
             "```\npython bench/one_batch.py --dtype float32 --quantization none --batch-sizes 1 8 32 64 --input-len 512 --output-len 16\n"
-            "python bench/one_batch.py --dtype auto --batch-sizes 1 8 32 64 --input-len 512 --output-len 16\n```", ""]
+            "python bench/one_batch.py --dtype auto --batch-sizes 1 8 32 64 --input-len 512 --output-len 16\n"
+            "python bench/one_batch.py --dtype auto --kv-cache-dtype bf16 --batch-sizes 1 8 32 64 --input-len 512 "
+            "--output-len 16\n```", ""]
 
 
 def prefix_cache(results_dir: str) -> List[str]:
