@@ -3,10 +3,11 @@
 `build(reqs)` needs only the grammar states after the previous step, so the overlap
 loop builds it while the forward runs. Rows of requests without a grammar (or whose
 grammar has terminated) allow everything. A grammar that fails to write its mask fails
-its own request (faults.Stage.GRAMMAR_MASK; the row allows everything, and the request,
-now finished, is not sampled); so does a mask that allows no token (a dead end: cfg's
-semantic checks can refuse every continuation of a prefix), which would otherwise be
-sampled from all -inf logits.
+its own request (faults.Stage.GRAMMAR_MASK, a 500; the row allows everything, and the
+request, now finished, is not sampled). A mask that allows no token (a dead end: a constraint
+no output satisfies, such as `{"const": true, "not": {"const": true}}`, or cfg's semantic
+checks refusing every continuation of a prefix), which would otherwise be sampled from all
+-inf logits, fails its request with a 400: the constraint's doing, not the server's.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ import numpy as np
 import torch
 
 from lmprog_runtime.constrained.base import GrammarError
+from lmprog_runtime.messages import FinishReason
 from lmprog_runtime.scheduler.faults import Stage, fail_request
+
+DEAD_END = "no token can continue the output under its constraint"
+
+
+class DeadEnd(GrammarError):
+    """The grammar allows no token after this output."""
 
 
 class MaskBuilder:
@@ -51,8 +59,12 @@ class MaskBuilder:
             if self.faults is not None:
                 self.faults.check(Stage.GRAMMAR_MASK, r.rid)
             r.grammar.write_mask(row)
-            if not row.any():  # a dead end (cfg's semantic checks refused every way on): never sample it
-                raise GrammarError("no token can continue the output under its constraint")
+            if not row.any():  # a dead end: never sample it
+                raise DeadEnd(DEAD_END)
+        except DeadEnd:
+            r.finish(FinishReason.error(400, f"{DEAD_END} (no output it accepts continues "
+                                             f"{len(r.output_ids)} generated tokens)", "invalid_request_error"))
+            row.fill(True)
         except Exception as e:
             fail_request(r, Stage.GRAMMAR_MASK, e)
             row.fill(True)

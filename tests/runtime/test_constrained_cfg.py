@@ -78,7 +78,8 @@ def test_dead_end_fails_the_request_not_the_batch(engine, temperature):
     dead = {"json_schema": json.dumps({"const": True, "not": {"const": True}}), "max_new_tokens": 8,
             "temperature": temperature, "sampling_seed": 1}
     fine = {"regex": r"(yes|no)", "max_new_tokens": 8, "temperature": temperature, "sampling_seed": 1}
-    with pytest.raises(RequestError, match="no token can continue"):
+    with pytest.raises(RequestError, match="no token can continue") as err:
         engine.generate(PROMPTS[0], dead)
+    assert err.value.status == 400  # the constraint's doing, not a server fault
     outs = engine.generate(PROMPTS[:2], fine)
     assert all(o["text"] in ("yes", "no") for o in outs), outs
