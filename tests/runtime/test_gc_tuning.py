@@ -45,7 +45,8 @@ def test_monitor_is_quiet_without_a_threshold(caplog):
 def test_freeze_moves_live_objects_out_of_collections():
     try:
         frozen = gc_tuning.freeze()
-        assert frozen > 1000 and gc.get_freeze_count() == frozen
+        # (other threads' frozen objects freed by reference counting leave the count meanwhile)
+        assert frozen > 1000 and gc.get_freeze_count() > 0.9 * frozen
         assert len(gc.get_objects(generation=2)) < frozen  # the old generation no longer holds them
     finally:
         gc.unfreeze()
