@@ -7,6 +7,7 @@ configurations fail at start-up, and the tier metrics reach /metrics."""
 import random
 
 import pytest
+import torch
 
 from engine_helpers import make_engine
 from lmprog_runtime.scheduler.faults import FaultInjector, Stage
@@ -217,3 +218,19 @@ def test_bfloat16_host_tier_stays_close(tiny_model_path, reference):
         eng.check_integrity()
     worst = max(abs(a - b) for (_, la), (_, lb) in zip(got, expected) for a, b in zip(la, lb))
     assert 0 < worst < 1e-2, worst  # > 0: the rounded copies were really used
+
+
+def test_bfloat16_kv_pool_with_hicache(tiny_model_path):
+    """--kv-cache-dtype bf16: the host tier takes the pool's dtype (auto), so a loaded-back
+    prefix carries the very bf16 K/V the pool held: outputs as without any cache."""
+    prompts = workload()
+    with make_engine(tiny_model_path, disable_radix_cache=True, max_total_tokens=16384, kv_cache_dtype="bf16") as eng:
+        expected = outputs(eng, prompts)
+    with make_engine(tiny_model_path, enable_hierarchical_cache=True, max_total_tokens=L1_TOKENS,
+                     hicache_ratio=8.0, kv_cache_dtype="bf16") as eng:
+        got = outputs(eng, prompts)
+        state = eng.get_internal_state()
+        assert eng.scheduler.kv.hicache.io.host_pool.dtype == torch.bfloat16
+        assert state["hicache_hit_tokens_l2"] > 0 and state["hicache_load_back_count"] > 0, state
+        eng.check_integrity()
+    assert_same(got, expected)
