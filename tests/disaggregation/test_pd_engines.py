@@ -6,6 +6,7 @@ be reused on both sides, and every failure must end with a 5xx finish and a clea
 import time
 
 import pytest
+import torch
 
 from pd_helpers import audit, boot_fields, in_thread, make_pair, merge, run_pair
 
@@ -308,3 +309,24 @@ def test_inspector_shows_rooms_in_flight_on_both_halves(fake_pair):
     t2.join(30)
     assert not decode.inspect_state(include_tree=False)["handoffs"]["items"]
     audit(prefill, decode)
+
+
+def test_bfloat16_kv_pools_hand_off_exactly(tiny_model_path):
+    """--kv-cache-dtype bf16 on both halves: the bf16 pages move as they are, so the decode
+    half continues exactly as a colocated bf16 engine does."""
+    from engine_helpers import make_engine
+    prefill, decode, port = make_pair(tiny_model_path, "mooncake", kv_cache_dtype="bf16")
+    colocated = make_engine(tiny_model_path, max_total_tokens=4096, random_seed=0, num_threads=1,
+                            kv_cache_dtype="bf16")
+    try:
+        kw = dict(return_logprob=True, logprob_start_len=0)
+        for prompt in PROMPTS[:2]:
+            want = colocated.generate(prompt, GREEDY, **kw)
+            got = merge(*run_pair(prefill, decode, port, prompt, GREEDY, **kw))
+            assert got["output_ids"] == want["output_ids"]
+            assert got["meta_info"]["output_token_logprobs"] == want["meta_info"]["output_token_logprobs"]
+        assert decode.scheduler.runner.token_to_kv_pool.k.dtype == torch.bfloat16
+        audit(prefill, decode)
+    finally:
+        for e in (prefill, decode, colocated):
+            e.shutdown()
