@@ -32,8 +32,6 @@ HICACHE_IO_BACKENDS = ("kernel", "direct")  # layer-wise overlapped / whole load
 HICACHE_STORAGE_BACKENDS = ("file", "mooncake")
 HICACHE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 HICACHE_HOST_DTYPES = ("auto", "float32", "bfloat16", "float16")
-# KV cache dtype (SGLang's --kv-cache-dtype; its fp8 / fp4 formats are not implemented here).
-KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16")
 # Speculative decoding (lmprog_runtime/speculative/, docs/speculative.md).
 SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")
 NGRAM_MATCH_TYPES = ("BFS", "PROB")
