@@ -119,8 +119,12 @@ class Sampler:
 
     @staticmethod
     def _apply_grammar_mask(logits: torch.Tensor, mask: torch.Tensor) -> None:
-        """mask [B, V] bool, True = allowed. On CUDA it is packed to a 32x smaller bitmask
-        before the copy and applied by a Triton kernel (`bitmask_kernel.py`)."""
+        """mask [B, V'] bool, True = allowed; logits columns past V' (a vocabulary padded past its
+        tokens) are banned. On CUDA it is packed to a 32x smaller bitmask before the copy and
+        applied by a Triton kernel (`bitmask_kernel.py`)."""
+        if mask.shape[-1] < logits.shape[-1]:
+            pad = torch.zeros((mask.shape[0], logits.shape[-1] - mask.shape[-1]), dtype=torch.bool)
+            mask = torch.cat([mask, pad], dim=-1)
         if logits.is_cuda:
             from lmprog_runtime.constrained.bitmask_kernel import apply_token_bitmask_, pack_token_bitmask
 

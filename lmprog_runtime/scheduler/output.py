@@ -122,9 +122,6 @@ class PostProcessor:
             return None
         reqs = [it.req for it in items]
         picked = [it.sample_row for it in items]
-        if mask is not None and mask.shape[-1] < logits.shape[-1]:  # padded vocab rows stay banned
-            pad = torch.zeros((mask.shape[0], logits.shape[-1] - mask.shape[-1]), dtype=torch.bool)
-            mask = torch.cat([mask, pad], dim=-1)
         need_lp = any(r.return_logprob for r in reqs)
         try:
             if self.faults is not None:

@@ -55,11 +55,7 @@ def verify_rows(sampler, r, rows: torch.Tensor, draft: List[int], mask: Optional
             return Verified(*_accept_best(best, draft), None)
         tokens, path = _accept_tree_best(best, draft, parents)
         return Verified(tokens, len(path), None, path)
-    rows = rows.clone()
-    if mask is not None and mask.shape[-1] < rows.shape[-1]:  # padded vocab rows stay banned
-        pad = torch.zeros((mask.shape[0], rows.shape[-1] - mask.shape[-1]), dtype=torch.bool)
-        mask = torch.cat([mask, pad], dim=-1)
-    scaled = sampler.scaled_logits(rows, reqs, mask)
+    scaled = sampler.scaled_logits(rows.clone(), reqs, mask)
     path = None
     if parents is None:
         if r.sampling.is_greedy:
