@@ -18,15 +18,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from lmprog_runtime.constrained.base import GrammarError
 from lmprog_runtime.messages import FinishReason
 from lmprog_runtime.scheduler.faults import Stage, fail_request
 
 DEAD_END = "no token can continue the output under its constraint"
-
-
-class DeadEnd(GrammarError):
-    """The grammar allows no token after this output."""
 
 
 class MaskBuilder:
@@ -59,14 +54,13 @@ class MaskBuilder:
             if self.faults is not None:
                 self.faults.check(Stage.GRAMMAR_MASK, r.rid)
             r.grammar.write_mask(row)
-            if not row.any():  # a dead end: never sample it
-                raise DeadEnd(DEAD_END)
-        except DeadEnd:
-            r.finish(FinishReason.error(400, f"{DEAD_END} (no output it accepts continues "
-                                             f"{len(r.output_ids)} generated tokens)", "invalid_request_error"))
-            row.fill(True)
         except Exception as e:
             fail_request(r, Stage.GRAMMAR_MASK, e)
+            row.fill(True)
+            return
+        if not row.any():  # a dead end: never sample it
+            r.finish(FinishReason.error(400, f"{DEAD_END} (no output it accepts continues "
+                                             f"{len(r.output_ids)} generated tokens)", "invalid_request_error"))
             row.fill(True)
 
     def _buffer(self, n: int, vocab: int):
