@@ -103,18 +103,24 @@ class Batches:
         """Write K/V (random values) into the first `cached` slots of requests 0..batch-1, as
         their prefills would: a large pool is allocated lazily (kv_pool.py), and slots never
         written read the kernel's shared zero page, which the cache holds, not memory."""
-        pool, table = self.runner.token_to_kv_pool, self.runner.req_to_token_pool.table
-        self.make(batch, cached, 1)  # lays out the table rows
-        slots = table[1:batch + 1, :cached].reshape(-1)
+        pool = self.runner.token_to_kv_pool
+        slots = self._layout(batch)[:, :cached].reshape(-1)
         for cache in (pool.k, pool.v):
             cache[:, slots] = torch.randn((cache.shape[0], slots.numel()) + tuple(cache.shape[2:])).to(cache.dtype)
+
+    def _layout(self, batch: int) -> torch.Tensor:
+        """Table rows 1..batch: request i's slots, a contiguous run from 1 + i * max_len ([B, max_len])."""
+        table = self.runner.req_to_token_pool.table
+        i64 = dict(dtype=torch.int64, device=self.runner.device)
+        base = 1 + torch.arange(batch, **i64) * self.max_len  # [B] first slot of each request
+        table[1:batch + 1, :self.max_len] = base[:, None] + torch.arange(self.max_len, **i64)[None, :]
+        return table[1:batch + 1, :self.max_len]
 
     def make(self, batch: int, cached: int, new: int) -> ForwardBatch:
         table = self.runner.req_to_token_pool.table
         i64 = dict(dtype=torch.int64, device=self.runner.device)
         rows = torch.arange(1, batch + 1, **i64)
-        base = 1 + (rows - 1) * self.max_len  # [B] first slot of each request
-        table[1:batch + 1, :self.max_len] = base[:, None] + torch.arange(self.max_len, **i64)[None, :]
+        base = self._layout(batch)[:, 0]  # [B] first slot of each request
         pos = torch.arange(cached, cached + new, **i64)
         return ForwardBatch(
             input_ids=torch.randint(100, 40000, (batch * new,), **i64),
