@@ -109,9 +109,14 @@ class TorchNativeAttnBackend(AttentionBackend):
         return True
 
     def decode_attend(self, q: torch.Tensor, out: torch.Tensor):
-        """A pure decode batch on the kernel (`decode_only`): one C call per layer, its arguments
-        bound here once (PagedDecodePlan.c_args) with only the layer's K/V pointers changing."""
-        if not getattr(self, "decode_only", False):
+        """A batch the kernel attends whole, one query row per token in order: a pure decode
+        batch (`decode_only`), or chains of drafts being verified when every request is one
+        (`all_short` with the paged plan: a chain's rows are its tokens). One C call per layer,
+        its arguments bound here once (PagedDecodePlan.c_args), only the layer's K/V pointers
+        changing: a verify step skips the per-layer Python of `forward` (~20 us a layer)."""
+        whole = getattr(self, "decode_only", False) or (
+            getattr(self, "short_tokens", None) is not None and self.all_short and self.paged is not None)
+        if not whole:
             return None
         k, v, plan = self.kv_pool.k, self.kv_pool.v, self.paged
         if not (q.dtype == out.dtype == torch.float32 and q.is_contiguous() and out.is_contiguous()

@@ -167,18 +167,20 @@ def test_backend_draft_chains_use_the_kernel_and_equal_the_gather_path(seq_lens,
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("s", [1300, 516, 40])
+@pytest.mark.parametrize("s", [1300, pd.CHUNK + 4, 40])
 def test_chain_verify_rows_are_bitwise_the_decodes_at_their_positions(threads, s):
     """A verify row computes what a one-token decode at its position computes, bit for bit (the
     same chunks of the same context): speculative greedy outputs stay token-identical even where
-    int8 activations turn rounding differences into whole steps. s = 516: the rows' contexts end on both sides of a chunk boundary (one part,
-    normalized in place, against two, merged); 40: a context within one tile."""
+    int8 activations turn rounding differences into whole steps. s = CHUNK + 4: the rows' contexts
+    end on both sides of the first chunk boundary (one part, normalized in place, against two,
+    merged); 40: a context within one tile. The fused layer's one call per layer
+    (`decode_attend`, every request a chain) gives the same rows as `forward`."""
     torch.manual_seed(6)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         H, KV, D, L, e = 9, 3, 64, 2, 8
-        assert s != 516 or pd.CHUNK in range(s - e + 1, s), "the chain crosses a chunk boundary"
+        assert s != pd.CHUNK + 4 or pd.CHUNK in range(s - e + 1, s), "the chain crosses a chunk boundary"
         pool = TokenToKVPool(4000, L, KV, D, torch.float32)
         pool.k.normal_(), pool.v.normal_()
         table = torch.zeros(2, 2048, dtype=torch.int64)
@@ -188,6 +190,9 @@ def test_chain_verify_rows_are_bitwise_the_decodes_at_their_positions(threads, s
         backend.init_forward_metadata(_verify_batch([s], [e], table))
         assert backend.paged is not None
         chain = backend.forward(q, None, None, 1, _verify_batch([s], [e], table), save_kv_cache=False)
+        out = torch.empty(e, H, D)
+        backend.decode_attend(q, out)(1)
+        assert torch.equal(out.view(e, H * D), chain)
         for j in range(e):
             fb = _decode_batch(4000, [s - e + 1 + j], table)
             backend.init_forward_metadata(fb)
