@@ -3,8 +3,9 @@
 `paged_decode(q, k_cache, v_cache, table, rows, seq_lens, scale, prefix)` -> [B, H, D]: one
 query token per request against its first `seq_lens[b]` slots `table[rows[b], :]`, no gather;
 with `prefix` (slots [P] that every request's first P positions share, cascade) those keys are
-read once for the whole batch. The work is split by (kv head, chunk of prefix keys) and
-(request, kv head, chunk of own keys) across threads (a help-first worker pool in
+read once for the whole batch. The work is split by chunk of prefix keys and (request, chunk
+of own keys), every kv head in one task (each tile's whole K/V rows touched in order first), or
+per kv head too where chunks are fewer than threads, across threads (a help-first worker pool in
 paged_decode.c), so one long context also uses every thread (chunks merged exactly); small
 calls (short contexts, few requests) run on the calling thread (SERIAL_WORK). The kernel is
 paged_decode.c, compiled by `native.build`
@@ -27,7 +28,8 @@ from lmprog_runtime import native
 _SOURCE = pathlib.Path(__file__).with_name("paged_decode.c")
 KV_DTYPES = (torch.float32, torch.bfloat16)  # K/V the kernel reads (the query is float32)
 MAX_D = 512  # head_dim limit (paged_decode.c)
-CHUNK = 512  # keys per task: long contexts split into this many-key pieces across threads
+CHUNK = 256  # keys per task: long contexts split into this many-key pieces across threads (a
+# fixed grid of positions, so a verify row and a decode at its position read the same chunks)
 enabled = True  # tests switch the kernel off to compare against the gather path
 
 
