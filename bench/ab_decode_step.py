@@ -37,6 +37,8 @@ r = ModelRunner(ServerArgs(model_path="default", dtype=dtype, quantization=quant
                            max_total_tokens=(batch + 1) * (cached + 8) + 16, max_running_requests=batch + 1,
                            context_length=max(cached + 8, 1024)))
 b = Batches(r, cached + 8)
+if hasattr(b, "fill"):  # contexts written (a large pool is allocated lazily: unwritten slots read a zero page)
+    b.fill(batch, cached)
 for _ in range(3):
     r.forward(b.make(batch, cached, 1))
 print("READY " + json.dumps({"formats": str(r.formats)}), flush=True)
@@ -117,7 +119,8 @@ def main():
           f"median ratio new/old {result['median_ratio_new_over_old']:.3f} "
           f"({'same' if result['same_formats'] else 'DIFFERENT'} formats: {result['formats']['new']})")
     os.makedirs(args.results_dir, exist_ok=True)
-    stem = os.path.join(args.results_dir, f"ab_decode_step_{args.dtype}_b{args.batch}")
+    stem = os.path.join(args.results_dir, f"ab_decode_step_{args.dtype}_b{args.batch}"
+                        + (f"_ctx{args.cached}" if args.cached != 128 else ""))
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=2)
     plot(pairs, stem + ".png", f"batch-{args.batch} decode step, --dtype {args.dtype}")
