@@ -126,7 +126,7 @@ class PostProcessor:
         try:
             if self.faults is not None:
                 self.faults.check_any(Stage.SAMPLING, [r.rid for r in reqs], spend=False)
-            plain = None if mask is not None or need_lp else self.sampler.plain_argmax(logits, picked, reqs)
+            plain = None if need_lp else self.sampler.plain_argmax(logits, picked, reqs, mask)
             if plain is not None:
                 sampled = Sampled(reqs, plain, None)
             else:  # the rows copied: the sampler edits them in place

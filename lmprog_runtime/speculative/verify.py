@@ -49,8 +49,8 @@ def verify_rows(sampler, r, rows: torch.Tensor, draft: List[int], mask: Optional
     """rows: float [k + 1, V] logits (read only: the sampler's pipeline edits a copy); mask:
     bool [k + 1, vocab] or None; parents: the draft's tree (None: a chain)."""
     reqs = _row_views(r, draft, parents)
-    best = None if mask is not None or r.return_logprob else sampler.plain_argmax(rows, list(range(len(reqs))), reqs)
-    if best is not None:  # greedy rows nothing edits: their argmax read in place (Sampler.plain_argmax)
+    best = None if r.return_logprob else sampler.plain_argmax(rows, list(range(len(reqs))), reqs, mask)
+    if best is not None:  # greedy rows nothing but a mask edits: their argmax read in place (Sampler.plain_argmax)
         if parents is None:
             return Verified(*_accept_best(best, draft), None)
         tokens, path = _accept_tree_best(best, draft, parents)

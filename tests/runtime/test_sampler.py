@@ -60,3 +60,23 @@ def test_plain_argmax_keeps_rows_whose_edits_do_not_apply_yet_or_any_more():
 def test_plain_argmax_only_for_float32_cpu_logits():
     sampler = Sampler(VOCAB, eos_token_ids=[2])
     assert sampler.plain_argmax(logits_with_ties(1).bfloat16(), [0], [req(temperature=0)]) is None
+
+
+def test_plain_argmax_with_a_grammar_mask_is_the_pipelines_greedy_token():
+    """A grammar mask (narrower than the vocabulary too: columns past it banned) is the only
+    edit: the shortcut takes the maximum over the allowed columns, the same first index."""
+    sampler = Sampler(VOCAB, eos_token_ids=[2])
+    x = logits_with_ties(6)
+    rows = [5, 0, 3, 1]
+    reqs = [req(temperature=0), req([7, 7], temperature=0), req(temperature=0, ignore_eos=True), req(temperature=0)]
+    g = torch.Generator().manual_seed(1)
+    for width in (VOCAB, VOCAB - 20):
+        mask = torch.rand((len(rows), width), generator=g) < 0.3
+        mask[3] = False
+        mask[3, [7, 11, 250]] = True  # a few allowed tokens, the rest of the row's maxima banned
+        fast = sampler.plain_argmax(x, rows, reqs, mask)
+        assert fast == sampler(x[rows], reqs, mask).token_ids
+        assert all(mask[i, t] for i, t in enumerate(fast))
+    bad = [mask.float(), mask[:2], torch.ones((len(rows), PADDED), dtype=torch.bool)]  # dtype, rows, width
+    assert all(sampler.plain_argmax(x, rows, reqs, m) is None for m in bad)
+    assert sampler.plain_argmax(x, rows, reqs[:3] + [req(temperature=0.5)], mask) is None
