@@ -4,8 +4,10 @@
 #include <sched.h>
 #include <stdint.h>
 /* A help-first worker pool for lmprog's C kernels, instead of an OpenMP region (included by qdot.c
- * and paged_decode.c: each library gets its own pool and workers; native.build keys a kernel's
- * build on the headers it includes, so an edit here rebuilds both).
+ * and paged_decode.c: each library gets its own pool, but qdot.c exports its own (LM_POOL_EXPORT
+ * below) and paged_decode.py hands it to paged_decode.c, so a decode step's matmuls and attention
+ * run on one set of workers; native.build keys a kernel's build on the headers it includes, so
+ * an edit here rebuilds both).
  *
  * OpenMP's region ends in a join that waits for every thread of the team, also one the OS has
  * not run yet: on a machine whose other cores are busy a 25 us matmul measured 300-400 us on 2
@@ -29,6 +31,10 @@
 #ifndef CLAIM_MAX
 #define CLAIM_MAX 8        /* spans per claim at most (paged_decode.c: 1, few big uneven tasks) */
 #endif
+/* LM_POOL_EXPORT: the library exports its pool as lm_pool_run(fn, ctx, spans, nthreads,
+ * claim_max) (qdot.c does): another library handed its address (paged_decode.c) runs its jobs
+ * on the same workers, so a step's matmuls and attention calls share one set of threads instead
+ * of two sets, each yielding the cores to the other while it waits for its next job. */
 typedef void (*span_fn)(const void *ctx, int64_t sp);
 static struct {
     pthread_mutex_t job_mu, mu;  /* job_mu: one job at a time; mu + cv: sleeping workers */
@@ -39,7 +45,9 @@ static struct {
     span_fn fn;
     const void *ctx;
     int started;
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, NULL, 0};
+    _Atomic int claim;  /* the job's spans per claim at most */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, NULL, 0,
+          CLAIM_MAX};
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -72,7 +80,8 @@ static void pool_drain(uint32_t gen) {
         const int64_t spans = (int64_t)((w >> 22) & (SPANS_MAX - 1)), next = (int64_t)(w & (SPANS_MAX - 1));
         if (word_gen(w) != gen || next >= spans) return;
         int64_t take = (spans - next) / (4 * (int64_t)(atomic_load(&pool.want) + 1));
-        take = take < 1 ? 1 : (take > CLAIM_MAX ? CLAIM_MAX : take);
+        const int64_t most = atomic_load(&pool.claim);
+        take = take < 1 ? 1 : (take > most ? most : take);
         if (!atomic_compare_exchange_weak(&pool.word, &w, w + (uint64_t)take)) continue;  /* w reloaded */
         for (int64_t sp = next; sp < next + take; sp++) pool.fn(pool.ctx, sp);
         atomic_fetch_add(&pool.done, take);
@@ -109,8 +118,9 @@ static void pool_after_fork(void) {  /* the child has none of the parent's worke
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static void pool_init(void) { (void)pthread_atfork(NULL, NULL, pool_after_fork); }
 
-/* fn(ctx, sp) for sp in 0..spans-1 on the calling thread and up to nthreads - 1 workers. */
-static void pool_run(span_fn fn, const void *ctx, int64_t spans, int nthreads) {
+/* fn(ctx, sp) for sp in 0..spans-1 on the calling thread and up to nthreads - 1 workers, a
+ * claim taking at most claim_max spans. */
+static void pool_run_claim(span_fn fn, const void *ctx, int64_t spans, int nthreads, int claim_max) {
     const int want = (nthreads < POOL_MAX + 1 ? nthreads : POOL_MAX + 1) - 1;
     if (want < 1 || spans < 2 || spans >= SPANS_MAX || pthread_mutex_trylock(&pool.job_mu) != 0) {
         for (int64_t sp = 0; sp < spans; sp++) fn(ctx, sp);
@@ -128,6 +138,7 @@ static void pool_run(span_fn fn, const void *ctx, int64_t spans, int nthreads) {
         pool.started++;
     }
     pool.fn = fn, pool.ctx = ctx;
+    atomic_store(&pool.claim, claim_max < 1 ? 1 : claim_max);
     atomic_store(&pool.done, 0);
     atomic_store(&pool.want, want);
     const uint32_t gen = (word_gen(atomic_load(&pool.word)) + 1) & 0xFFFFF;
@@ -141,4 +152,14 @@ static void pool_run(span_fn fn, const void *ctx, int64_t spans, int nthreads) {
     while (atomic_load(&pool.done) < spans) cpu_relax();  /* only spans a worker is running */
     pthread_mutex_unlock(&pool.job_mu);
 }
+
+static inline void pool_run(span_fn fn, const void *ctx, int64_t spans, int nthreads) {
+    pool_run_claim(fn, ctx, spans, nthreads, CLAIM_MAX);
+}
+
+#ifdef LM_POOL_EXPORT
+void lm_pool_run(span_fn fn, const void *ctx, int64_t spans, int nthreads, int claim_max) {
+    pool_run_claim(fn, ctx, spans, nthreads, claim_max);
+}
+#endif
 #endif

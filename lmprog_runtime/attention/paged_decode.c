@@ -280,6 +280,20 @@ static void merge_parts(const float *base, int64_t parts, int64_t per_task, int 
 #define CLAIM_MAX 1  /* tasks per claim: few, big and uneven ones (qdot.c claims up to 8 spans) */
 #include "native_pool.h"  /* the worker pool: pool_run(fn, ctx, tasks, nthreads) */
 
+/* Another library's pool (qdot.c's lm_pool_run, handed over by paged_decode.py), so attention
+ * and the matmuls of a step share one set of workers; this library's own pool where none is. */
+typedef void (*ext_pool_fn)(span_fn fn, const void *ctx, int64_t spans, int nthreads, int claim_max);
+static ext_pool_fn ext_pool;
+void lm_paged_decode_use_pool(void *fn) { ext_pool = (ext_pool_fn)fn; }
+int lm_paged_decode_shares_pool(void) { return ext_pool != NULL; }
+
+static void run_pool(span_fn fn, const void *ctx, int64_t spans, int nthreads) {
+    if (ext_pool != NULL)
+        ext_pool(fn, ctx, spans, nthreads, CLAIM_MAX);
+    else
+        pool_run(fn, ctx, spans, nthreads);
+}
+
 /* One call's arguments and derived shapes, shared by its tasks. */
 typedef struct {
     const float *q;
@@ -402,6 +416,6 @@ void lm_paged_decode(const float *q, const void *k, const void *v, int kv_bf16, 
         for (int64_t bk = 0; bk < merges; bk++) run_merge(&j, bk);
         return;
     }
-    pool_run(task_span, &j, tasks, nthreads);  /* returns when every task is done */
-    if (merges) pool_run(merge_span, &j, merges, nthreads);
+    run_pool(task_span, &j, tasks, nthreads);  /* returns when every task is done */
+    if (merges) run_pool(merge_span, &j, merges, nthreads);
 }

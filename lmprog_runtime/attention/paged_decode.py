@@ -37,6 +37,21 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.lm_paged_decode.argtypes = [p, p, p, i32, p, i64, p, i64, p, p, i32, i32, i32, i32, f32, i64, i32, p, p]
     lib.lm_paged_decode.restype = None
+    lib.lm_paged_decode_use_pool.argtypes = [p]
+    lib.lm_paged_decode_use_pool.restype = None
+    lib.lm_paged_decode_shares_pool.argtypes, lib.lm_paged_decode_shares_pool.restype = [], ctypes.c_int
+    _share_pool(lib)
+
+
+def _share_pool(lib: ctypes.CDLL) -> None:
+    """Run the kernel's parallel calls on qdot.c's worker pool where that library builds: a
+    step's matmuls and attention then share one set of worker threads, instead of two sets
+    taking the cores from each other while each waits for its next job."""
+    from lmprog_runtime.model_executor import qgemm  # here, not at import: no import cycle
+
+    dot = qgemm.dot_library()
+    if dot is not None:
+        lib.lm_paged_decode_use_pool(ctypes.cast(dot.lm_pool_run, ctypes.c_void_p).value)
 
 
 _KERNEL = native.Kernel(_SOURCE, native.NATIVE_FLAGS, True, _declare)

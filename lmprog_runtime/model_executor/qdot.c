@@ -671,6 +671,7 @@ static int64_t span_rows(int64_t N, int nthreads, int64_t row_bytes) {
     return per < 1 ? 1 : (per > cap ? cap : per);
 }
 
+#define LM_POOL_EXPORT  /* lm_pool_run: paged_decode.c's jobs run on these workers too */
 #include "native_pool.h"  /* the worker pool: pool_run(fn, ctx, spans, nthreads) */
 
 #ifndef SERIAL_BYTES

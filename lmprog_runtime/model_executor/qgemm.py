@@ -67,6 +67,11 @@ def dot_available() -> bool:
     return available() and _DOT["native"].lib() is not None
 
 
+def dot_library():
+    """qdot.c's native build (its `lm_pool_run` is the worker pool paged_decode.c shares), or None."""
+    return _DOT["native"].lib()
+
+
 def dot_isa(variant: str = "native") -> int:
     """512 (AVX-512 VNNI), 256 (AVX2 / AVX-VNNI) or 0 (portable C): the inner loop `variant` got."""
     return _DOT[variant].lib().lm_qdot_isa()

@@ -328,6 +328,59 @@ def test_concurrent_callers_share_the_worker_pool_and_agree_bitwise():
     assert not any(t.is_alive() for t in threads) and not bad, bad
 
 
+def test_attention_and_matmuls_share_one_worker_pool_from_many_threads():
+    """The kernel runs its parallel calls on qdot.c's pool (one set of workers for a step's
+    matmuls and attention); attention and int4 matmul calls from several threads at once give
+    what one thread gives, bit for bit, and none hangs."""
+    import threading
+
+    from lmprog_runtime.model_executor import qgemm
+
+    if not qgemm.dot_available():
+        pytest.skip("qdot.c not built here")
+    assert pd._KERNEL.lib().lm_paged_decode_shares_pool() == 1
+    torch.manual_seed(8)
+    B, H, KV, D, slots = 4, 9, 3, 64, 4000
+    k, v = torch.randn(slots, KV, D), torch.randn(slots, KV, D)
+    table, rows = torch.randint(1, slots, (5, 1500)), torch.arange(1, 5)
+    seq_lens, q = torch.tensor([1500, 700, 300, 1100]), torch.randn(B, H, D)
+    w = torch.randint(0, 16, (3072, 576), dtype=torch.int32)
+    packed, sm = qgemm.pack_q4_f16(w, torch.rand(3072, 18) * 0.01 + 1e-3, torch.rand(3072, 18))
+    x = torch.randn(3, 576)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want_attn = pd.paged_decode(q, k, v, table, rows, seq_lens, D ** -0.5)
+        want_mm = qgemm.dot_matmul("int4", x, packed, sm)
+    finally:
+        torch.set_num_threads(old)
+    bad = []
+
+    def attend(i):
+        out = torch.empty_like(q)
+        own = pd.PagedDecodePlan(table, rows, seq_lens, D ** -0.5, H, KV, D, False)
+        for n in range(20):
+            args = list(own.c_args(q, k, v, out))
+            args[16] = 2  # nthreads
+            pd._KERNEL.lib().lm_paged_decode(*args)
+            if not torch.equal(out, want_attn):
+                bad.append(("attention", i, n))
+
+    def matmul(i):
+        for n in range(20):
+            y = torch.empty(3, 3072)
+            qgemm.dot_fn("int4")(x.data_ptr(), 3, 576, packed.data_ptr(), sm.data_ptr(), 3072, y.data_ptr(), 2)
+            if not torch.equal(y, want_mm):
+                bad.append(("matmul", i, n))
+
+    threads = [threading.Thread(target=f, args=(i,)) for i in range(2) for f in (attend, matmul)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads) and not bad, bad
+
+
 @pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2", "-mno-avx", "-mno-fma")])
 def test_narrower_vector_builds_match_sdpa(flags, monkeypatch):
     """The kernel built for narrower vectors than this machine's (8-float vectors: a ymm with
