@@ -95,8 +95,15 @@ def test_prefix_reuse_on_both_sides(colocated, mooncake_pair, tiny_model_path):
     audit(prefill, decode)
 
 
-def test_chunked_prefill_ships_every_chunk(colocated, tiny_model_path):
+def test_chunked_prefill_ships_every_chunk(tiny_model_path):
+    """The reference prefills in the same 64-token chunks: a chunked prefill's attention rounds
+    differently from one 301-token prefill (layer 1's K/V already differ in the last bits), so
+    only the same chunking makes the logprobs comparable bit for bit."""
+    from engine_helpers import make_engine
+
     prefill, decode, port = make_pair(tiny_model_path, "mooncake", chunked_prefill_size=64, page_size=4)
+    colocated = make_engine(tiny_model_path, max_total_tokens=4096, random_seed=0, num_threads=1,
+                            chunked_prefill_size=64, page_size=4)
     try:
         prompt = [(5 * i) % 700 + 2 for i in range(301)]
         want = colocated.generate(input_ids=prompt, sampling_params=GREEDY, return_logprob=True)
@@ -107,6 +114,7 @@ def test_chunked_prefill_ships_every_chunk(colocated, tiny_model_path):
         assert _stats(decode)["disagg_bytes_received"] > 0
         audit(prefill, decode)
     finally:
+        colocated.shutdown()
         prefill.shutdown()
         decode.shutdown()
 

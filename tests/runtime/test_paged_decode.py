@@ -91,7 +91,7 @@ def test_backend_decode_equals_the_gather_path():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("prefix_len", [300, 1100])  # one and three 512-key prefix chunks
+@pytest.mark.parametrize("prefix_len", [300, 1100])  # two and five 256-key prefix chunks
 def test_kernel_with_shared_prefix_matches_sdpa(threads, prefix_len):
     """Cascade: the first `prefix_len` keys of every request come from one shared slot list."""
     torch.manual_seed(2)
@@ -111,6 +111,30 @@ def test_kernel_with_shared_prefix_matches_sdpa(threads, prefix_len):
                                    rtol=1e-4, atol=1e-5)
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("threads", [4, 8])
+@pytest.mark.parametrize("prefix_len,seq_len", [(0, 256), (300, 310)])
+def test_kernel_split_by_kv_head_gives_the_same_bits(threads, prefix_len, seq_len):
+    """Fewer chunks than threads: a task per (kv head, chunk), reading its own values only,
+    instead of one per chunk for every kv head; the parts see the same tiles in the same order,
+    so the output is bitwise the one-thread call's (every kv head in one task)."""
+    torch.manual_seed(9)
+    H, KV, D, slots = 9, 3, 128, 2000  # D 128: parallel work from 256 keys on
+    k, v = torch.randn(slots, KV, D), torch.randn(slots, KV, D)
+    table, rows = torch.randint(1, slots, (2, 400)), torch.tensor([1])
+    prefix = table[1, :prefix_len].clone() if prefix_len else None
+    lens, q = torch.tensor([seq_len]), torch.randn(1, H, D)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = pd.paged_decode(q, k, v, table, rows, lens, D ** -0.5, prefix=prefix)
+        torch.set_num_threads(threads)
+        split = pd.paged_decode(q, k, v, table, rows, lens, D ** -0.5, prefix=prefix)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(split, one)
+    torch.testing.assert_close(one, _reference(q, k, v, table, rows, lens, D ** -0.5), rtol=1e-4, atol=1e-5)
 
 
 def test_backend_cascade_decode_uses_the_kernel_and_equals_the_gather_path():
@@ -249,6 +273,7 @@ def test_backend_bfloat16_decode_uses_the_kernel_close_to_the_gather_path():
     (3, [1, 5, 130]),  # small: under SERIAL_WORK, one part per (request, head)
     (8, [512, 300, 1, 77, 511, 4, 260, 420]),  # above SERIAL_WORK, still one part each: parallel, no merge
     (2, [513, 1030]),  # several parts: the merge pass
+    (1, [256]),  # one chunk, parallel at D 128 (work 3072): fewer chunks than threads, a task per kv head
 ])
 def test_kernel_paths_match_sdpa_for_every_head_size(threads, D, B, seq_lens):
     """The one-thread path for small work, the final-part path (no merge), the parallel region,
