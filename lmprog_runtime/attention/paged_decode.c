@@ -6,13 +6,14 @@
  * table[rows[b] * ld + s]. Shapes (float32, contiguous):
  *   q, out [B, H, D]; k, v [num_slots, KV, D]; prefix int64 [P]; table int64 [*, ld];
  *   rows, seq_lens int64 [B], every seq_len > P.
- * Work is split into tasks run by the worker pool below: (chunk of `chunk` prefix keys) for all
- * B requests at once, so each shared key is read once per step, and (request, chunk of own
- * keys), each for every kv head: a tile of keys is first touched whole (touch_rows: the slots'
+ * Work is split into tasks run by the worker pool below: (kv head, chunk of `chunk` prefix keys)
+ * for all B requests at once, so each shared key is read once per step, and (request, chunk of
+ * own keys) for every kv head: a tile of keys is first touched whole (touch_rows: the slots'
  * [KV, D] rows in order, which memory streams twice as fast as one kv head's D values of each),
- * then attended by each kv head in turn. Where that leaves a thread without a task, tasks are
- * (kv head, chunk) instead and read their own values only (any split gives the same bits: a
- * (kv head, chunk) part always sees the same tiles in the same order). Each task keeps an online
+ * then attended by each kv head in turn. Where that leaves a thread without a task, own tasks
+ * are (request, kv head, chunk) instead and read their own values only (any split gives the
+ * same bits: a (kv head, chunk) part always sees the same tiles in the same order). A prefix
+ * task has B x G query rows a key, compute enough to keep it per kv head. Each task keeps an online
  * softmax (running max m, denominator l, accumulator acc) per query head; the parts of one
  * (request, head) are merged exactly
  * afterwards (common max, summed denominators). Scratch: B * KV * parts * G * (D + 2) floats,
@@ -299,8 +300,8 @@ typedef struct {
     const float *q;
     const void *k, *v;
     const int64_t *prefix, *table, *rows, *seq_lens;
-    int64_t P, ld, chunk, pre_chunks, own_chunks, parts, per_task, pstride;
-    int task_heads;  /* kv heads per task: all of them (KV), or 1 where chunks alone are too few tasks */
+    int64_t P, ld, chunk, pre_chunks, own_chunks, parts, per_task, pstride, pre_tasks;
+    int task_heads;  /* kv heads per own-chunk task: all of them (KV), or 1 where tasks would be too few */
     int B, H, KV, D, G, bf16;
     float scale;
     float *scratch, *out;
@@ -323,42 +324,47 @@ static void touch_rows(const job_t *j, const int64_t *slots, int64_t t0, int64_t
     (void)sink;
 }
 
-/* Keys s0..s1 of `slots` for every kv head, tile by tile: each tile touched (touch_rows), then
- * attended by each kv head in turn (nb requests' queries from q, qstride apart; kv head kvh's
- * part at m + kvh * mstride, request i's pstride further). Each (kv head, chunk) part sees the
+/* Keys s0..s1 of `slots` for kv heads kv0..kv0 + nkv - 1, tile by tile: each tile touched
+ * (touch_rows) when the task reads more than one kv head's values, then attended by each kv
+ * head in turn (nb requests' queries from q, qstride apart; kv head kvh's part at
+ * m + (kvh - kv0) * mstride, request i's pstride further). Each (kv head, chunk) part sees the
  * same tiles in the same order as a chunk_attend over s0..s1 alone would: the same bits. */
-static void chunk_attend_heads(const job_t *j, int kv0, const float *q, int64_t qstride, int nb,
+static void chunk_attend_heads(const job_t *j, int kv0, int nkv, const float *q, int64_t qstride, int nb,
                                const int64_t *slots, int64_t s0, int64_t s1, float *m, int64_t mstride,
                                int64_t pstride) {
     const int G = j->G, D = j->D;
     for (int64_t t0 = s0; t0 < s1; t0 += TILE) {
         const int64_t t1 = t0 + TILE < s1 ? t0 + TILE : s1;
-        if (j->task_heads > 1) touch_rows(j, slots, t0, t1);
-        for (int kvh = kv0; kvh < kv0 + j->task_heads; kvh++)
+        if (nkv > 1) touch_rows(j, slots, t0, t1);
+        for (int kvh = kv0; kvh < kv0 + nkv; kvh++)
             chunk_attend(q + (int64_t)kvh * G * D, qstride, nb, j->k, j->v, j->bf16, slots, t0, t1, j->KV, G, D, kvh,
                          j->scale, m + (kvh - kv0) * mstride, pstride, t0 == s0);
     }
 }
 
-/* Task t: a shared prefix chunk (all requests) or one (request, own chunk), every kv head.
- * With one part per (request, head) (no prefix, every context within one chunk) the part is
- * final: it is normalized straight into out (no merge pass). */
+/* Task t: a shared prefix chunk of one kv head (all requests: B x G query rows a key, work
+ * enough to keep per-kv-head tasks, read without the touch), or one (request, own chunk), every
+ * kv head (task_heads = KV) or one. With one part per (request, head) (no prefix, every context
+ * within one chunk) the part is final: it is normalized straight into out (no merge pass). */
 static void run_task(const job_t *j, int64_t t) {
     const int G = j->G, D = j->D;
     const int64_t heads = j->parts * j->per_task;  /* from (b, kvh) to (b, kvh + 1) */
-    const int splits = j->KV / j->task_heads;
-    const int kv0 = (int)(t % splits) * j->task_heads;
-    t /= splits;
-    if (t < j->pre_chunks) {  /* shared prefix chunk c, every request */
-        const int64_t c = t, s0 = c * j->chunk, s1 = s0 + j->chunk < j->P ? s0 + j->chunk : j->P;
-        chunk_attend_heads(j, kv0, j->q, (int64_t)j->H * D, j->B, j->prefix, s0, s1,
-                           j->scratch + (kv0 * j->parts + c) * j->per_task, heads, j->pstride);
+    if (t < j->pre_tasks) {  /* shared prefix chunk c of kv head kvh, every request */
+        const int kvh = (int)(t / j->pre_chunks);
+        const int64_t c = t % j->pre_chunks, s0 = c * j->chunk, s1 = s0 + j->chunk < j->P ? s0 + j->chunk : j->P;
+        chunk_attend_heads(j, kvh, 1, j->q, (int64_t)j->H * D, j->B, j->prefix, s0, s1,
+                           j->scratch + ((int64_t)kvh * j->parts + c) * j->per_task, heads, j->pstride);
         return;
     }
-    const int64_t u = t - j->pre_chunks, c = u % j->own_chunks, b = u / j->own_chunks;
+    const int splits = j->KV / j->task_heads;
+    int64_t u = t - j->pre_tasks;
+    const int kv0 = (int)(u % splits) * j->task_heads;
+    u /= splits;
+    const int64_t c = u % j->own_chunks, b = u / j->own_chunks;
     const int64_t s0 = j->P + c * j->chunk, s1 = s0 + j->chunk < j->seq_lens[b] ? s0 + j->chunk : j->seq_lens[b];
     float *m0 = j->scratch + ((b * j->KV + kv0) * j->parts + j->pre_chunks + c) * j->per_task;
-    chunk_attend_heads(j, kv0, j->q + b * j->H * D, 0, 1, j->table + j->rows[b] * j->ld, s0, s1, m0, heads, 0);
+    chunk_attend_heads(j, kv0, j->task_heads, j->q + b * j->H * D, 0, 1, j->table + j->rows[b] * j->ld, s0, s1, m0,
+                       heads, 0);
     for (int kvh = kv0; kvh < kv0 + j->task_heads; kvh++) {
         float *m = m0 + (kvh - kv0) * heads;
         if (s0 >= s1) {
@@ -405,12 +411,13 @@ void lm_paged_decode(const float *q, const void *k, const void *v, int kv_bf16, 
     }
     j.parts = j.pre_chunks + j.own_chunks, j.per_task = (int64_t)j.G * (D + 2);
     j.pstride = (int64_t)KV * j.parts * j.per_task;  /* from request b to b + 1 */
-    const int64_t chunk_tasks = j.pre_chunks + (int64_t)B * j.own_chunks, merges = j.parts > 1 ? (int64_t)B * KV : 0;
+    j.pre_tasks = (int64_t)KV * j.pre_chunks;
+    const int64_t own_tasks = (int64_t)B * j.own_chunks, merges = j.parts > 1 ? (int64_t)B * KV : 0;
     const int serial = nthreads <= 1 || work_of(&j) < SERIAL_WORK;  /* small: no parallel region */
-    /* a task reads its chunk's whole rows for every kv head, unless that leaves a thread
-     * without a task: then one kv head a task, reading its own D values of each row only */
-    j.task_heads = serial || chunk_tasks >= (int64_t)nthreads ? KV : 1;
-    const int64_t tasks = chunk_tasks * (KV / j.task_heads);
+    /* an own-chunk task reads its chunk's whole rows for every kv head, unless that leaves a
+     * thread without a task: then one kv head a task, reading its own D values of each row only */
+    j.task_heads = serial || j.pre_tasks + own_tasks >= (int64_t)nthreads ? KV : 1;
+    const int64_t tasks = j.pre_tasks + own_tasks * (KV / j.task_heads);
     if (serial || tasks == 1) {
         for (int64_t t = 0; t < tasks; t++) run_task(&j, t);
         for (int64_t bk = 0; bk < merges; bk++) run_merge(&j, bk);

@@ -37,6 +37,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.lm_paged_decode.argtypes = [p, p, p, i32, p, i64, p, i64, p, p, i32, i32, i32, i32, f32, i64, i32, p, p]
     lib.lm_paged_decode.restype = None
+    if not hasattr(lib, "lm_paged_decode_use_pool"):  # an older build (bench/ab_paged_decode.py's)
+        return
     lib.lm_paged_decode_use_pool.argtypes = [p]
     lib.lm_paged_decode_use_pool.restype = None
     lib.lm_paged_decode_shares_pool.argtypes, lib.lm_paged_decode_shares_pool.restype = [], ctypes.c_int
