@@ -416,6 +416,8 @@ NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_WALK"))
 # The quantized decode step's layers as two C calls each (model_executor/llama_layer.py); set
 # LMPROG_NO_FUSED_LAYER=1 for the layer-by-layer path (same logits bit for bit, slower).
 FUSED_LAYER = not env_flag("LMPROG_NO_FUSED_LAYER")
+# LMPROG_NO_HUGEPAGES=1 leaves the quantized weights in ordinary pages (model_executor/hugepages.py).
+HUGEPAGE_WEIGHTS = not env_flag("LMPROG_NO_HUGEPAGES")
 # HiCache `file` storage directory when --hicache-storage-dir is not given (SGLang's variable).
 HICACHE_FILE_STORAGE_DIR = os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or "/tmp/hicache"
 # Prefill/decode disaggregation (SGLang's variables, seconds): how long a prefill request waits

@@ -19,7 +19,7 @@ from lmprog_runtime.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from lmprog_runtime.config import ServerArgs
 from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 from lmprog_runtime.model_executor.probe import FormatChoice, select_formats
-from lmprog_runtime.model_executor import weight_cache
+from lmprog_runtime.model_executor import hugepages, weight_cache
 from lmprog_runtime.model_executor.quant import quantize_model
 from lmprog_runtime.model_executor.loader import (
     ModelConfig, gguf_is_quantized, iter_weights, load_model_config, load_tokenizer,
@@ -140,7 +140,7 @@ class ModelRunner:
         model = weight_cache.load(lambda: self._build_model(True), cache)
         if model is not None:
             logger.info("weights: %s from %s in %.2f s", self.quantization, cache, time.perf_counter() - t0)
-            return model.to(self.device)
+            return self._placed(model.to(self.device))
         model = self._build_model(False).to_empty(device="cpu")
         int4_sources = {} if f.quant == "int4" else None
         model.load_weights(iter_weights(self.model_path, self.model_config, int4_sources=int4_sources))
@@ -152,7 +152,13 @@ class ModelRunner:
                         n, f.quant, f.act_dtype, f.dense_rows)
         weight_cache.save(model, cache)
         logger.info("weights: converted in %.2f s", time.perf_counter() - t0)
-        return model.to(self.device)
+        return self._placed(model.to(self.device))
+
+    def _placed(self, model: torch.nn.Module) -> torch.nn.Module:
+        """On the CPU, the quantized weights in huge pages where the OS gives them (hugepages.py)."""
+        if self.device.type == "cpu":
+            hugepages.place_weights(model)
+        return model
 
     def _kv_pool_size(self) -> int:
         """KV slots: `max_total_tokens` if given, else what the memory budget allows, in whole pages."""
