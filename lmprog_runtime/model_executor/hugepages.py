@@ -1,9 +1,9 @@
 """The quantized weights in 2 MB pages (transparent huge pages) on Linux CPUs.
 
-A decode step streams every projection's weights from memory. In 4 KB pages each page is a
-new stream to the hardware prefetchers (they do not cross a page) and, in a virtual machine,
-a two-level page walk on its TLB miss; a projection of 0.2-0.35 MB (SmolLM2's o and qkv)
-then read at 13-17 GB/s where big ones read at 25-30. `place_weights(model)` copies every
+A decode step streams every projection's weights from memory. In 4 KB pages a projection of
+0.2-0.35 MB (SmolLM2's o and qkv) read at 13-17 GB/s where big ones read at 25-30 (likely:
+each page is a new stream to the hardware prefetchers, which do not cross a page, and in a
+virtual machine a two-level page walk on its TLB miss). `place_weights(model)` copies every
 `QuantLinear`'s weight and scale buffers into one anonymous arena aligned to 2 MB and asks the
 kernel for huge pages there (`madvise(MADV_HUGEPAGE)`, honoured when
 /sys/kernel/mm/transparent_hugepage/enabled is `always` or `madvise`), then points the modules
