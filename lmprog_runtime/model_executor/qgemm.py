@@ -64,7 +64,7 @@ def available() -> bool:
 
 def dot_available() -> bool:
     """The int8-activation kernels (qdot.c) are built; they need the float ones too (same layouts)."""
-    return available() and _DOT["native"].lib() is not None
+    return available() and dot_library() is not None
 
 
 def dot_library():
