@@ -17,8 +17,9 @@
  *   __AVX512VNNI__ (and BW/VL): vpdpbusd on 64 bytes = two blocks per instruction;
  *   __AVXVNNI__ / __AVX2__: int8 weights 32 bytes a block; int4 two blocks at a time, their
  *   low nibbles in one register and high nibbles in another against pair-ordered activations
- *   (no per-block unpacking or lane shuffles), vpdpbusd or vpmaddubsw + vpmaddwd, and the
- *   scales of four blocks in one float16 conversion and one multiply;
+ *   (no per-block unpacking or lane shuffles; calls of several rows pair blocks g and g+2 of
+ *   each quad, so the scales spread within 128-bit lanes), vpdpbusd or vpmaddubsw + vpmaddwd,
+ *   and the scales of four blocks in one float16 conversion and one multiply;
  *   otherwise (or with -DLM_QDOT_PORTABLE): plain C the compiler may vectorize.
  * -DLM_QDOT_NO_AVX512 skips the first, so tests exercise the AVX2 path on AVX-512 machines.
  * Every path is T-blocked: a weight block is loaded and unpacked once for up to QR (int8 on
@@ -95,6 +96,7 @@ typedef struct {
     float *aux;
     float *dxl;  /* AVX-512 only: float [T, K/4], each block's dx 8 times in its lanes (see lane_pos) */
     void *owned; /* a call's own allocation (too big for the thread's kept scratch), else NULL */
+    int quads;   /* int4 activations in quad order (LAYOUT_QUADS) */
 } act_t;
 
 /* The order of qx within a block pair for the int4 paths: the AVX-512 register of two
@@ -104,6 +106,17 @@ static inline int pair_pos(int j) {
     const int blk = j / QB, i = j % QB;
     return (i / 16) * 32 + blk * 16 + i % 16;
 }
+
+/* The AVX2 int4 loop's order within a full quad of blocks g..g+3 (g % 4 == 0): the pairs
+ * (g, g+2) then (g+1, g+3), each in pair order, so a pair's two blocks sit at the same position
+ * of the two 128-bit lanes as their scales do after one float16 conversion of the quad (see
+ * q4_rows_n): where block b of the quad starts its lo16 (its hi16 32 bytes later). */
+static inline int quad_base(int b) { return (b & 1) * 64 + (b >> 1) * 16; }
+
+/* Activation layouts of quantize_row */
+#define LAYOUT_NATURAL 0
+#define LAYOUT_PAIRS 1  /* full pairs in pair order */
+#define LAYOUT_QUADS 2  /* full quads in quad order, then a last full pair in pair order */
 
 /* Where lane i (0..7) of block g's dx goes in dxl: lanes g*8.. in natural order (int8, an odd
  * last block), or within a pair's 16 the int4 register's order [lo(g), lo(g+1), hi(g), hi(g+1)]
@@ -179,20 +192,21 @@ static inline float quantize_block(const float *xg, uint8_t flip, __m128i *lo16,
 #define QUANT_VEC 1
 #endif
 
-/* Quantize row x [K] into qx (natural order, or pair order for full pairs when `pairs`; each
- * byte ^ 0x80 when `biased`, see q8_corr). */
-static void quantize_row(const float *x, int K, int pairs, int biased, int8_t *qx, float *aux, float *dxl) {
+/* Quantize row x [K] into qx (`layout`: LAYOUT_*; each byte ^ 0x80 when `biased`, see q8_corr). */
+static void quantize_row(const float *x, int K, int layout, int biased, int8_t *qx, float *aux, float *dxl) {
     const int G = K / QB;
     for (int g = 0; g < G; g++) {
         const float *xg = x + g * QB;
-        const int paired = pairs && (g | 1) < G;
+        const int quad = layout == LAYOUT_QUADS && (g | 3) < G;
+        const int paired = layout != LAYOUT_NATURAL && (g | 1) < G;
         float d;
         int sum = 0;
 #if defined(QUANT_VEC)
         __m128i lo16, hi16;
         d = quantize_block(xg, biased ? 0x80 : 0, &lo16, &hi16, &sum);
         /* pair order: [lo(g), lo(g+1), hi(g), hi(g+1)] over the pair's 64 bytes (see pair_pos) */
-        int8_t *base = paired ? qx + (g & ~1) * QB + (g & 1) * 16 : qx + g * QB;
+        int8_t *base = quad ? qx + (g & ~3) * QB + quad_base(g & 3)
+                            : paired ? qx + (g & ~1) * QB + (g & 1) * 16 : qx + g * QB;
         _mm_storeu_si128((__m128i *)base, lo16);
         _mm_storeu_si128((__m128i *)(base + (paired ? 32 : 16)), hi16);
 #else
@@ -213,7 +227,8 @@ static void quantize_row(const float *x, int K, int pairs, int biased, int8_t *q
             sum += q[j];
         }
         for (int j = 0; j < QB; j++) {
-            const int pos = paired ? (g & ~1) * QB + pair_pos((g & 1) * QB + j) : g * QB + j;
+            const int pos = quad ? (g & ~3) * QB + quad_base(g & 3) + (j / 16) * 32 + j % 16
+                            : paired ? (g & ~1) * QB + pair_pos((g & 1) * QB + j) : g * QB + j;
             qx[pos] = (int8_t)(biased ? q[j] ^ 0x80 : q[j]);
         }
 #endif
@@ -301,7 +316,8 @@ INL __m512 s_lanes(__m128 sm) {
 }
 
 INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, const float *l, int K,
-                   int G, const int nr, float *res) {
+                   int G, const int nr, const int quads, float *res) {
+    (void)quads;  /* pair order only */
     __m512 a0[QR], a1[QR];
     __m128 m0[QR], m1[QR];
     for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm512_setzero_ps(), m0[r] = m1[r] = _mm_setzero_ps();
@@ -343,6 +359,15 @@ INL void q4_unpack_pair(const uint8_t *qn, int g, __m256i *lo, __m256i *hi) {
     *hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
 }
 
+/* Blocks g and g+2 as a pair (the quad order's first pair; g+1 and g+3 its second): two 16-byte
+ * loads into the two lanes, then the same three operations */
+INL void q4_unpack_apart(const uint8_t *qn, int g, __m256i *lo, __m256i *hi) {
+    const __m256i b = _mm256_loadu2_m128i((const __m128i *)(qn + (g + 2) * 16), (const __m128i *)(qn + g * 16));
+    const __m256i m = _mm256_set1_epi8(15);
+    *lo = _mm256_and_si256(b, m);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
+}
+
 /* A pair's exact integer dots with one row's pair-ordered activations xp [64]: lanes 0..3 sum
  * to block g's, 4..7 to block g+1's. Without VNNI the halves' int16 pair sums are added before
  * widening (each |.| <= 2 * 15 * 127, so the sum stays below 32767). */
@@ -361,30 +386,48 @@ INL __m256i q4_pair_dot(__m256i lo, __m256i hi, const int8_t *xp) {
 #define LANES_A _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0)
 #define LANES_B _mm256_set_epi32(6, 6, 6, 6, 4, 4, 4, 4)
 
-/* Per row and up to four blocks from g: p = (s, m, s', m', ...) * (dx, dx*sum, dx', dx'*sum', ...)
+/* Per row and four blocks from g: p = (s, m, s', m', ...) * (dx, dx*sum, dx', dx'*sum', ...)
  * (the row's aux); the odd lanes are the minimums' terms, summed into macc, the even lanes
- * s * dx, each spread over its block's dot lanes. Two pair chains per row (a0, a1) hide the
- * multiply-add latency; every row runs this sequence whatever nr. */
+ * s * dx, each spread over its block's dot lanes. Two pair chains per row hide the
+ * multiply-add latency. With `quads` (activations in quad order, calls of several rows) the
+ * quad's pairs are (g, g+2) and (g+1, g+3), so each spread stays within 128-bit lanes
+ * (vpermilps instead of a lane-crossing vpermps per pair and row; with several rows the loop
+ * is bound by its vector operations, and a 4-row call runs ~10% faster); after the quads the
+ * chains' halves are regrouped into the pair order's chains (g, g+1) / (g+2, g+3), which a last
+ * pair continues, so every sum is the pair order's, bit for bit. A one-row call keeps the pair
+ * order (one 32-byte load a pair; its loop is not bound by the shuffles). Every row runs this
+ * sequence whatever nr. */
 INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, const float *l, int K,
-                   int G, const int nr, float *res) {
+                   int G, const int nr, const int quads, float *res) {
     (void)l;
     __m256 a0[QR], a1[QR], mc[QR];
     for (int r = 0; r < nr; r++) a0[r] = a1[r] = mc[r] = _mm256_setzero_ps();
     int g = 0;
     for (; g + 3 < G; g += 4) {
         __m256i lo0, hi0, lo1, hi1;
-        q4_unpack_pair(qn, g, &lo0, &hi0);
-        q4_unpack_pair(qn, g + 2, &lo1, &hi1);
+        if (quads) {
+            q4_unpack_apart(qn, g, &lo0, &hi0);
+            q4_unpack_apart(qn, g + 1, &lo1, &hi1);
+        } else {
+            q4_unpack_pair(qn, g, &lo0, &hi0);
+            q4_unpack_pair(qn, g + 2, &lo1, &hi1);
+        }
         const __m256 sm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(szn + 2 * g)));
         for (int r = 0; r < nr; r++) {
             const int8_t *xt = x + r * K + g * QB;
             const __m256 p = _mm256_mul_ps(sm, _mm256_loadu_ps(a + r * 2 * G + 2 * g));
             mc[r] = _mm256_add_ps(mc[r], p);
-            a0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair_dot(lo0, hi0, xt)),
-                                    _mm256_permutevar8x32_ps(p, LANES_A), a0[r]);
-            a1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair_dot(lo1, hi1, xt + 2 * QB)),
-                                    _mm256_permutevar8x32_ps(p, LANES_B), a1[r]);
+            /* quads: (p of g | p of g+2) x 4 and (g+1 | g+3); pairs: (g | g+1) and (g+2 | g+3) */
+            const __m256 sa = quads ? _mm256_permute_ps(p, 0x00) : _mm256_permutevar8x32_ps(p, LANES_A);
+            const __m256 sb = quads ? _mm256_permute_ps(p, 0xAA) : _mm256_permutevar8x32_ps(p, LANES_B);
+            a0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair_dot(lo0, hi0, xt)), sa, a0[r]);
+            a1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair_dot(lo1, hi1, xt + 2 * QB)), sb, a1[r]);
         }
+    }
+    for (int r = 0; quads && r < nr; r++) {  /* (g | g+2), (g+1 | g+3) -> (g | g+1), (g+2 | g+3) */
+        const __m256 e = a0[r], o = a1[r];
+        a0[r] = _mm256_permute2f128_ps(e, o, 0x20);
+        a1[r] = _mm256_permute2f128_ps(e, o, 0x31);
     }
     if (g + 1 < G) {  /* a last pair */
         __m256i lo0, hi0;
@@ -423,8 +466,8 @@ static __attribute__((noinline, noclone)) float q4_scale_row(float acc, const in
 }
 
 INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, const float *l, int K,
-                   int G, const int nr, float *res) {
-    (void)l;
+                   int G, const int nr, const int quads, float *res) {
+    (void)l, (void)quads;  /* natural order only */
     float acc[QR];
     for (int r = 0; r < nr; r++) acc[r] = 0.f;
     for (int g0 = 0; g0 < G; g0 += PCH) {
@@ -595,10 +638,12 @@ _Static_assert(QR == 4 && (Q8R == 4 || Q8R == 8), "SPAN_CASES / SPAN_CASES8 spel
 #define SPAN_CASES8 SPAN_CASES
 #endif
 /* ---- entry points --------------------------------------------------------------------------- */
-#if defined(LM_QDOT_512) || defined(LM_QDOT_256)
-#define Q4_PAIRS 1     /* int4-weight activations in pair order (see pair_pos) */
+#if defined(LM_QDOT_512)
+#define Q4_LAYOUT LAYOUT_PAIRS  /* int4-weight activations in pair order (see pair_pos) */
+#elif defined(LM_QDOT_256)
+#define Q4_LAYOUT LAYOUT_QUADS  /* in quad order (see quad_base) */
 #else
-#define Q4_PAIRS 0
+#define Q4_LAYOUT LAYOUT_NATURAL
 #endif
 #if defined(LM_QDOT_512)
 #define Q8_BIASED 1    /* int8-weight activations stored as qx ^ 0x80 (see q8_corr) */
@@ -624,6 +669,7 @@ static int act_alloc(act_t *a, int T, int K) {
     const size_t need = nq + na + (DXL ? sizeof(float) * (size_t)T * (K / 4) : 0);
     char *base;
     a->owned = NULL;
+    a->quads = 0;
     if (need <= KEEP_BYTES) {
         (void)pthread_once(&keep_once, keep_init);
         base = pthread_getspecific(keep_key);
@@ -644,10 +690,10 @@ static void act_free(act_t *a) { free(a->owned); }
 
 /* Every row of x [T, K] into a's scratch (natural order, pairs for int4 on AVX-512, biased for
  * int8 on AVX-512). */
-static void quantize_all(const float *x, int T, int K, int pairs, int biased, act_t *a) {
+static void quantize_all(const float *x, int T, int K, int layout, int biased, act_t *a) {
     const int G = K / QB;
     for (int t = 0; t < T; t++)
-        quantize_row(x + (int64_t)t * K, K, pairs, biased, a->qx + (int64_t)t * K, a->aux + (int64_t)t * 2 * G,
+        quantize_row(x + (int64_t)t * K, K, layout, biased, a->qx + (int64_t)t * K, a->aux + (int64_t)t * 2 * G,
                      DXL ? a->dxl + (int64_t)t * (K / 4) : NULL);
 }
 
@@ -691,14 +737,22 @@ static void q4_span(const act_t *a, int t, int nr, int K, const uint8_t *q, cons
     const int G = K / QB;
     const int8_t *x = a->qx + (int64_t)t * K;
     const float *at = a->aux + (int64_t)t * 2 * G, *l = DXL ? a->dxl + (int64_t)t * (K / 4) : NULL;
-#define Q4_CALL(R_)                                                                       \
+#define Q4_CALLQ(R_, Q_)                                                                  \
     for (int64_t n = n0; n < n1; n++) {                                                   \
         float res[QR];                                                                    \
-        q4_rows_n(q + n * (K / 2), sz + n * 2 * G, x, at, l, K, G, R_, res);              \
+        q4_rows_n(q + n * (K / 2), sz + n * 2 * G, x, at, l, K, G, R_, Q_, res);          \
         for (int r = 0; r < R_; r++) y[(int64_t)(t + r) * N + n] = res[r];                \
     }
-    SPAN_CASES(Q4_CALL)
+#define Q4_CALL(R_) Q4_CALLQ(R_, 0)
+#define Q4_CALL_QUADS(R_) Q4_CALLQ(R_, 1)
+    if (a->quads) {
+        SPAN_CASES(Q4_CALL_QUADS)
+    } else {
+        SPAN_CASES(Q4_CALL)
+    }
+#undef Q4_CALL_QUADS
 #undef Q4_CALL
+#undef Q4_CALLQ
 }
 
 /* weight rows n0..n1 (int8, scale [N]) x activation rows t..t+nr-1 -> y [T, N] */
@@ -749,7 +803,10 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t 
     act_t a;
     if (T <= 0 || N <= 0) return 0;
     if (!act_alloc(&a, T, K)) return -1;
-    quantize_all(x, T, K, Q4_PAIRS, 0, &a);
+    /* one row keeps the pair order (see q4_rows_n); the sums are the same either way */
+    const int layout = Q4_LAYOUT == LAYOUT_QUADS && T == 1 ? LAYOUT_PAIRS : Q4_LAYOUT;
+    quantize_all(x, T, K, layout, 0, &a);
+    a.quads = layout == LAYOUT_QUADS;
     const int nt = threads_for(N, K / 2 + 4 * G, T, ROWS, nthreads);
     const int64_t nb = span_rows(N, nt, K / 2 + 4 * G), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one pool job per chunk */
