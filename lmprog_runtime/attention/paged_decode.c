@@ -21,11 +21,13 @@
  * SERIAL_WORK key x head pairs) run on the calling thread, no parallel region; with one part per
  * (request, head) (no prefix, every context within one chunk) a task writes its output itself,
  * no merge pass; otherwise the tasks, then the merges, run on a help-first worker pool (a
- * thread the OS has not run yet never holds the call up; see pool_run). Query rows go two at a
- * time (each key and value row read once for both), q.k 4 keys at a time (one transposed
- * reduction for the 4 sums), p.v with the accumulators in registers across a tile.
- * K/V may instead be bfloat16 (kv_bf16 = 1): each key/value row is widened to float32 exactly
- * (bf16 is the top half of a float32) before the same float32 arithmetic.
+ * thread the OS has not run yet never holds the call up; see pool_run). Query rows go three at
+ * a time (each key and value row read once for the three: a kv head's 3 query heads in
+ * SmolLM2), q.k 4 keys at a time (one transposed reduction for the 4 sums), p.v with the
+ * accumulators in registers across a tile. K/V may instead be bfloat16 (kv_bf16 = 1): the
+ * values are widened to float32 exactly (bf16 is the top half of a float32) in registers as
+ * they are read, then the same float32 arithmetic (bitwise the float32 kernel's on the widened
+ * values); a bfloat16 step reads half the bytes.
  */
 #include <math.h>
 #include <stdint.h>
@@ -33,19 +35,11 @@
 #include <string.h>
 #include <pthread.h>
 #include <sched.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #define MAX_D 512
-
-/* Row `row` of a [*, D] K or V buffer as float32: in place, or widened into buf. */
-static inline const float *kv_row(const void *base, int64_t row, int D, int bf16, float *buf) {
-    if (!bf16) return (const float *)base + row * D;
-    const uint16_t *src = (const uint16_t *)base + row * D;
-    for (int d = 0; d < D; d++) {
-        uint32_t bits = (uint32_t)src[d] << 16;
-        memcpy(buf + d, &bits, 4);
-    }
-    return buf;
-}
 
 /* exp(x) for x <= 0 (and x > -inf), branch-free so loops over it vectorize: 2^(x log2 e) as
  * 2^n * 2^f with f in [-0.5, 0.5] by a degree-6 polynomial; relative error below 2e-7. Inputs
@@ -119,17 +113,46 @@ INL void sum4(vf a, vf b, vf c, vf d, float *out) {
     out[0] = z[0], out[1] = z[2], out[2] = z[1], out[3] = z[3];
 }
 
-/* Scores of `nq` (1 or 2) query rows qs[] against the n keys kr[] -> sc[r * TILE + j]
- * (unscaled). Vector path: 4 keys x nq rows per pass, each key row loaded once for both query
- * rows (8 independent chains for 2 rows). */
-INL void tile_scores(const float *const *qs, int nq, const float *const *kr, int n, int D, float *sc) {
+/* The VW values of a K or V row from d on, as float32: the row itself (float32), or widened in
+ * registers from bfloat16 (exactly: bf16 is a float32's top half); kvf the same for one value */
+INL vf ldkv(const void *row, int d, const int bf16) {
+    if (!bf16) return ldv((const float *)row + d);
+    const uint16_t *h = (const uint16_t *)row + d;
+#if VW == 16 && defined(__AVX512F__)
+    return (vf)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)h)), 16));
+#elif VW == 8 && defined(__AVX2__)
+    return (vf)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h)), 16));
+#else
+    vf x;
+    for (int i = 0; i < VW; i++) {
+        const uint32_t bits = (uint32_t)h[i] << 16;
+        memcpy((float *)&x + i, &bits, 4);
+    }
+    return x;
+#endif
+}
+
+INL float kvf(const void *row, int d, const int bf16) {
+    if (!bf16) return ((const float *)row)[d];
+    const uint32_t bits = (uint32_t)((const uint16_t *)row)[d] << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Scores of `nq` (1 to 3) query rows qs[] against the n keys kr[] (rows of float32 or, with
+ * bf16, bfloat16 values) -> sc[r * TILE + j] (unscaled). Vector path: 4 keys x nq rows per
+ * pass, each key row loaded (and widened) once for all the rows: 12 independent chains for 3
+ * rows. A row's sums are the same whatever nq (the loops over r repeat its operations). */
+INL void tile_scores(const float *const *qs, const int nq, const void *const *kr, int n, const int D, float *sc,
+                     const int bf16) {
     int j = 0;
     if (D % VW == 0)
         for (; j + 4 <= n; j += 4) {
-            vf s[2][4] = {{{0}}};
+            vf s[3][4] = {{{0}}};
             for (int d = 0; d < D; d += VW) {
-                const vf k0 = ldv(kr[j] + d), k1 = ldv(kr[j + 1] + d), k2 = ldv(kr[j + 2] + d),
-                         k3 = ldv(kr[j + 3] + d);
+                const vf k0 = ldkv(kr[j], d, bf16), k1 = ldkv(kr[j + 1], d, bf16), k2 = ldkv(kr[j + 2], d, bf16),
+                         k3 = ldkv(kr[j + 3], d, bf16);
                 for (int r = 0; r < nq; r++) {
                     const vf x = ldv(qs[r] + d);
                     s[r][0] += x * k0, s[r][1] += x * k1, s[r][2] += x * k2, s[r][3] += x * k3;
@@ -140,33 +163,33 @@ INL void tile_scores(const float *const *qs, int nq, const float *const *kr, int
     for (; j < n; j++)
         for (int r = 0; r < nq; r++) {
             float t = 0.f;
-            for (int d = 0; d < D; d++) t += qs[r][d] * kr[j][d];
+            for (int d = 0; d < D; d++) t += qs[r][d] * kvf(kr[j], d, bf16);
             sc[r * TILE + j] = t;
         }
 }
 
-/* acc_r [D] += sum_j p_r[j] * vr[j] for the nq (1 or 2) rows (p_r = sc + r * TILE): up to 4
- * vectors of D per pass with both rows' accumulators in registers across the keys, each value
- * row loaded once for both (8 chains for 2 rows: the FMA latency hidden) */
-INL void tile_pv(float *const *acc, int nq, const float *sc, const float *const *vr, int n, int D) {
+/* acc_r [D] += sum_j p_r[j] * vr[j] for the nq (1 to 3) rows (p_r = sc + r * TILE): one vector
+ * of D per pass for 2-3 rows (4 for one), each value vector loaded (and widened) once for all
+ * the rows, the rows' accumulators in registers across the tile (up to 3 x 4 vectors). */
+INL void tile_pv(float *const *acc, const int nq, const float *sc, const void *const *vr, int n, const int D,
+                 const int bf16) {
     if (D % VW != 0) {
         for (int r = 0; r < nq; r++)
             for (int j = 0; j < n; j++)
-                for (int d = 0; d < D; d++) acc[r][d] += sc[r * TILE + j] * vr[j][d];
+                for (int d = 0; d < D; d++) acc[r][d] += sc[r * TILE + j] * kvf(vr[j], d, bf16);
         return;
     }
     for (int d0 = 0; d0 < D; d0 += 4 * VW) {
         const int nu = (D - d0) / VW < 4 ? (D - d0) / VW : 4;
-        vf a[2][4];
+        vf a[3][4];
         for (int r = 0; r < nq; r++)
             for (int u = 0; u < nu; u++) a[r][u] = ldv(acc[r] + d0 + u * VW);
         for (int j = 0; j < n; j++) {
-            const float *vj = vr[j] + d0;
-            vf vv[4];
-            for (int u = 0; u < nu; u++) vv[u] = ldv(vj + u * VW);
-            for (int r = 0; r < nq; r++) {
-                const vf p = splat(sc[r * TILE + j]);
-                for (int u = 0; u < nu; u++) a[r][u] += p * vv[u];
+            vf p[3];
+            for (int r = 0; r < nq; r++) p[r] = splat(sc[r * TILE + j]);
+            for (int u = 0; u < nu; u++) {
+                const vf vv = ldkv(vr[j], d0 + u * VW, bf16);
+                for (int r = 0; r < nq; r++) a[r][u] += p[r] * vv;
             }
         }
         for (int r = 0; r < nq; r++)
@@ -200,15 +223,17 @@ INL void tile_softmax(float *s, int n, float scale, float *mg, float *lg, float 
 
 /* Keys s0..s1 of `slots` against the G query heads of kv head kvh of nb requests; request i's
  * queries start at q + i * qstride, its part at m + i * pstride (l, acc follow). Keys are taken
- * TILE at a time (flash-attention's online softmax, per tile), the nb * G query rows two at a
+ * TILE at a time (flash-attention's online softmax, per tile), the nb * G query rows three at a
  * time: scores of the tile, each row's max and rescale, exps, then acc += p @ V over the tile,
- * each key and value row read once for the two. Inlined with D a constant for the common head
- * sizes (chunk_attend), so the loops over D unroll. */
-INL void chunk_attend_d(const float *q, int64_t qstride, int nb, const void *k, const void *v, int bf16,
+ * each key and value row read in place (bfloat16 ones widened in registers) once for the three.
+ * Inlined with D and bf16 constants for the common head sizes (chunk_attend), so the loops over
+ * D unroll. A row's float operations are the same whatever rows share its pass. */
+INL void chunk_attend_d(const float *q, int64_t qstride, int nb, const void *k, const void *v, const int bf16,
                         const int64_t *slots, int64_t s0, int64_t s1, int KV, int G, const int D, int kvh,
                         float scale, float *m, int64_t pstride, int init) {
-    float kbuf[bf16 ? TILE * D : 1], vbuf[bf16 ? TILE * D : 1], sc[2 * TILE];
-    const float *kr[TILE], *vr[TILE];
+    float sc[3 * TILE];
+    const void *kr[TILE], *vr[TILE];
+    const int64_t row_bytes = (int64_t)D * (bf16 ? 2 : 4);
     const int R = nb * G;  /* query rows: row r is request r / G, head r % G */
     for (int i = 0; init && i < nb; i++) {
         float *mi = m + i * pstride, *li = mi + G, *ai = li + G;
@@ -218,13 +243,14 @@ INL void chunk_attend_d(const float *q, int64_t qstride, int nb, const void *k, 
     for (int64_t t0 = s0; t0 < s1; t0 += TILE) {
         const int n = s1 - t0 < TILE ? (int)(s1 - t0) : TILE;
         for (int j = 0; j < n; j++) {
-            kr[j] = kv_row(k, slots[t0 + j] * KV + kvh, D, bf16, kbuf + (bf16 ? j * D : 0));
-            vr[j] = kv_row(v, slots[t0 + j] * KV + kvh, D, bf16, vbuf + (bf16 ? j * D : 0));
+            const int64_t off = (slots[t0 + j] * KV + kvh) * row_bytes;
+            kr[j] = (const char *)k + off;
+            vr[j] = (const char *)v + off;
         }
-        for (int r0 = 0; r0 < R; r0 += 2) {
-            const int nq = r0 + 1 < R ? 2 : 1;
-            const float *qs[2];
-            float *mg[2], *acc[2];
+        for (int r0 = 0; r0 < R; r0 += 3) {
+            const int nq = R - r0 < 3 ? R - r0 : 3;
+            const float *qs[3];
+            float *mg[3], *acc[3];
             for (int r = 0; r < nq; r++) {
                 const int i = (r0 + r) / G, g = (r0 + r) % G;
                 qs[r] = q + i * qstride + g * D;
@@ -232,11 +258,11 @@ INL void chunk_attend_d(const float *q, int64_t qstride, int nb, const void *k, 
                 acc[r] = m + i * pstride + 2 * G + g * D;
             }
 #define ROWS_(NQ_)                                                                         \
-            tile_scores(qs, NQ_, kr, n, D, sc);                                            \
+            tile_scores(qs, NQ_, kr, n, D, sc, bf16);                                      \
             for (int r = 0; r < NQ_; r++)                                                  \
                 tile_softmax(sc + r * TILE, n, scale, mg[r], mg[r] + G, acc[r], D);        \
-            tile_pv(acc, NQ_, sc, vr, n, D);
-            if (nq == 2) { ROWS_(2) } else { ROWS_(1) }
+            tile_pv(acc, NQ_, sc, vr, n, D, bf16);
+            if (nq == 3) { ROWS_(3) } else if (nq == 2) { ROWS_(2) } else { ROWS_(1) }
 #undef ROWS_
         }
     }
@@ -245,10 +271,14 @@ INL void chunk_attend_d(const float *q, int64_t qstride, int nb, const void *k, 
 static void chunk_attend(const float *q, int64_t qstride, int nb, const void *k, const void *v, int bf16,
                          const int64_t *slots, int64_t s0, int64_t s1, int KV, int G, int D, int kvh,
                          float scale, float *m, int64_t pstride, int init) {
-#define CA(D_) chunk_attend_d(q, qstride, nb, k, v, bf16, slots, s0, s1, KV, G, D_, kvh, scale, m, pstride, init)
-    if (D == 64) CA(64);
-    else if (D == 128) CA(128);
-    else CA(D);
+#define CA(D_, B_) chunk_attend_d(q, qstride, nb, k, v, B_, slots, s0, s1, KV, G, D_, kvh, scale, m, pstride, init)
+    if (D == 64) {
+        if (bf16) CA(64, 1); else CA(64, 0);
+    } else if (D == 128) {
+        if (bf16) CA(128, 1); else CA(128, 0);
+    } else {
+        if (bf16) CA(D, 1); else CA(D, 0);
+    }
 #undef CA
 }
 
