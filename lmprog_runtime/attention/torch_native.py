@@ -132,6 +132,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             args[1], args[2] = k0 + layer_id * step, v0 + layer_id * step
             fn(*args)
 
+        attend.c_fn, attend.c_args = fn, args  # llama_layer.py makes these calls from C (lm_layers_run)
         return attend
 
     def _init_ones(self, fb: ForwardBatch, rows, short: List[int], seq_lens: List[int], extend_lens: List[int],

@@ -3,7 +3,8 @@
  *
  *   lm_layer_head: [res += x] -> h = rms_norm(res) -> qkv = h @ Wqkv (+ bias) -> rope(q, k),
  *                  k and v written into the layer's KV slots, q to c->q
- *   (the attention backend runs in Python: one call per layer, reading q and the KV pool)
+ *   (the attention backend: one call per layer, reading q and the KV pool; lm_layers_run makes
+ *   it from C when it is the paged decode kernel, so a whole step is one C call)
  *   lm_layer_tail: o = attn @ Wo -> res += o, h = rms_norm(res) -> gu = h @ Wgate_up ->
  *                  act = silu(gate) * up -> x = act @ Wdown [-> the next layer's lm_layer_head]
  *
@@ -92,4 +93,41 @@ int lm_layer_tail(const lm_ctx *c, const lm_layer *w, const float *attn, const l
     c->silu_mul(c->gu, c->T, c->I, c->act, (int)c->nthreads);
     if (gemm(c, &w->down, c->act, c->x)) return -1;
     return next != NULL ? lm_layer_head(c, next, 0) : 0;
+}
+
+/* paged_decode.c's lm_paged_decode */
+typedef void (*paged_decode_fn)(const float *q, const void *k, const void *v, int kv_bf16, const int64_t *prefix,
+                                int64_t P, const int64_t *table, int64_t ld, const int64_t *rows,
+                                const int64_t *seq_lens, int B, int H, int KV, int D, float scale, int64_t chunk,
+                                int nthreads, float *scratch, float *out);
+
+typedef struct {      /* a step's bound lm_paged_decode arguments (PagedDecodePlan.c_args) less K and V */
+    void *fn;
+    const float *q;
+    int64_t kv_bf16;
+    const int64_t *prefix;
+    int64_t P;
+    const int64_t *table;
+    int64_t ld;
+    const int64_t *rows, *seq_lens;
+    int64_t B, H, KV, D;
+    double scale;
+    int64_t chunk, nthreads;
+    float *scratch, *out;
+} lm_attn;
+
+/* Every layer of a step whose attention is the paged decode kernel: head(0), then per layer
+ * attention over the layer's K/V and tail (which runs the next layer's head), as llama_layer.py
+ * would call them one by one; a's out [T, H * D] is the attention output each tail reads. */
+int lm_layers_run(const lm_ctx *c, const lm_layer *const *w, int64_t n, const lm_attn *a) {
+    if (n <= 0) return 0;
+    if (lm_layer_head(c, w[0], 1)) return -1;
+    const paged_decode_fn attend = (paged_decode_fn)a->fn;
+    for (int64_t i = 0; i < n; i++) {
+        attend(a->q, w[i]->k_cache, w[i]->v_cache, (int)a->kv_bf16, a->prefix, a->P, a->table, a->ld, a->rows,
+               a->seq_lens, (int)a->B, (int)a->H, (int)a->KV, (int)a->D, (float)a->scale, a->chunk,
+               (int)a->nthreads, a->scratch, a->out);
+        if (lm_layer_tail(c, w[i], a->out, i + 1 < n ? w[i + 1] : NULL)) return -1;
+    }
+    return 0;
 }

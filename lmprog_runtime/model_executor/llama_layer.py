@@ -1,6 +1,8 @@
 """The quantized Llama decode step with two C calls per layer (llama_layer.c), not ~45 ctypes and
 torch calls: per layer `lm_layer_tail(i - 1) + lm_layer_head(i)` (o, norm, gate_up, silu * up,
-down, then the next layer's norm, qkv, rope + K/V write) and one attention-backend call.
+down, then the next layer's norm, qkv, rope + K/V write) and one attention-backend call; when
+that call is the paged decode kernel (`decode_attend`) and no HiCache load-back gates the layers,
+the whole step is one C call (`lm_layers_run`: no Python between layers).
 
 Used by `LlamaForCausalLM.run_layers` when `plan(model, T)` gives a `FusedLayers`: every
 projection of every layer is a `QuantLinear` on one of lmprog's C kernels (qdot.c's int8
@@ -51,15 +53,25 @@ class _Ctx(ctypes.Structure):
                 ("table", _p), ("pos", _p), ("slots", _p)]
 
 
+class _Attn(ctypes.Structure):
+    """lm_paged_decode's arguments but K and V (PagedDecodePlan.c_args' order), for lm_layers_run"""
+    _fields_ = [("fn", _p), ("q", _p), ("kv_bf16", _i64), ("prefix", _p), ("P", _i64), ("table", _p),
+                ("ld", _i64), ("rows", _p), ("seq_lens", _p), ("B", _i64), ("H", _i64), ("KV", _i64),
+                ("D", _i64), ("scale", ctypes.c_double), ("chunk", _i64), ("nthreads", _i64), ("scratch", _p),
+                ("out", _p)]
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     lib.lm_layer_head.argtypes = [_p, _p, ctypes.c_int]
     lib.lm_layer_tail.argtypes = [_p, _p, _p, _p]
-    lib.lm_layer_head.restype = lib.lm_layer_tail.restype = ctypes.c_int
+    lib.lm_layers_run.argtypes = [_p, _p, _i64, _p]
+    lib.lm_layer_head.restype = lib.lm_layer_tail.restype = lib.lm_layers_run.restype = ctypes.c_int
 
 
 # no -march=native: this file only sequences calls (the maths is in the pointed-to builds)
 _KERNEL = native.Kernel(pathlib.Path(__file__).with_name("llama_layer.c"), ("-O2",), False, _declare)
 enabled = True  # tests and bench/one_batch.py's A/B switch the fused path off
+WHOLE_STEP = True  # lm_layers_run where it applies (tests compare it with the per-layer calls)
 # Steps of more rows run layer by layer even without a dense crossover: what the fused path saves
 # is per-call overhead, which long prefills do not notice, and its buffers are kept (<= 64 rows:
 # ~2 MB for SmolLM2-135M)
@@ -105,7 +117,9 @@ class FusedLayers:
         self.hidden, self.I = c.hidden_size, c.intermediate_size
         self.max_rows = MAX_ROWS + 1  # steps of fewer rows run fused (and below every dense_rows: _bind)
         lib = _KERNEL.lib()
-        self.head, self.tail = lib.lm_layer_head, lib.lm_layer_tail
+        self.head, self.tail, self.run_all = lib.lm_layer_head, lib.lm_layer_tail, lib.lm_layers_run
+        self.attn = _Attn()  # the step's attention arguments when lm_layers_run makes the calls
+        self.attn_ptr = ctypes.addressof(self.attn)
         self.ctx = _Ctx(norm=fused_ops.c_function_address("lm_add_rms_norm"),
                         rope_kv=_addr(decode_ops._KERNEL.lib().lm_rope_kv),
                         silu_mul=fused_ops.c_function_address("lm_silu_mul"),
@@ -155,6 +169,7 @@ class FusedLayers:
                                        q=q_ptr, s=s_ptr, bias=0 if bias is None else bias.data_ptr()))
             self.structs.append(s)
         self.ptrs = [ctypes.addressof(s) for s in self.structs]
+        self.ptr_array = (ctypes.c_void_p * len(self.ptrs))(*self.ptrs)
         self.ctx.kv_bf16 = int(pool.k.dtype == torch.bfloat16)
         self.pool, (self.dicts, self.keys) = pool, self._slots_of(pool)
         self.held = list(map(operator.getitem, self.dicts, self.keys))
@@ -208,11 +223,19 @@ class FusedLayers:
         ctypes.memmove(ctx.res, x.data_ptr(), 4 * x.numel())
         q = b["q"][:T].view(T, self.H, self.D)
         gate, ptrs, n = pool.load_gate, self.ptrs, len(self.ptrs)
+        attend = backend.decode_attend(q, b["attn"][:T].view(T, self.H, self.D))  # one C call a layer, or None
+        if attend is not None and gate is None and WHOLE_STEP:  # the whole step in one C call
+            a, args = self.attn, attend.c_args
+            a.fn = _addr(attend.c_fn)
+            (a.q, _, _, a.kv_bf16, a.prefix, a.P, a.table, a.ld, a.rows, a.seq_lens, a.B, a.H, a.KV, a.D, a.scale,
+             a.chunk, a.nthreads, a.scratch, a.out) = args
+            if self.run_all(self.ctx_ptr, self.ptr_array, n, self.attn_ptr):
+                raise MemoryError("llama_layer.c: no memory for a matmul's activation scratch")
+            return b["x"][:T], b["res"][:T]
         if gate is not None:  # HiCache's layer-wise load-backs: layer i copied before its KV is written
             gate.wait(0)
         if self.head(self.ctx_ptr, ptrs[0], 1):
             raise MemoryError("llama_layer.c: no memory for a matmul's activation scratch")
-        attend = backend.decode_attend(q, b["attn"][:T].view(T, self.H, self.D))  # one C call a layer, or None
         for i in range(n):
             if attend is not None:
                 attend(i)

@@ -135,6 +135,31 @@ def test_fused_equals_layer_by_layer_with_qkv_bias(tmp_path, monkeypatch):
     _assert_paths_equal(runner, monkeypatch, batches=(1, 4))
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bf16"])
+def test_whole_step_in_one_c_call_equals_the_per_layer_calls(tiny_model_path, kv_cache_dtype, monkeypatch):
+    """A decode step whose attention is the paged kernel runs every layer from C (lm_layers_run):
+    the same calls in the same order as the per-layer loop, so the same logits bit for bit."""
+    runner = _runner(tiny_model_path, "int4", "int8", monkeypatch, kv_cache_dtype=kv_cache_dtype)
+    prompts = _prompts(3)
+    monkeypatch.setattr(llama_layer, "WHOLE_STEP", False)
+    want, want_logits = _decode(runner, prompts, 3)
+    fused = runner.model._fused_layers
+    whole = []
+    run_all = fused.run_all
+
+    def counted(*args):
+        whole.append(args[2])
+        return run_all(*args)
+
+    monkeypatch.setattr(fused, "run_all", counted)
+    monkeypatch.setattr(llama_layer, "WHOLE_STEP", True)
+    got, got_logits = _decode(runner, prompts, 3)
+    assert whole and all(n == len(runner.model.layers) for n in whole)  # every decode step, all layers
+    assert got == want
+    for a, b in zip(got_logits, want_logits):
+        assert torch.equal(a, b), (a - b).abs().max()
+
+
 def test_hicache_load_gate_is_waited_before_each_layers_kv_write(tiny_model_path, monkeypatch):
     """HiCache's layer-wise load-backs: layer i's KV slots are written only after wait(i)."""
     runner = _runner(tiny_model_path, "int4", "int8", monkeypatch)
