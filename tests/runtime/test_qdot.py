@@ -229,7 +229,10 @@ def test_tiny_model_logits_with_int8_activations(tiny_model_path, fmt, atol, mon
 @pytest.mark.slow
 def test_smollm2_int4_int8_activations_greedy_agreement(monkeypatch):
     """The embedded GGUF's Q4_1 blocks with int8 activations against fp32 greedy (16 tokens on
-    four prompts). Reported: tokens equal to fp32 before the first difference."""
+    eight prompts). Reported: tokens equal to fp32 before the first difference. Two runs diverge
+    for good at the first near-tie they round apart (a last-bit change of attention moved
+    "Once upon a time" and "The quick brown fox" from 16 to 4 tokens: fp32's top two 0.13-0.16
+    apart), so the count is over eight prompts, half their tokens required."""
     from test_model import greedy
     from test_quant import _teacher_forced_logits
 
@@ -240,7 +243,8 @@ def test_smollm2_int4_int8_activations_greedy_agreement(monkeypatch):
     runner = ModelRunner(ServerArgs(quantization="int4", **args))
     assert runner.formats.act_dtype == torch.int8
     tok = ref.tokenizer
-    texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The quick brown fox"]
+    texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The quick brown fox",
+             "Water boils at", "import numpy as np", "The three primary colors are", "Dear Sir or Madam,"]
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     want, got = greedy(ref, prompts, 16), greedy(runner, prompts, 16)
     agree = [next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), len(w)) for g, w in zip(got, want)]
