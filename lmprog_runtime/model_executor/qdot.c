@@ -99,24 +99,24 @@ typedef struct {
     int quads;   /* int4 activations in quad order (LAYOUT_QUADS) */
 } act_t;
 
-/* The order of qx within a block pair for the int4 paths: the AVX-512 register of two
- * blocks' nibbles is [lo(g), lo(g+1), hi(g), hi(g+1)] (16 bytes each; lo(g) = inputs 0..15), the
- * AVX2 pair of registers its two halves. */
-static inline int pair_pos(int j) {
-    const int blk = j / QB, i = j % QB;
-    return (i / 16) * 32 + blk * 16 + i % 16;
-}
-
-/* The AVX2 int4 loop's order within a full quad of blocks g..g+3 (g % 4 == 0): the pairs
- * (g, g+2) then (g+1, g+3), each in pair order, so a pair's two blocks sit at the same position
- * of the two 128-bit lanes as their scales do after one float16 conversion of the quad (see
- * q4_rows_n): where block b of the quad starts its lo16 (its hi16 32 bytes later). */
-static inline int quad_base(int b) { return (b & 1) * 64 + (b >> 1) * 16; }
-
 /* Activation layouts of quantize_row */
 #define LAYOUT_NATURAL 0
 #define LAYOUT_PAIRS 1  /* full pairs in pair order */
 #define LAYOUT_QUADS 2  /* full quads in quad order, then a last full pair in pair order */
+
+/* Where block g's qx starts (its inputs 0..15, lo16; inputs 16..31, hi16, follow 32 bytes later
+ * when the block is `paired`, else right after) in a row of G blocks laid out as `layout`:
+ *   pair order (int4 paths): a full pair's 64 bytes are [lo(g), lo(g+1), hi(g), hi(g+1)], the
+ *   AVX-512 register of two blocks' nibbles, the AVX2 pair of registers its two halves;
+ *   quad order (the AVX2 int4 loop, calls of several rows): a full quad g..g+3 (g % 4 == 0) is
+ *   the pairs (g, g+2) then (g+1, g+3), each in pair order, so a pair's two blocks sit at the
+ *   same position of the two 128-bit lanes as their scales after one float16 conversion of the
+ *   quad (see q4_rows_n). */
+static inline int block_base(int g, int G, int layout, int *paired) {
+    *paired = layout != LAYOUT_NATURAL && (g | 1) < G;
+    if (layout == LAYOUT_QUADS && (g | 3) < G) return (g & ~3) * QB + (g & 1) * 64 + ((g >> 1) & 1) * 16;
+    return *paired ? (g & ~1) * QB + (g & 1) * 16 : g * QB;
+}
 
 /* Where lane i (0..7) of block g's dx goes in dxl: lanes g*8.. in natural order (int8, an odd
  * last block), or within a pair's 16 the int4 register's order [lo(g), lo(g+1), hi(g), hi(g+1)]
@@ -197,18 +197,15 @@ static void quantize_row(const float *x, int K, int layout, int biased, int8_t *
     const int G = K / QB;
     for (int g = 0; g < G; g++) {
         const float *xg = x + g * QB;
-        const int quad = layout == LAYOUT_QUADS && (g | 3) < G;
-        const int paired = layout != LAYOUT_NATURAL && (g | 1) < G;
+        int paired;
+        const int base = block_base(g, G, layout, &paired);
         float d;
         int sum = 0;
 #if defined(QUANT_VEC)
         __m128i lo16, hi16;
         d = quantize_block(xg, biased ? 0x80 : 0, &lo16, &hi16, &sum);
-        /* pair order: [lo(g), lo(g+1), hi(g), hi(g+1)] over the pair's 64 bytes (see pair_pos) */
-        int8_t *base = quad ? qx + (g & ~3) * QB + quad_base(g & 3)
-                            : paired ? qx + (g & ~1) * QB + (g & 1) * 16 : qx + g * QB;
-        _mm_storeu_si128((__m128i *)base, lo16);
-        _mm_storeu_si128((__m128i *)(base + (paired ? 32 : 16)), hi16);
+        _mm_storeu_si128((__m128i *)(qx + base), lo16);
+        _mm_storeu_si128((__m128i *)(qx + base + (paired ? 32 : 16)), hi16);
 #else
         float amax = 0.f;
         int finite = 1;
@@ -227,9 +224,7 @@ static void quantize_row(const float *x, int K, int layout, int biased, int8_t *
             sum += q[j];
         }
         for (int j = 0; j < QB; j++) {
-            const int pos = quad ? (g & ~3) * QB + quad_base(g & 3) + (j / 16) * 32 + j % 16
-                            : paired ? (g & ~1) * QB + pair_pos((g & 1) * QB + j) : g * QB + j;
-            qx[pos] = (int8_t)(biased ? q[j] ^ 0x80 : q[j]);
+            qx[base + (j / 16) * (paired ? 32 : 16) + j % 16] = (int8_t)(biased ? q[j] ^ 0x80 : q[j]);
         }
 #endif
         aux[2 * g] = d;
@@ -352,20 +347,21 @@ INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, cons
 
 /* Blocks g, g+1 as two registers, values 0..15: *lo = [lo(g), lo(g+1)] (inputs 0..15 of each),
  * *hi = [hi(g), hi(g+1)] (inputs 16..31): one load and three operations for the pair, matching
- * the activations' pair order (pair_pos: the AVX-512 register's 64 bytes as two halves). */
-INL void q4_unpack_pair(const uint8_t *qn, int g, __m256i *lo, __m256i *hi) {
-    const __m256i b = _mm256_loadu_si256((const __m256i *)(qn + g * 16)), m = _mm256_set1_epi8(15);
+ * the activations' pair order (block_base: the AVX-512 register's 64 bytes as two halves). */
+INL void q4_split(__m256i b, __m256i *lo, __m256i *hi) {
+    const __m256i m = _mm256_set1_epi8(15);
     *lo = _mm256_and_si256(b, m);
     *hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
+}
+
+INL void q4_unpack_pair(const uint8_t *qn, int g, __m256i *lo, __m256i *hi) {
+    q4_split(_mm256_loadu_si256((const __m256i *)(qn + g * 16)), lo, hi);
 }
 
 /* Blocks g and g+2 as a pair (the quad order's first pair; g+1 and g+3 its second): two 16-byte
  * loads into the two lanes, then the same three operations */
 INL void q4_unpack_apart(const uint8_t *qn, int g, __m256i *lo, __m256i *hi) {
-    const __m256i b = _mm256_loadu2_m128i((const __m128i *)(qn + (g + 2) * 16), (const __m128i *)(qn + g * 16));
-    const __m256i m = _mm256_set1_epi8(15);
-    *lo = _mm256_and_si256(b, m);
-    *hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
+    q4_split(_mm256_loadu2_m128i((const __m128i *)(qn + (g + 2) * 16), (const __m128i *)(qn + g * 16)), lo, hi);
 }
 
 /* A pair's exact integer dots with one row's pair-ordered activations xp [64]: lanes 0..3 sum
@@ -639,9 +635,9 @@ _Static_assert(QR == 4 && (Q8R == 4 || Q8R == 8), "SPAN_CASES / SPAN_CASES8 spel
 #endif
 /* ---- entry points --------------------------------------------------------------------------- */
 #if defined(LM_QDOT_512)
-#define Q4_LAYOUT LAYOUT_PAIRS  /* int4-weight activations in pair order (see pair_pos) */
+#define Q4_LAYOUT LAYOUT_PAIRS  /* int4-weight activations in pair order (see block_base) */
 #elif defined(LM_QDOT_256)
-#define Q4_LAYOUT LAYOUT_QUADS  /* in quad order (see quad_base) */
+#define Q4_LAYOUT LAYOUT_QUADS  /* in quad order (see block_base) */
 #else
 #define Q4_LAYOUT LAYOUT_NATURAL
 #endif
