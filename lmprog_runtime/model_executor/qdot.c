@@ -719,6 +719,30 @@ static int64_t span_rows(int64_t N, int nthreads, int64_t row_bytes) {
 #ifndef SERIAL_BYTES
 #define SERIAL_BYTES 65536 /* weight bytes x row blocks under which the calling thread does it all */
 #endif
+#define PREFETCH_MAX_T 2    /* calls of up to this many rows prefetch (more rows: compute-bound) */
+static int prefetch_bytes = 3072; /* how far ahead a span's weight rows are prefetched (0: not at all) */
+
+/* Set prefetch_bytes (bench/ab_decode_step.py --prefetch compares settings); returns the old value. */
+int lm_qdot_set_prefetch(int bytes) {
+    const int old = prefetch_bytes;
+    prefetch_bytes = bytes < 0 ? 0 : bytes;
+    return old;
+}
+
+/* Weight rows to prefetch ahead of the one being multiplied, for calls of T rows whose rows hold
+ * row_bytes of weights (and scales) each: at one or two activation rows a call streams its
+ * weights from memory with little compute per byte, and the hardware prefetchers, which stop at
+ * each 4 KB page and restart at each span, leave both cores waiting on misses; explicit
+ * non-temporal prefetches a few KB ahead (measured: 2-8 KB alike) keep the loads in flight. */
+static int64_t prefetch_rows(int T, int64_t row_bytes) {
+    return prefetch_bytes > 0 && T <= PREFETCH_MAX_T ? (prefetch_bytes + row_bytes - 1) / row_bytes : 0;
+}
+
+/* every cache line of p [0, n) toward L1, not to be kept (weights are read once a step) */
+static inline void prefetch_span(const void *p, int64_t n) {
+    for (int64_t o = 0; o < n; o += 64) __builtin_prefetch((const char *)p + o, 0, 0);
+}
+
 /* Threads for a call: one (no pool job to publish and wake workers for) when its weights x row
  * blocks are under SERIAL_BYTES, else nthreads.
  * Either way each row's float order is the same (the spans only split the weight rows). */
@@ -729,13 +753,17 @@ static int threads_for(int64_t N, int64_t row_bytes, int T, int rows, int nthrea
 
 /* weight rows n0..n1 (int4) x activation rows t..t+nr-1 -> y [T, N] */
 static void q4_span(const act_t *a, int t, int nr, int K, const uint8_t *q, const uint16_t *sz, int64_t n0,
-                    int64_t n1, int64_t N, float *y) {
+                    int64_t n1, int64_t N, float *y, int64_t ahead) {
     const int G = K / QB;
     const int8_t *x = a->qx + (int64_t)t * K;
     const float *at = a->aux + (int64_t)t * 2 * G, *l = DXL ? a->dxl + (int64_t)t * (K / 4) : NULL;
 #define Q4_CALLQ(R_, Q_)                                                                  \
     for (int64_t n = n0; n < n1; n++) {                                                   \
         float res[QR];                                                                    \
+        if (ahead && n + ahead < N) {                                                     \
+            prefetch_span(q + (n + ahead) * (K / 2), K / 2);                              \
+            prefetch_span(sz + (n + ahead) * 2 * G, 4 * G);                               \
+        }                                                                                 \
         q4_rows_n(q + n * (K / 2), sz + n * 2 * G, x, at, l, K, G, R_, Q_, res);          \
         for (int r = 0; r < R_; r++) y[(int64_t)(t + r) * N + n] = res[r];                \
     }
@@ -753,13 +781,14 @@ static void q4_span(const act_t *a, int t, int nr, int K, const uint8_t *q, cons
 
 /* weight rows n0..n1 (int8, scale [N]) x activation rows t..t+nr-1 -> y [T, N] */
 static void q8_span(const act_t *a, int t, int nr, int K, const int8_t *q, const float *scale, int64_t n0,
-                    int64_t n1, int64_t N, float *y) {
+                    int64_t n1, int64_t N, float *y, int64_t ahead) {
     const int G = K / QB;
     const int8_t *x = a->qx + (int64_t)t * K;
     const float *at = a->aux + (int64_t)t * 2 * G, *l = DXL ? a->dxl + (int64_t)t * (K / 4) : NULL;
 #define Q8_CALL(R_)                                                                       \
     for (int64_t n = n0; n < n1; n++) {                                                   \
         float res[Q8R];                                                                   \
+        if (ahead && n + ahead < N) prefetch_span(q + (n + ahead) * K, K);                \
         q8_rows_n(q + n * K, x, at, l, K, G, R_, res);                                 \
         for (int r = 0; r < R_; r++) y[(int64_t)(t + r) * N + n] = scale[n] * res[r];     \
     }
@@ -774,20 +803,23 @@ typedef struct {
     const void *q, *scales;
     int64_t nb, N;
     float *y;
+    int64_t ahead;  /* weight rows prefetched ahead (prefetch_rows) */
 } pass_t;
 
 static void q4_pass_span(const void *c, int64_t sp) {
     const pass_t *p = c;
     const int64_t n0 = sp * p->nb, n1 = n0 + p->nb < p->N ? n0 + p->nb : p->N;
     for (int t = p->t0; t < p->t1; t += ROWS)
-        q4_span(p->a, t, p->t1 - t < ROWS ? p->t1 - t : ROWS, p->K, p->q, p->scales, n0, n1, p->N, p->y);
+        q4_span(p->a, t, p->t1 - t < ROWS ? p->t1 - t : ROWS, p->K, p->q, p->scales, n0, n1, p->N, p->y,
+                p->ahead);
 }
 
 static void q8_pass_span(const void *c, int64_t sp) {
     const pass_t *p = c;
     const int64_t n0 = sp * p->nb, n1 = n0 + p->nb < p->N ? n0 + p->nb : p->N;
     for (int t = p->t0; t < p->t1; t += ROWS8)
-        q8_span(p->a, t, p->t1 - t < ROWS8 ? p->t1 - t : ROWS8, p->K, p->q, p->scales, n0, n1, p->N, p->y);
+        q8_span(p->a, t, p->t1 - t < ROWS8 ? p->t1 - t : ROWS8, p->K, p->q, p->scales, n0, n1, p->N, p->y,
+                p->ahead);
 }
 
 /* x float32 [T, K], q uint8 [N, K/2] (qgemm.c's nibble order), sz float16 [N, K/32, 2] (s, m)
@@ -806,7 +838,8 @@ int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t 
     const int nt = threads_for(N, K / 2 + 4 * G, T, ROWS, nthreads);
     const int64_t nb = span_rows(N, nt, K / 2 + 4 * G), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one pool job per chunk */
-        const pass_t p = {&a, t0, t0 + T_CHUNK < T ? t0 + T_CHUNK : T, K, q, sz, nb, N, y};
+        const pass_t p = {&a, t0, t0 + T_CHUNK < T ? t0 + T_CHUNK : T, K, q, sz, nb, N, y,
+                          prefetch_rows(T, K / 2 + 4 * G)};
         pool_run(q4_pass_span, &p, spans, nt);
     }
     act_free(&a);
@@ -823,7 +856,8 @@ int lm_q8x8_gemm(const float *x, int T, int K, const int8_t *q, const float *sca
     const int nt = threads_for(N, K, T, ROWS8, nthreads);
     const int64_t nb = span_rows(N, nt, K), spans = (N + nb - 1) / nb;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {
-        const pass_t p = {&a, t0, t0 + T_CHUNK < T ? t0 + T_CHUNK : T, K, q, scale, nb, N, y};
+        const pass_t p = {&a, t0, t0 + T_CHUNK < T ? t0 + T_CHUNK : T, K, q, scale, nb, N, y,
+                          prefetch_rows(T, K)};
         pool_run(q8_pass_span, &p, spans, nt);
     }
     act_free(&a);

@@ -40,6 +40,7 @@ def _declare_dot(lib: ctypes.CDLL) -> None:
         getattr(lib, name).argtypes = [p, i32, i32, p, p, i64, p, i32]
         getattr(lib, name).restype = ctypes.c_int
     lib.lm_qdot_isa.argtypes, lib.lm_qdot_isa.restype = [], ctypes.c_int
+    lib.lm_qdot_set_prefetch.argtypes, lib.lm_qdot_set_prefetch.restype = [i32], ctypes.c_int
 
 
 _HERE = pathlib.Path(__file__).parent
@@ -75,6 +76,12 @@ def dot_library():
 def dot_isa(variant: str = "native") -> int:
     """512 (AVX-512 VNNI), 256 (AVX2 / AVX-VNNI) or 0 (portable C): the inner loop `variant` got."""
     return _DOT[variant].lib().lm_qdot_isa()
+
+
+def set_prefetch(nbytes: int, variant: str = "native") -> int:
+    """How far ahead (bytes) qdot.c's calls of one or two rows prefetch their weights (0: off);
+    returns the previous setting. For benchmarks: the default is the measured one."""
+    return _DOT[variant].lib().lm_qdot_set_prefetch(nbytes)
 
 
 def q8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

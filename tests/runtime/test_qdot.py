@@ -132,6 +132,25 @@ def test_results_ignore_the_thread_count(fmt):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_prefetching_changes_no_bit(variant, fmt):
+    """Calls of one or two rows prefetch their weights ahead (any distance, off, or past the
+    matrix's end): the same outputs."""
+    bufs, _ = weights(fmt, 300, 576, seed=3)
+    x = torch.randn(3, 576)
+    before = qgemm.set_prefetch(0, variant)
+    try:
+        off = [qgemm.dot_matmul(fmt, x[:T], *bufs, variant=variant) for T in (1, 2, 3)]
+        for nbytes in (64, 3072, 1 << 20):
+            qgemm.set_prefetch(nbytes, variant)
+            for T, want in zip((1, 2, 3), off):
+                assert torch.equal(qgemm.dot_matmul(fmt, x[:T], *bufs, variant=variant), want), (nbytes, T)
+    finally:
+        qgemm.set_prefetch(before, variant)
+    assert before == 3072
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
 def test_non_finite_inputs_poison_their_row_only(variant, fmt):
     bufs, _ = weights(fmt, 40, 96, seed=3)
     x = torch.randn(3, 96)
