@@ -35,6 +35,28 @@ from lmprog_runtime.model_executor.quant import QuantLinear
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
+# Registrations of modules, parameters and buffers anywhere in the process (torch's global
+# registration hooks: every `module.name = ...` of a module, parameter or buffer, add_module,
+# register_buffer / register_parameter). A FusedLayers whose last check saw the current count
+# knows nothing it points into was replaced since, without re-reading ~630 dict entries a step
+# (which, on caches the step's weights have just streamed through, cost ~4% of a batch-1 step).
+_registrations = [0]
+
+
+def _count_registration(module, name, value) -> None:
+    _registrations[0] += 1  # returns None: the value is registered unchanged
+
+
+_watching: list = []
+
+
+def _watch_registrations() -> None:
+    if not _watching:
+        mm = torch.nn.modules.module
+        _watching.extend(hook(_count_registration) for hook in (
+            mm.register_module_module_registration_hook, mm.register_module_parameter_registration_hook,
+            mm.register_module_buffer_registration_hook))
+
 
 class _Gemm(ctypes.Structure):
     _fields_ = [("fn", _p), ("status", _i64), ("K", _i64), ("N", _i64), ("q", _p), ("s", _p), ("bias", _p)]
@@ -131,6 +153,8 @@ class FusedLayers:
         self.structs: List[_Layer] = []
         self.pool, self.dicts, self.keys = None, [], []
         self.held: list = []  # the objects whose pointers the structs hold (identity-checked per forward)
+        self.checked = -1  # _registrations[0] when `held` last matched the model (bound's fast path)
+        _watch_registrations()
 
     # -- binding --
     def _slots_of(self, pool) -> tuple:
@@ -173,12 +197,25 @@ class FusedLayers:
         self.ctx.kv_bf16 = int(pool.k.dtype == torch.bfloat16)
         self.pool, (self.dicts, self.keys) = pool, self._slots_of(pool)
         self.held = list(map(operator.getitem, self.dicts, self.keys))
+        self.checked = _registrations[0]
 
     def bound(self, pool) -> bool:
         """Whether every module and tensor the structs point into is still the object bound (the
-        check QuantLinear makes per call, here ~630 identity tests per step, run in C by map)."""
-        return (pool is self.pool and len(self.layer_list) == len(self.layers)
-                and all(map(operator.is_, map(operator.getitem, self.dicts, self.keys), self.held)))
+        check QuantLinear makes per call): with no registration since the last check, only the
+        pool's K / V (replaced by release / allocate, which registers nothing); else ~630
+        identity tests, run in C by map."""
+        if pool is not self.pool or len(self.layer_list) != len(self.layers):
+            return False
+        held = self.held
+        if pool.k is not held[0] or pool.v is not held[1]:
+            return False
+        seen = _registrations[0]
+        if seen == self.checked:
+            return True
+        if not all(map(operator.is_, map(operator.getitem, self.dicts, self.keys), held)):
+            return False
+        self.checked = seen
+        return True
 
     def rebind(self, model, pool) -> bool:
         """Bind the model's current layers and pool; False (nothing bound) when they no longer fuse."""

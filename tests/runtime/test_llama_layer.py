@@ -204,6 +204,28 @@ def test_replaced_modules_and_buffers_rebind(tiny_model_path, monkeypatch):
     assert calls == [] and runner.model._fused_layers is False
 
 
+def test_binding_check_reads_the_model_only_after_a_registration(tiny_model_path, monkeypatch):
+    """Steps register nothing, so `bound` skips its ~630 identity tests; any registration (here a
+    module made elsewhere) makes the next step run them; a KV pool re-allocated (release_memory /
+    resume_memory: no registration) rebinds by the pool's own tensors."""
+    runner = _runner(tiny_model_path, "int8", "int8", monkeypatch)
+    prompts = _prompts(2)
+    before = _decode(runner, prompts, 2)[0]
+    fused, count = runner.model._fused_layers, llama_layer._registrations[0]
+    assert fused.checked == count
+    full = []
+    monkeypatch.setattr(llama_layer.operator, "getitem", lambda d, k: full.append(k) or d[k])
+    assert _decode(runner, prompts, 2)[0] == before and full == []
+    assert llama_layer._registrations[0] == count  # a step registers nothing
+    torch.nn.Linear(2, 2)
+    assert _decode(runner, prompts, 1)[0] == [o[:1] for o in before] and len(full) == len(fused.keys)
+    runner.release_memory(weights=False, kv_cache=True)
+    runner.resume_memory(weights=False, kv_cache=True)
+    assert _decode(runner, prompts, 2)[0] == before
+    pool = runner.token_to_kv_pool
+    assert [s.k_cache for s in fused.structs] == [pool.k[i].data_ptr() for i in range(len(fused.structs))]
+
+
 def test_steps_at_dense_rows_run_layer_by_layer(tiny_model_path, monkeypatch):
     runner = _runner(tiny_model_path, "int8", "int8", monkeypatch, dense_rows_at=4)
     assert runner.formats.dense_rows == 4
