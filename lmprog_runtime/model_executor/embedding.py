@@ -39,7 +39,7 @@ def final_hidden_states(model, input_ids: List[int], device) -> torch.Tensor:
     cos_sin = table[torch.arange(len(input_ids), device=device)].to(x.dtype)  # [T, 2, D]
     cos, sin = cos_sin[:, 0:1], cos_sin[:, 1:2]
     attention = DenseCausalAttention()
-    x, residual = model.run_layers(x, cos, sin, None, attention)
+    x, residual, _ = model.run_layers(x, cos, sin, None, attention)
     return model.norm(x, residual=residual)[0].float()
 
 

@@ -27,6 +27,7 @@ class ForwardBatch:
     req_to_token: torch.Tensor  # [max_reqs, max_context] int64 (the ReqToTokenPool table)
     # Rows of the flat token axis whose logits are wanted (default: each request's last token).
     logits_indices: Optional[torch.Tensor] = None  # [L] int64
+    logits_all_rows: bool = False  # logits_indices is every row in order (decode and verify steps)
     # Host copies, so backends need no device sync to loop over requests.
     seq_lens_cpu: List[int] = field(default_factory=list)
     extend_lens_cpu: List[int] = field(default_factory=list)

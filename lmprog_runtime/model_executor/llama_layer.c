@@ -4,7 +4,8 @@
  *   lm_layer_head: [res += x] -> h = rms_norm(res) -> qkv = h @ Wqkv (+ bias) -> rope(q, k),
  *                  k and v written into the layer's KV slots, q to c->q
  *   (the attention backend: one call per layer, reading q and the KV pool; lm_layers_run makes
- *   it from C when it is the paged decode kernel, so a whole step is one C call)
+ *   it from C when it is the paged decode kernel, so a whole step is one C call, and with an
+ *   lm_final it also makes the logits: rms_norm(res + x) @ Whead, when every row wants them)
  *   lm_layer_tail: o = attn @ Wo -> res += o, h = rms_norm(res) -> gu = h @ Wgate_up ->
  *                  act = silu(gate) * up -> x = act @ Wdown [-> the next layer's lm_layer_head]
  *
@@ -116,10 +117,19 @@ typedef struct {      /* a step's bound lm_paged_decode arguments (PagedDecodePl
     float *scratch, *out;
 } lm_attn;
 
+typedef struct {      /* the model's last norm and logits head, for steps wanting every row's logits */
+    lm_gemm head;     /* [vocab, hidden] */
+    const float *norm;  /* [hidden] */
+    double eps;
+    float *logits;    /* [T, vocab] */
+} lm_final;
+
 /* Every layer of a step whose attention is the paged decode kernel: head(0), then per layer
  * attention over the layer's K/V and tail (which runs the next layer's head), as llama_layer.py
- * would call them one by one; a's out [T, H * D] is the attention output each tail reads. */
-int lm_layers_run(const lm_ctx *c, const lm_layer *const *w, int64_t n, const lm_attn *a) {
+ * would call them one by one; a's out [T, H * D] is the attention output each tail reads.
+ * f (or NULL): then logits = rms_norm(res + x) @ head, the calls the model's norm and head
+ * would make (res takes the sum in place, as each layer's norm does). */
+int lm_layers_run(const lm_ctx *c, const lm_layer *const *w, int64_t n, const lm_attn *a, const lm_final *f) {
     if (n <= 0) return 0;
     if (lm_layer_head(c, w[0], 1)) return -1;
     const paged_decode_fn attend = (paged_decode_fn)a->fn;
@@ -128,6 +138,10 @@ int lm_layers_run(const lm_ctx *c, const lm_layer *const *w, int64_t n, const lm
                a->seq_lens, (int)a->B, (int)a->H, (int)a->KV, (int)a->D, (float)a->scale, a->chunk,
                (int)a->nthreads, a->scratch, a->out);
         if (lm_layer_tail(c, w[i], a->out, i + 1 < n ? w[i + 1] : NULL)) return -1;
+    }
+    if (f != NULL) {
+        c->norm(c->x, c->res, c->res, f->norm, c->h, c->T, c->hidden, (float)f->eps, (int)c->nthreads);
+        if (gemm(c, &f->head, c->h, f->logits)) return -1;
     }
     return 0;
 }

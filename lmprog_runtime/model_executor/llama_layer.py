@@ -83,10 +83,15 @@ class _Attn(ctypes.Structure):
                 ("out", _p)]
 
 
+class _Final(ctypes.Structure):
+    """The model's last norm and logits head (lm_final), for steps wanting every row's logits"""
+    _fields_ = [("head", _Gemm), ("norm", _p), ("eps", ctypes.c_double), ("logits", _p)]
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     lib.lm_layer_head.argtypes = [_p, _p, ctypes.c_int]
     lib.lm_layer_tail.argtypes = [_p, _p, _p, _p]
-    lib.lm_layers_run.argtypes = [_p, _p, _i64, _p]
+    lib.lm_layers_run.argtypes = [_p, _p, _i64, _p, _p]
     lib.lm_layer_head.restype = lib.lm_layer_tail.restype = lib.lm_layers_run.restype = ctypes.c_int
 
 
@@ -111,6 +116,18 @@ def _addr(fn) -> int:
 
 def _projections(layer) -> tuple:
     return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
+
+
+def head_fusable(norm, head, T: int) -> bool:
+    """Whether a whole step of T rows may end with the model's norm and logits head in C
+    (lm_final): a QuantLinear on a C kernel below its dense crossover, float32 norm and bias."""
+    if not (isinstance(head, QuantLinear) and head._c_kernel is not None):
+        return False
+    if head.dense_rows is not None and T >= head.dense_rows:
+        return False
+    bias, w = head._buffers["bias"], norm.weight
+    return ((bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+            and w.dtype == torch.float32 and w.is_contiguous() and w.device.type == "cpu")
 
 
 def _fusable(model) -> bool:
@@ -154,6 +171,8 @@ class FusedLayers:
         self.pool, self.dicts, self.keys = None, [], []
         self.held: list = []  # the objects whose pointers the structs hold (identity-checked per forward)
         self.checked = -1  # _registrations[0] when `held` last matched the model (bound's fast path)
+        self.final, self.final_of = _Final(), None  # the bound lm_final and (norm, head, _registrations[0])
+        self.final_ptr = ctypes.addressof(self.final)
         _watch_registrations()
 
     # -- binding --
@@ -224,6 +243,14 @@ class FusedLayers:
         self._bind(pool)
         return True
 
+    def _bind_final(self, norm, head) -> None:
+        _, _, _, fn, K, N, q_ptr, s_ptr = head._bind_c()
+        bias = head._buffers["bias"]
+        self.final.head = _Gemm(fn=_addr(fn), status=int(head._c_kernel.endswith("x8")), K=K, N=N, q=q_ptr,
+                                s=s_ptr, bias=0 if bias is None else bias.data_ptr())
+        self.final.norm, self.final.eps = norm.weight.data_ptr(), norm.eps
+        self.final_of = (norm, head, _registrations[0])
+
     def _reserve(self, T: int) -> None:
         """Activation buffers for T rows (grown to the largest T seen; rows [:T] used)."""
         if T <= self.capacity:
@@ -239,13 +266,16 @@ class FusedLayers:
         self.capacity = cap
 
     # -- the step --
-    def run(self, x: torch.Tensor, fb, backend, rope_table: torch.Tensor):
-        """x [T, hidden] float32 (the embeddings) -> (last layer's mlp out, residual) [T, hidden]
-        each, views of this object's buffers, valid until the next call."""
+    def run(self, x: torch.Tensor, fb, backend, rope_table: torch.Tensor, final=None):
+        """x [T, hidden] float32 (the embeddings) -> (last layer's mlp out, residual, None)
+        [T, hidden] each, views of this object's buffers, valid until the next call. `final`:
+        (the model's norm, its logits head) where every row wants logits and `head_fusable`:
+        when the step runs in one C call, that call makes them too -> (None, None, logits
+        [T, vocab] float32), the bits the model's norm and head give."""
         with self.lock:
-            return self._run(x, fb, backend, rope_table)
+            return self._run(x, fb, backend, rope_table, final)
 
-    def _run(self, x: torch.Tensor, fb, backend, rope_table: torch.Tensor):
+    def _run(self, x: torch.Tensor, fb, backend, rope_table: torch.Tensor, final=None):
         T, pool = x.shape[0], backend.kv_pool
         assert pool is self.pool, "plan() binds the pool the step uses"
         self._reserve(T)
@@ -266,9 +296,16 @@ class FusedLayers:
             a.fn = _addr(attend.c_fn)
             (a.q, _, _, a.kv_bf16, a.prefix, a.P, a.table, a.ld, a.rows, a.seq_lens, a.B, a.H, a.KV, a.D, a.scale,
              a.chunk, a.nthreads, a.scratch, a.out) = args
-            if self.run_all(self.ctx_ptr, self.ptr_array, n, self.attn_ptr):
+            logits, f_ptr = None, None
+            if final is not None:
+                fo = self.final_of
+                if fo is None or fo[0] is not final[0] or fo[1] is not final[1] or fo[2] != _registrations[0]:
+                    self._bind_final(*final)
+                logits = torch.empty(T, self.final.head.N, dtype=torch.float32)
+                self.final.logits, f_ptr = logits.data_ptr(), self.final_ptr
+            if self.run_all(self.ctx_ptr, self.ptr_array, n, self.attn_ptr, f_ptr):
                 raise MemoryError("llama_layer.c: no memory for a matmul's activation scratch")
-            return b["x"][:T], b["res"][:T]
+            return (None, None, logits) if logits is not None else (b["x"][:T], b["res"][:T], None)
         if gate is not None:  # HiCache's layer-wise load-backs: layer i copied before its KV is written
             gate.wait(0)
         if self.head(self.ctx_ptr, ptrs[0], 1):
@@ -286,7 +323,7 @@ class FusedLayers:
                 gate.wait(i + 1)
             if self.tail(self.ctx_ptr, ptrs[i], out.data_ptr(), nxt):
                 raise MemoryError("llama_layer.c: no memory for a matmul's activation scratch")
-        return b["x"][:T], b["res"][:T]
+        return b["x"][:T], b["res"][:T], None
 
 
 def plan(model, T: int) -> Optional[FusedLayers]:

@@ -214,28 +214,38 @@ class LlamaForCausalLM(nn.Module):
             rope_table = None
             cos_sin = self.rope_table[forward_batch.positions].to(x.dtype)  # [T, 2, D]
             cos, sin = cos_sin[:, 0:1], cos_sin[:, 1:2]  # [T, 1, D]
-        x, residual = self.run_layers(x, cos, sin, forward_batch, self.attn_backend, rope_table)
-        rows = forward_batch.logits_indices
-        if rows is None:
-            rows = forward_batch.last_token_indices()
-        x, _ = self.norm(x[rows], residual=residual[rows])  # [L, hidden]
+        rows, T = forward_batch.logits_indices, x.shape[0]
+        # every row wants logits: decode and verify steps (the scheduler says so for its index list)
+        all_rows = forward_batch.logits_all_rows if rows is not None else forward_batch.seq_lens.shape[0] == T
+        final = (self.norm, self.quant_head) if all_rows and self.quant_head is not None else None
+        x, residual, logits = self.run_layers(x, cos, sin, forward_batch, self.attn_backend, rope_table, final)
+        if logits is not None:  # the whole step in C made them (llama_layer.FusedLayers.run)
+            return logits
+        if not all_rows:
+            rows = forward_batch.last_token_indices() if rows is None else rows
+            x, residual = x[rows], residual[rows]
+        x, _ = self.norm(x, residual=residual)  # [L, hidden]
         if self.quant_head is not None:
             return self.quant_head(x).float()  # [L, vocab]
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, head).float()  # [L, vocab]
 
-    def run_layers(self, x, cos, sin, forward_batch, attn_backend, rope_table=None):
-        """Every decoder layer: (last layer's mlp out, residual) [T, hidden] each; the hidden
-        state is their sum (left to the final norm, which adds them). A quantized decode step
-        runs as two C calls per layer where llama_layer.plan allows (same bits, less Python)."""
+    def run_layers(self, x, cos, sin, forward_batch, attn_backend, rope_table=None, final=None):
+        """Every decoder layer: (last layer's mlp out, residual, None) [T, hidden] each; the
+        hidden state is their sum (left to the final norm, which adds them). A quantized decode
+        step runs as two C calls per layer where llama_layer.plan allows (same bits, less
+        Python); `final` = (norm, head) where every row wants logits: a step run as one C call
+        then returns (None, None, logits) instead (the same bits as norm and head here)."""
         if rope_table is not None:  # fused_decode_ok held: float32 on the CPU, positions in range
             fused = llama_layer.plan(self, x.shape[0])
             if fused is not None:
-                return fused.run(x, forward_batch, attn_backend, rope_table)
+                if final is not None and not llama_layer.head_fusable(*final, x.shape[0]):
+                    final = None
+                return fused.run(x, forward_batch, attn_backend, rope_table, final)
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, cos, sin, forward_batch, attn_backend, rope_table)
-        return x, residual
+        return x, residual, None
 
     # -- weights: HF names in, fused parameters out --
     _FUSED = {  # HF suffix -> (our parameter suffix, shard index)

@@ -120,6 +120,7 @@ def build_forward_batch(plan: StepPlan, runner) -> ForwardBatch:
         extend_lens=torch.tensor(extend_lens, dtype=torch.int64, device=device),
         req_to_token=runner.req_to_token_pool.table,
         logits_indices=torch.tensor(logit_rows, dtype=torch.int64, device=device),
+        logits_all_rows=len(logit_rows) == offset and logit_rows == list(range(offset)),
         seq_lens_cpu=seq_lens,
         extend_lens_cpu=extend_lens,
         tree_masks=tree_masks,

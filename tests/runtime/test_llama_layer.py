@@ -137,8 +137,9 @@ def test_fused_equals_layer_by_layer_with_qkv_bias(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "bf16"])
 def test_whole_step_in_one_c_call_equals_the_per_layer_calls(tiny_model_path, kv_cache_dtype, monkeypatch):
-    """A decode step whose attention is the paged kernel runs every layer from C (lm_layers_run):
-    the same calls in the same order as the per-layer loop, so the same logits bit for bit."""
+    """A decode step whose attention is the paged kernel runs every layer from C (lm_layers_run),
+    and its last norm and logits head too (every row wants logits): the same calls in the same
+    order as the per-layer loop and the model's norm and head, so the same logits bit for bit."""
     runner = _runner(tiny_model_path, "int4", "int8", monkeypatch, kv_cache_dtype=kv_cache_dtype)
     prompts = _prompts(3)
     monkeypatch.setattr(llama_layer, "WHOLE_STEP", False)
@@ -155,6 +156,7 @@ def test_whole_step_in_one_c_call_equals_the_per_layer_calls(tiny_model_path, kv
     monkeypatch.setattr(llama_layer, "WHOLE_STEP", True)
     got, got_logits = _decode(runner, prompts, 3)
     assert whole and all(n == len(runner.model.layers) for n in whole)  # every decode step, all layers
+    assert fused.final_of is not None and fused.final_of[1] is runner.model.quant_head
     assert got == want
     for a, b in zip(got_logits, want_logits):
         assert torch.equal(a, b), (a - b).abs().max()
