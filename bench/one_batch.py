@@ -4,8 +4,11 @@ Measures the machine first (matmul peak in fp32/bf16, memory-copy and read-only 
 prefill tokens/s for one prompt and decode tokens/s at several batch sizes through
 `ModelRunner.forward`, and relates them to the machine:
 - prefill as % of matmul peak (FLOPs ~ 2 x params x tokens + attention),
-- each decode step vs its floor "bytes of weights that step reads / read bandwidth" (with
-  `--quantization`, small batches read the packed weights, large ones the kept dense copy),
+- each decode step (the median of --steps steps, the ForwardBatch built outside the timing) vs
+  its floor "bytes of weights the step reads / memory-copy bandwidth" (issue #19's definition;
+  with `--quantization`, small batches read the packed weights, large ones the kept dense copy),
+  and vs the floor that adds the K/V the step attends over (batch x cached tokens x layers x
+  K and V rows),
 - the batch-32 / batch-1 decode throughput ratio.
 
     python bench/one_batch.py --dtype float32 --batch-sizes 1 8 32 64 --input-len 512 --output-len 16
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -55,6 +59,8 @@ def best_time(fn, reps: int = 3) -> float:
 
 
 def matmul_gflops(dtype: torch.dtype, n: int = 2048) -> float:
+    if dtype == torch.bfloat16 and DEVICE.type == "cpu" and not {"avx512_bf16", "amx_bf16"} & set(cpu_flags().split()):
+        n = 512  # no bfloat16 dot products: torch's fallback takes minutes at 2048
     a, b = torch.randn(n, n, dtype=dtype, device=DEVICE), torch.randn(n, n, dtype=dtype, device=DEVICE)
     return 2 * n ** 3 / best_time(lambda: a @ b) / 1e9
 
@@ -62,13 +68,35 @@ def matmul_gflops(dtype: torch.dtype, n: int = 2048) -> float:
 def copy_gbps(mbytes: int = 256) -> float:
     src = torch.empty(mbytes << 20, dtype=torch.uint8, device=DEVICE).random_()
     dst = torch.empty_like(src)
-    return 2 * src.numel() / best_time(lambda: dst.copy_(src)) / 1e9  # read + write
+    return 2 * src.numel() / best_time(lambda: dst.copy_(src), reps=5) / 1e9  # read + write
 
 
 def read_gbps(mbytes: int = 256) -> float:
     """Read-only bandwidth (what streaming weights through a decode step gets): a float32 sum."""
     src = torch.empty((mbytes << 20) // 4, dtype=torch.float32, device=DEVICE).uniform_()
     return 4 * src.numel() / best_time(lambda: src.sum()) / 1e9
+
+
+def median_step(runner, batches, batch: int, cached: int, steps: int):
+    """(median, best) seconds of `steps` decode steps of `batch` requests over `cached` tokens,
+    after 3 warm-up steps; each step's ForwardBatch is built before its timer starts."""
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+    times = []
+    for i in range(steps + 3):
+        fb = batches.make(batch, cached, 1)
+        sync()
+        t0 = time.perf_counter()
+        runner.forward(fb)
+        sync()
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times), min(times)
+
+
+def step_kv_bytes(runner, batch: int, cached: int) -> int:
+    """Bytes of K and V a decode step of `batch` requests over `cached` tokens each reads."""
+    pool, c = runner.token_to_kv_pool, runner.model_config
+    return batch * cached * c.num_layers * 2 * c.num_kv_heads * c.head_dim * pool.k.element_size()
 
 
 def step_weight_bytes(model: torch.nn.Module, batch: int) -> int:
@@ -138,6 +166,7 @@ def main():
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=None, help="decode steps timed per batch size (median; default 40, --quick 15)")
     ap.add_argument("--num-threads", type=int, default=None)
     ap.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"])
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bf16", "bfloat16"])
@@ -197,19 +226,26 @@ def main():
                     "pct_of_matmul_peak": 100 * prefill_flops / t_prefill / 1e9 / peak.get(gemm_name, peak["float32"])},
         "decode": {},
     }
+    steps = args.steps or (15 if args.quick else 40)
     for bs in args.batch_sizes:
         # each step attends over n cached tokens, written first (their values do not change the timing)
         batches.fill(bs, n)
-        t = best_time(lambda: runner.forward(batches.make(bs, n, 1)), reps=max(3, args.output_len // 4))
-        floor_ms = 1e3 * step_weight_bytes(runner.model, bs) / (read_bandwidth * 1e9)  # weights read once
-        result["decode"][str(bs)] = {"step_ms": 1e3 * t, "tokens_per_s": bs / t, "floor_ms": floor_ms,
-                                     "over_floor": 1e3 * t / floor_ms}
+        t, best = median_step(runner, batches, bs, n, steps)
+        weights, kv = step_weight_bytes(runner.model, bs), step_kv_bytes(runner, bs, n)
+        floor_ms = 1e3 * weights / (bandwidth * 1e9)  # weights read once, at the copy bandwidth
+        floor_kv_ms = 1e3 * (weights + kv) / (bandwidth * 1e9)
+        result["decode"][str(bs)] = {"step_ms": 1e3 * t, "step_ms_best": 1e3 * best, "steps": steps,
+                                     "tokens_per_s": bs / t, "weight_bytes": weights, "kv_bytes": kv,
+                                     "floor_ms": floor_ms, "over_floor": 1e3 * t / floor_ms,
+                                     "floor_kv_ms": floor_kv_ms, "over_floor_kv": 1e3 * t / floor_kv_ms}
         bar.update()
     bar.close()
 
     d1 = result["decode"].get("1")
     if d1:
-        result["decode_b1_vs_bandwidth_floor"] = {"floor_ms": d1["floor_ms"], "ratio": d1["over_floor"]}
+        result["decode_b1_vs_bandwidth_floor"] = {"floor_ms": d1["floor_ms"], "ratio": d1["over_floor"],
+                                                  "floor_kv_ms": d1["floor_kv_ms"], "ratio_kv": d1["over_floor_kv"],
+                                                  "definition": "bytes / memory-copy bandwidth (read + write)"}
     if d1 and "32" in result["decode"]:
         result["decode_b32_over_b1_throughput"] = result["decode"]["32"]["tokens_per_s"] / d1["tokens_per_s"]
     if args.ab_fused_layer:
@@ -275,12 +311,14 @@ def report(r: dict) -> None:
           f"bf16 {r['matmul_peak_gflops']['bfloat16']:.0f} GFLOP/s; copy bandwidth {r['copy_bandwidth_gbps']:.1f} GB/s, read {r['read_bandwidth_gbps']:.1f} GB/s")
     p = r["prefill"]
     print(f"prefill {p['input_len']} tokens: {p['tokens_per_s']:.0f} tok/s ({p['pct_of_matmul_peak']:.0f}% of peak)")
-    print(f"{'batch':>6} {'step ms':>9} {'tok/s':>9} {'floor ms':>9} {'x floor':>8}")
+    print(f"{'batch':>6} {'step ms':>9} {'best ms':>9} {'tok/s':>9} {'floor ms':>9} {'x floor':>8} {'+kv ms':>8} {'x +kv':>6}")
     for bs, d in r["decode"].items():
-        print(f"{bs:>6} {d['step_ms']:>9.2f} {d['tokens_per_s']:>9.1f} {d['floor_ms']:>9.2f} {d['over_floor']:>8.1f}")
+        print(f"{bs:>6} {d['step_ms']:>9.2f} {d['step_ms_best']:>9.2f} {d['tokens_per_s']:>9.1f} {d['floor_ms']:>9.2f} "
+              f"{d['over_floor']:>8.2f} {d['floor_kv_ms']:>8.2f} {d['over_floor_kv']:>6.2f}")
     if "decode_b1_vs_bandwidth_floor" in r:
         f = r["decode_b1_vs_bandwidth_floor"]
-        print(f"batch-1 step vs weight-bytes/bandwidth floor {f['floor_ms']:.2f} ms: {f['ratio']:.1f}x")
+        print(f"batch-1 step (median) vs its floor, weight bytes / copy bandwidth {f['floor_ms']:.2f} ms: "
+              f"{f['ratio']:.2f}x; with the K/V it reads {f['floor_kv_ms']:.2f} ms: {f['ratio_kv']:.2f}x")
     if "decode_b32_over_b1_throughput" in r:
         print(f"decode throughput batch 32 / batch 1: {r['decode_b32_over_b1_throughput']:.1f}x")
     for bs, a in r.get("fused_layer_ab", {}).items():

@@ -172,11 +172,9 @@ def aim_section(results_by_kind, one_batch: Optional[dict]) -> List[str]:
         out += ["", f"Context from `one_batch` (model runner alone, {one_batch.get('dtype')}): prefill "
                 f"{_f(one_batch['prefill']['tokens_per_s'], 0)} tok/s = "
                 f"{_f(one_batch['prefill']['pct_of_matmul_peak'], 0)}% of the measured matmul peak; batch-1 "
-                f"decode step {_f(d1.get('ratio'))}x the floor of reading every fp32 weight once "
-                f"({_f(d1.get('floor_ms'), 0)} ms). llama.cpp runs the GGUF's Q4_1 weights (~5 bits/weight) "
-                "where lmprog and HF dequantize to fp32, so on memory-bound decode it reads ~6x fewer bytes "
-                "per step; lmprog's lever there is batching (and bf16/int8 weights), its lever on prefill "
-                "is the prefix cache."]
+                f"decode step {_f(d1.get('ratio'))}x the floor of reading its weights once at the memory-copy "
+                f"bandwidth ({_f(d1.get('floor_ms'), 2)} ms; {_f(d1.get('ratio_kv'))}x with the K/V it reads, "
+                f"{_f(d1.get('floor_kv_ms'), 2)} ms)."]
     return out + [""]
 
 
