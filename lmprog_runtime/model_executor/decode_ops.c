@@ -3,7 +3,7 @@
  *
  *   lm_rope_kv: qkv [T, (H + 2 KV) * D] row-major (q heads, k heads, v heads of each token);
  *     table [P, 2, D] (cos with halves repeated; sin with its first half negated);
- *     pos [T] int64; slots [T] int64.
+ *     pos [T] int64 in [0, P); slots [T] int64 in [0, slots) (checked: -1 otherwise).
  *     q_out[t, h, i] = q[i] * cos[i] + q[(i + D/2) % D] * ssin[i]   (rotate-half rope)
  *     k_cache[slots[t], j, :] = rope(k[t, j, :]); v_cache[slots[t], j, :] = v[t, j, :]
  *     k_cache, v_cache float32 [slots, KV, D], or bfloat16 with kv_bf16 (--kv-cache-dtype bf16):
@@ -56,12 +56,19 @@ static void rope_kv_row(const float *qkv, int64_t t, int H, int KV, int D, const
     memcpy(vd, x + (int64_t)(H + KV) * D, sizeof(float) * KV * D);
 }
 
-void lm_rope_kv(const float *qkv, int64_t T, int H, int KV, int D, const float *table, const int64_t *pos,
-                const int64_t *slots, float *q_out, void *k_cache, void *v_cache, int kv_bf16, int nthreads) {
+/* Returns 0, or -1 (nothing written) when a position is outside [0, positions) or a slot outside
+ * [0, num_slots): the op checks its own indices, once per call, so callers need no torch
+ * reductions over them first. */
+int lm_rope_kv(const float *qkv, int64_t T, int H, int KV, int D, const float *table, const int64_t *pos,
+               const int64_t *slots, float *q_out, void *k_cache, void *v_cache, int kv_bf16, int64_t positions,
+               int64_t num_slots, int nthreads) {
+    for (int64_t t = 0; t < T; t++)
+        if (pos[t] < 0 || pos[t] >= positions || slots[t] < 0 || slots[t] >= num_slots) return -1;
     if (T < 64) {  /* no OpenMP region at all (an `if` clause still enters one: ~1 us a call) */
         for (int64_t t = 0; t < T; t++) rope_kv_row(qkv, t, H, KV, D, table, pos, slots, q_out, k_cache, v_cache, kv_bf16);
-        return;
+        return 0;
     }
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t t = 0; t < T; t++) rope_kv_row(qkv, t, H, KV, D, table, pos, slots, q_out, k_cache, v_cache, kv_bf16);
+    return 0;
 }

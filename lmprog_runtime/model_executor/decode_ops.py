@@ -18,8 +18,8 @@ from lmprog_runtime import native
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    lib.lm_rope_kv.argtypes = [p, i64, i32, i32, i32, p, p, p, p, p, p, i32, i32]
-    lib.lm_rope_kv.restype = None
+    lib.lm_rope_kv.argtypes = [p, i64, i32, i32, i32, p, p, p, p, p, p, i32, i64, i64, i32]
+    lib.lm_rope_kv.restype = ctypes.c_int
 
 
 _FLAGS = (*native.NATIVE_FLAGS, "-ffp-contract=off")
@@ -52,7 +52,10 @@ def rope_kv(qkv: torch.Tensor, heads: int, kv_heads: int, table: torch.Tensor, p
     positions, slots = positions.contiguous(), slots.contiguous()
     assert positions.dtype == slots.dtype == torch.int64 and positions.numel() == slots.numel() == T
     q = torch.empty(T, heads, D, dtype=torch.float32)
-    _KERNEL.lib().lm_rope_kv(qkv.data_ptr(), T, heads, kv_heads, D, table.data_ptr(), positions.data_ptr(),
-                             slots.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                             int(k_cache.dtype == torch.bfloat16), torch.get_num_threads())
+    if _KERNEL.lib().lm_rope_kv(qkv.data_ptr(), T, heads, kv_heads, D, table.data_ptr(), positions.data_ptr(),
+                                slots.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                                int(k_cache.dtype == torch.bfloat16), table.shape[0], k_cache.shape[0],
+                                torch.get_num_threads()):
+        raise IndexError(f"rope_kv: a position outside [0, {table.shape[0]}) or a KV slot outside "
+                         f"[0, {k_cache.shape[0]})")
     return q

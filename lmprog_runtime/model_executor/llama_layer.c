@@ -18,7 +18,8 @@
  * Buffers (float32, row-major, contiguous, T rows): res, x, h, o [T, hidden]; qkv [T, (H + 2 KV) D];
  * q [T, H, D]; gu [T, 2 I]; act [T, I]. The residual add is in place (sum_out = res): the norm
  * writes each sum before reading it, lane for lane, as it would into another buffer.
- * Returns 0, or -1 when a qdot.c matmul found no memory for its activation scratch.
+ * Returns 0, -1 when a qdot.c matmul found no memory for its activation scratch, or -2 when a
+ * position or KV slot of the step is out of range (rope_kv wrote nothing of that layer).
  */
 #include <stdint.h>
 #include <stddef.h>
@@ -30,9 +31,9 @@ typedef void (*gemm_void_fn)(const float *x, int T, int K, const void *q, const 
                              int nthreads);
 typedef void (*norm_fn)(const float *x, const float *r, float *sum_out, const float *w, float *out, int64_t T,
                         int64_t H, float eps, int nthreads);
-typedef void (*rope_kv_fn)(const float *qkv, int64_t T, int H, int KV, int D, const float *table,
-                           const int64_t *pos, const int64_t *slots, float *q_out, void *k_cache, void *v_cache,
-                           int kv_bf16, int nthreads);
+typedef int (*rope_kv_fn)(const float *qkv, int64_t T, int H, int KV, int D, const float *table,
+                          const int64_t *pos, const int64_t *slots, float *q_out, void *k_cache, void *v_cache,
+                          int kv_bf16, int64_t positions, int64_t num_slots, int nthreads);
 typedef void (*silu_mul_fn)(const float *gu, int64_t T, int64_t I, float *out, int nthreads);
 
 typedef struct {      /* one QuantLinear: y [T, N] = x [T, K] @ W.T (+ bias [N]) */
@@ -59,7 +60,8 @@ typedef struct {      /* one batch shape's buffers and the step's positions */
     int64_t kv_bf16;                   /* the KV pool holds bfloat16 (--kv-cache-dtype bf16) */
     float *res, *x, *h, *qkv, *q, *o, *gu, *act;
     const float *table;                /* [P, 2, D] */
-    const int64_t *pos, *slots;        /* [T] each, in range (llama.fused_decode_ok checked) */
+    const int64_t *pos, *slots;        /* [T] each (rope_kv checks them: positions in [0, P), slots in [0, num_slots)) */
+    int64_t P, num_slots;
 } lm_ctx;
 
 static int gemm(const lm_ctx *c, const lm_gemm *g, const float *x, float *y) {
@@ -81,8 +83,9 @@ int lm_layer_head(const lm_ctx *c, const lm_layer *w, int first) {
     else
         c->norm(c->x, c->res, c->res, w->in_norm, c->h, c->T, c->hidden, (float)c->eps, (int)c->nthreads);
     if (gemm(c, &w->qkv, c->h, c->qkv)) return -1;
-    c->rope_kv(c->qkv, c->T, (int)c->H, (int)c->KV, (int)c->D, c->table, c->pos, c->slots, c->q, w->k_cache,
-               w->v_cache, (int)c->kv_bf16, (int)c->nthreads);
+    if (c->rope_kv(c->qkv, c->T, (int)c->H, (int)c->KV, (int)c->D, c->table, c->pos, c->slots, c->q, w->k_cache,
+                   w->v_cache, (int)c->kv_bf16, c->P, c->num_slots, (int)c->nthreads))
+        return -2;
     return 0;
 }
 
@@ -131,13 +134,14 @@ typedef struct {      /* the model's last norm and logits head, for steps wantin
  * would make (res takes the sum in place, as each layer's norm does). */
 int lm_layers_run(const lm_ctx *c, const lm_layer *const *w, int64_t n, const lm_attn *a, const lm_final *f) {
     if (n <= 0) return 0;
-    if (lm_layer_head(c, w[0], 1)) return -1;
+    int rc = lm_layer_head(c, w[0], 1);
+    if (rc) return rc;
     const paged_decode_fn attend = (paged_decode_fn)a->fn;
     for (int64_t i = 0; i < n; i++) {
         attend(a->q, w[i]->k_cache, w[i]->v_cache, (int)a->kv_bf16, a->prefix, a->P, a->table, a->ld, a->rows,
                a->seq_lens, (int)a->B, (int)a->H, (int)a->KV, (int)a->D, (float)a->scale, a->chunk,
                (int)a->nthreads, a->scratch, a->out);
-        if (lm_layer_tail(c, w[i], a->out, i + 1 < n ? w[i + 1] : NULL)) return -1;
+        if ((rc = lm_layer_tail(c, w[i], a->out, i + 1 < n ? w[i + 1] : NULL))) return rc;
     }
     if (f != NULL) {
         c->norm(c->x, c->res, c->res, f->norm, c->h, c->T, c->hidden, (float)f->eps, (int)c->nthreads);

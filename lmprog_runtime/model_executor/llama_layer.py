@@ -72,7 +72,7 @@ class _Ctx(ctypes.Structure):
                 ("KV", _i64), ("D", _i64), ("I", _i64), ("nthreads", _i64), ("eps", ctypes.c_double),
                 ("kv_bf16", _i64),
                 *((name, _p) for name in ("res", "x", "h", "qkv", "q", "o", "gu", "act")),
-                ("table", _p), ("pos", _p), ("slots", _p)]
+                ("table", _p), ("pos", _p), ("slots", _p), ("P", _i64), ("num_slots", _i64)]
 
 
 class _Attn(ctypes.Structure):
@@ -281,8 +281,8 @@ class FusedLayers:
         self._reserve(T)
         pos, slots = fb.positions.contiguous(), fb.out_cache_loc.contiguous()  # int64 [T]; kept alive here
         ctx = self.ctx
-        ctx.T, ctx.nthreads, ctx.table = T, torch.get_num_threads(), rope_table.data_ptr()
-        ctx.pos, ctx.slots = pos.data_ptr(), slots.data_ptr()
+        ctx.T, ctx.nthreads, ctx.table, ctx.P = T, torch.get_num_threads(), rope_table.data_ptr(), rope_table.shape[0]
+        ctx.pos, ctx.slots, ctx.num_slots = pos.data_ptr(), slots.data_ptr(), pool.k.shape[1]
         b = self.bufs
         # the embeddings become layer 0's residual: a plain memory copy, so no in-place torch op
         # touches the buffers (made under inference mode or not, they work in and out of it)
@@ -303,13 +303,11 @@ class FusedLayers:
                     self._bind_final(*final)
                 logits = torch.empty(T, self.final.head.N, dtype=torch.float32)
                 self.final.logits, f_ptr = logits.data_ptr(), self.final_ptr
-            if self.run_all(self.ctx_ptr, self.ptr_array, n, self.attn_ptr, f_ptr):
-                raise MemoryError("llama_layer.c: no memory for a matmul's activation scratch")
+            _check(self.run_all(self.ctx_ptr, self.ptr_array, n, self.attn_ptr, f_ptr))
             return (None, None, logits) if logits is not None else (b["x"][:T], b["res"][:T], None)
         if gate is not None:  # HiCache's layer-wise load-backs: layer i copied before its KV is written
             gate.wait(0)
-        if self.head(self.ctx_ptr, ptrs[0], 1):
-            raise MemoryError("llama_layer.c: no memory for a matmul's activation scratch")
+        _check(self.head(self.ctx_ptr, ptrs[0], 1))
         for i in range(n):
             if attend is not None:
                 attend(i)
@@ -321,9 +319,16 @@ class FusedLayers:
             nxt = ptrs[i + 1] if i + 1 < n else None
             if nxt is not None and gate is not None:
                 gate.wait(i + 1)
-            if self.tail(self.ctx_ptr, ptrs[i], out.data_ptr(), nxt):
-                raise MemoryError("llama_layer.c: no memory for a matmul's activation scratch")
+            _check(self.tail(self.ctx_ptr, ptrs[i], out.data_ptr(), nxt))
         return b["x"][:T], b["res"][:T], None
+
+
+def _check(rc: int) -> None:
+    """llama_layer.c's status: -1 no memory for a matmul's scratch, -2 an index out of range."""
+    if rc == -2:
+        raise IndexError("llama_layer.c: a position outside the rope table or a KV slot outside the pool")
+    if rc:
+        raise MemoryError("llama_layer.c: no memory for a matmul's activation scratch")
 
 
 def plan(model, T: int) -> Optional[FusedLayers]:

@@ -68,19 +68,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
     return x * cos + swapped * signed_sin
 
 
-def fused_decode_ok(x: torch.Tensor, fb: Optional[ForwardBatch], attn_backend, positions: int) -> bool:
+def fused_decode_ok(x: torch.Tensor, fb: Optional[ForwardBatch], attn_backend) -> bool:
     """Whether the layers may run rope + the KV write as one C call (decode_ops.rope_kv): float32
-    activations and a float32 or bfloat16 KV pool on the CPU, and every position (< `positions`,
-    the rope table's length) and slot of the batch in range: the C op does not bounds-check, so
-    this is checked here, once per forward rather than per layer."""
+    activations and a float32 or bfloat16 KV pool on the CPU, int64 positions and slots. The C
+    op checks each position and slot itself (an IndexError, as indexing the table would raise)."""
     pool = getattr(attn_backend, "kv_pool", None)
     if fb is None or pool is None or pool.k is None or not decode_ops.usable(x) or fb.positions.numel() == 0:
         return False
-    if pool.k.dtype not in decode_ops.KV_DTYPES or not (pool.k.is_contiguous() and pool.v.is_contiguous()):
+    if fb.positions.dtype != torch.int64 or fb.out_cache_loc.dtype != torch.int64:
         return False
-    p_lo, p_hi = (int(v) for v in torch.aminmax(fb.positions))
-    s_lo, s_hi = (int(v) for v in torch.aminmax(fb.out_cache_loc))
-    return min(p_lo, s_lo) >= 0 and p_hi < positions and s_hi < pool.k.shape[1]
+    return pool.k.dtype in decode_ops.KV_DTYPES and pool.k.is_contiguous() and pool.v.is_contiguous()
 
 
 # -- layers ----------------------------------------------------------------------------------------------
@@ -210,7 +207,7 @@ class LlamaForCausalLM(nn.Module):
         if self.rope_table.device != x.device:
             self.rope_table = self.rope_table.to(x.device)
         rope_table, cos, sin = self.rope_table, None, None
-        if not fused_decode_ok(x, forward_batch, self.attn_backend, rope_table.shape[0]):
+        if not fused_decode_ok(x, forward_batch, self.attn_backend):
             rope_table = None
             cos_sin = self.rope_table[forward_batch.positions].to(x.dtype)  # [T, 2, D]
             cos, sin = cos_sin[:, 0:1], cos_sin[:, 1:2]  # [T, 1, D]
@@ -236,7 +233,7 @@ class LlamaForCausalLM(nn.Module):
         step runs as two C calls per layer where llama_layer.plan allows (same bits, less
         Python); `final` = (norm, head) where every row wants logits: a step run as one C call
         then returns (None, None, logits) instead (the same bits as norm and head here)."""
-        if rope_table is not None:  # fused_decode_ok held: float32 on the CPU, positions in range
+        if rope_table is not None:  # fused_decode_ok held: float32 on the CPU (rope_kv checks the indices)
             fused = llama_layer.plan(self, x.shape[0])
             if fused is not None:
                 if final is not None and not llama_layer.head_fusable(*final, x.shape[0]):

@@ -36,6 +36,19 @@ def test_rope_kv_is_bit_identical_to_torch(T, H, KV, D):
     assert not k_cache[untouched].any() and not v_cache[untouched].any()
 
 
+def test_rope_kv_refuses_an_index_out_of_range_and_writes_nothing():
+    T, H, KV, D = 3, 2, 1, 16
+    table, qkv = torch.randn(8, 2, D), torch.randn(T, (H + 2 * KV) * D)
+    k_cache, v_cache = torch.zeros(10, KV, D), torch.zeros(10, KV, D)
+    for pos, slots in (([0, 8, 1], [0, 1, 2]), ([0, -1, 1], [0, 1, 2]), ([0, 1, 2], [0, 10, 2]),
+                       ([0, 1, 2], [-3, 1, 2])):
+        with pytest.raises(IndexError):
+            decode_ops.rope_kv(qkv, H, KV, table, torch.tensor(pos), torch.tensor(slots), k_cache, v_cache)
+        assert not k_cache.any() and not v_cache.any()
+    decode_ops.rope_kv(qkv, H, KV, table, torch.tensor([0, 7, 1]), torch.tensor([0, 9, 2]), k_cache, v_cache)
+    assert k_cache[9].any()
+
+
 def test_rope_kv_writes_a_bfloat16_cache_rounded_as_torch_rounds():
     """--kv-cache-dtype bf16: K (after rope) and V rounded to nearest even, NaN and infinities
     kept, as `.to(torch.bfloat16)` does; the queries stay float32."""

@@ -228,6 +228,27 @@ def test_binding_check_reads_the_model_only_after_a_registration(tiny_model_path
     assert [s.k_cache for s in fused.structs] == [pool.k[i].data_ptr() for i in range(len(fused.structs))]
 
 
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_step_with_an_index_out_of_range_raises_before_writing(tiny_model_path, whole, monkeypatch):
+    """The fused step's rope_kv checks positions and slots (no torch reductions before the step):
+    a slot past the pool or a position past the rope table is an IndexError, nothing written."""
+    runner = _runner(tiny_model_path, "int4", "int8", monkeypatch)
+    monkeypatch.setattr(llama_layer, "WHOLE_STEP", whole)
+    hb, pool = HandBatcher(runner), runner.token_to_kv_pool
+    runner.forward(hb.batch([(1, 0, [5, 6, 7])]))
+    before = pool.k.clone()
+    fb = hb.batch([(1, 3, [8])])
+    fb.out_cache_loc = torch.tensor([pool.k.shape[1]])
+    calls = _count_fused(monkeypatch)
+    with pytest.raises(IndexError):
+        runner.forward(fb)
+    fb = hb.batch([(1, 3, [8])])
+    fb.positions = torch.tensor([runner.model.rope_table.shape[0]])
+    with pytest.raises(IndexError):
+        runner.forward(fb)
+    assert calls == [1, 1] and torch.equal(pool.k, before)
+
+
 def test_steps_at_dense_rows_run_layer_by_layer(tiny_model_path, monkeypatch):
     runner = _runner(tiny_model_path, "int8", "int8", monkeypatch, dense_rows_at=4)
     assert runner.formats.dense_rows == 4
