@@ -144,13 +144,16 @@ def test_mask_cost_is_small(backend, tokenizer):
     for t in ids:  # warm the per-state cache
         g.fill_mask(row)
         g.accept_token(t)
-    g = g0.copy()
-    spent = 0.0
-    for t in ids:
-        row.numpy().fill(False)  # torch's zero_ at this size may stall on the intra-op pool
-        t0 = time.perf_counter()
-        g.fill_mask(row)
-        spent += time.perf_counter() - t0
-        g.accept_token(t)
-    per_token_us = spent / len(ids) * 1e6
+    walks = []
+    for _ in range(5):  # the best of five walks: a GC pass or a busy core inside one is not the masks' cost
+        g = g0.copy()
+        spent = 0.0
+        for t in ids:
+            row.numpy().fill(False)  # torch's zero_ at this size may stall on the intra-op pool
+            t0 = time.perf_counter()
+            g.fill_mask(row)
+            spent += time.perf_counter() - t0
+            g.accept_token(t)
+        walks.append(spent)
+    per_token_us = min(walks) / len(ids) * 1e6
     assert per_token_us < 500, per_token_us  # generous on a loaded 2-core box; ~10 us typical
