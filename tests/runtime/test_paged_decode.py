@@ -137,6 +137,33 @@ def test_kernel_split_by_kv_head_gives_the_same_bits(threads, prefix_len, seq_le
     torch.testing.assert_close(one, _reference(q, k, v, table, rows, lens, D ** -0.5), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("B", [3, 90])
+@pytest.mark.parametrize("prefix_len", [0, 40])
+def test_parts_merge_to_the_one_thread_calls_bits(B, prefix_len):
+    """Contexts over several chunks (and a shared prefix's parts), many requests: the parts the
+    threads' tasks write merge to the bits of the one-thread call."""
+    torch.manual_seed(B + prefix_len)
+    H, KV, D, slots = 9, 3, 64, 4096
+    k, v = torch.randn(slots, KV, D), torch.randn(slots, KV, D)
+    table, rows = torch.randint(1, slots, (B + 1, 2 * pd.CHUNK + 60)), torch.arange(1, B + 1)
+    if prefix_len:
+        table[2:, :prefix_len] = table[1, :prefix_len]
+    prefix = table[1, :prefix_len].clone() if prefix_len else None
+    lens = torch.randint(prefix_len + 1, 2 * pd.CHUNK + 60, (B,))
+    lens[0] = 2 * pd.CHUNK + 50  # three chunks
+    q = torch.randn(B, H, D)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = pd.paged_decode(q, k, v, table, rows, lens, D ** -0.5, prefix=prefix)
+        torch.set_num_threads(2)
+        two = pd.paged_decode(q, k, v, table, rows, lens, D ** -0.5, prefix=prefix)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(two, one)
+    torch.testing.assert_close(one, _reference(q, k, v, table, rows, lens, D ** -0.5), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 def test_a_requests_rows_share_one_pass_whatever_the_batch(kv_dtype):
     """Query rows go three at a time (each key and value row read once for the three): with 3
