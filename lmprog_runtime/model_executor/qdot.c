@@ -722,7 +722,8 @@ static int64_t span_rows(int64_t N, int nthreads, int64_t row_bytes) {
 #define PREFETCH_MAX_T 2    /* calls of up to this many rows prefetch (more rows: compute-bound) */
 static int prefetch_bytes = 3072; /* how far ahead a span's weight rows are prefetched (0: not at all) */
 
-/* Set prefetch_bytes (bench/ab_decode_step.py --prefetch compares settings); returns the old value. */
+/* Set prefetch_bytes, returning the old value (qgemm.set_prefetch: benchmarks compare settings in
+ * one process). Read once per call by the calling thread, before its job is published. */
 int lm_qdot_set_prefetch(int bytes) {
     const int old = prefetch_bytes;
     prefetch_bytes = bytes < 0 ? 0 : bytes;
