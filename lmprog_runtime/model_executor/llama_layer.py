@@ -118,12 +118,10 @@ def _projections(layer) -> tuple:
     return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
 
 
-def head_fusable(norm, head, T: int) -> bool:
-    """Whether a whole step of T rows may end with the model's norm and logits head in C
-    (lm_final): a QuantLinear on a C kernel below its dense crossover, float32 norm and bias."""
+def _head_fusable(norm, head) -> bool:
+    """Whether a whole step may end with the model's norm and logits head in C (lm_final): a
+    QuantLinear on a C kernel, float32 norm weight and bias (its dense crossover is per step)."""
     if not (isinstance(head, QuantLinear) and head._c_kernel is not None):
-        return False
-    if head.dense_rows is not None and T >= head.dense_rows:
         return False
     bias, w = head._buffers["bias"], norm.weight
     return ((bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
@@ -171,7 +169,8 @@ class FusedLayers:
         self.pool, self.dicts, self.keys = None, [], []
         self.held: list = []  # the objects whose pointers the structs hold (identity-checked per forward)
         self.checked = -1  # _registrations[0] when `held` last matched the model (bound's fast path)
-        self.final, self.final_of = _Final(), None  # the bound lm_final and (norm, head, _registrations[0])
+        # the bound lm_final and (norm, head, _registrations[0], whether they fuse) it was bound for
+        self.final, self.final_of = _Final(), None
         self.final_ptr = ctypes.addressof(self.final)
         _watch_registrations()
 
@@ -243,13 +242,21 @@ class FusedLayers:
         self._bind(pool)
         return True
 
-    def _bind_final(self, norm, head) -> None:
-        _, _, _, fn, K, N, q_ptr, s_ptr = head._bind_c()
-        bias = head._buffers["bias"]
-        self.final.head = _Gemm(fn=_addr(fn), status=int(head._c_kernel.endswith("x8")), K=K, N=N, q=q_ptr,
-                                s=s_ptr, bias=0 if bias is None else bias.data_ptr())
-        self.final.norm, self.final.eps = norm.weight.data_ptr(), norm.eps
-        self.final_of = (norm, head, _registrations[0])
+    def _final_ptr(self, norm, head, T: int) -> Optional[int]:
+        """lm_final's address for the model's norm and logits head at T rows, or None where they
+        do not run in C; bound (and their fusability decided) again only after a registration."""
+        fo = self.final_of
+        if fo is None or fo[0] is not norm or fo[1] is not head or fo[2] != _registrations[0]:
+            fo = self.final_of = (norm, head, _registrations[0], _head_fusable(norm, head))
+            if fo[3]:
+                _, _, _, fn, K, N, q_ptr, s_ptr = head._bind_c()
+                bias = head._buffers["bias"]
+                self.final.head = _Gemm(fn=_addr(fn), status=int(head._c_kernel.endswith("x8")), K=K, N=N,
+                                        q=q_ptr, s=s_ptr, bias=0 if bias is None else bias.data_ptr())
+                self.final.norm, self.final.eps = norm.weight.data_ptr(), norm.eps
+        if not fo[3] or (head.dense_rows is not None and T >= head.dense_rows):
+            return None
+        return self.final_ptr
 
     def _reserve(self, T: int) -> None:
         """Activation buffers for T rows (grown to the largest T seen; rows [:T] used)."""
@@ -269,9 +276,9 @@ class FusedLayers:
     def run(self, x: torch.Tensor, fb, backend, rope_table: torch.Tensor, final=None):
         """x [T, hidden] float32 (the embeddings) -> (last layer's mlp out, residual, None)
         [T, hidden] each, views of this object's buffers, valid until the next call. `final`:
-        (the model's norm, its logits head) where every row wants logits and `head_fusable`:
-        when the step runs in one C call, that call makes them too -> (None, None, logits
-        [T, vocab] float32), the bits the model's norm and head give."""
+        (the model's norm, its logits head) where every row wants logits: when the step runs in
+        one C call and they run in C (`_final_ptr`), that call makes them too -> (None, None,
+        logits [T, vocab] float32), the bits the model's norm and head give."""
         with self.lock:
             return self._run(x, fb, backend, rope_table, final)
 
@@ -296,13 +303,11 @@ class FusedLayers:
             a.fn = _addr(attend.c_fn)
             (a.q, _, _, a.kv_bf16, a.prefix, a.P, a.table, a.ld, a.rows, a.seq_lens, a.B, a.H, a.KV, a.D, a.scale,
              a.chunk, a.nthreads, a.scratch, a.out) = args
-            logits, f_ptr = None, None
-            if final is not None:
-                fo = self.final_of
-                if fo is None or fo[0] is not final[0] or fo[1] is not final[1] or fo[2] != _registrations[0]:
-                    self._bind_final(*final)
+            logits = None
+            f_ptr = None if final is None else self._final_ptr(*final, T)
+            if f_ptr is not None:
                 logits = torch.empty(T, self.final.head.N, dtype=torch.float32)
-                self.final.logits, f_ptr = logits.data_ptr(), self.final_ptr
+                self.final.logits = logits.data_ptr()
             _check(self.run_all(self.ctx_ptr, self.ptr_array, n, self.attn_ptr, f_ptr))
             return (None, None, logits) if logits is not None else (b["x"][:T], b["res"][:T], None)
         if gate is not None:  # HiCache's layer-wise load-backs: layer i copied before its KV is written

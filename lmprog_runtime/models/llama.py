@@ -236,8 +236,6 @@ class LlamaForCausalLM(nn.Module):
         if rope_table is not None:  # fused_decode_ok held: float32 on the CPU (rope_kv checks the indices)
             fused = llama_layer.plan(self, x.shape[0])
             if fused is not None:
-                if final is not None and not llama_layer.head_fusable(*final, x.shape[0]):
-                    final = None
                 return fused.run(x, forward_batch, attn_backend, rope_table, final)
         residual = None
         for layer in self.layers:

@@ -156,7 +156,7 @@ def test_whole_step_in_one_c_call_equals_the_per_layer_calls(tiny_model_path, kv
     monkeypatch.setattr(llama_layer, "WHOLE_STEP", True)
     got, got_logits = _decode(runner, prompts, 3)
     assert whole and all(n == len(runner.model.layers) for n in whole)  # every decode step, all layers
-    assert fused.final_of is not None and fused.final_of[1] is runner.model.quant_head
+    assert fused.final_of is not None and fused.final_of[1] is runner.model.quant_head and fused.final_of[3]
     assert got == want
     for a, b in zip(got_logits, want_logits):
         assert torch.equal(a, b), (a - b).abs().max()
