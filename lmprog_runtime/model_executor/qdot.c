@@ -4,35 +4,40 @@
  * Each call quantizes every activation row once, in blocks of 32 inputs (qx = round(x / dx),
  * dx = max|x| / 127, |qx| <= 127), then per weight block multiplies bytes with integer SIMD and
  * applies the scales in float:
- *   int4 (w = q * s + m, q in 0..15; qgemm.c's nibble order, (s, m) as float16 pairs: GGUF
- *   Q4_1's own d and m, 20 bytes a block of 32 as in the file, where qgemm.c reads 24):
+ *   int4 (w = q * s + m, q in 0..15; (s, m) as float16 pairs: GGUF Q4_1's own d and m):
  *     y[t, n] = sum_g s[n,g] * dx[t,g] * (q[n,g] . qx[t,g]) + m[n,g] * dx[t,g] * sum(qx[t,g])
  *   int8 (w = q * scale[n], q in -127..127):
  *     y[t, n] = scale[n] * sum_g dx[t,g] * (q[n,g] . qx[t,g])
  * The integer dot products are exact; only the per-block float sums round. A row's result
  * depends on that row alone, in a fixed order, whatever T or the thread count (what
- * --enable-deterministic-inference needs). int8 weights keep qgemm.c's layout.
+ * --enable-deterministic-inference needs, and what keeps speculative verification's rows equal
+ * to one-token decodes).
  *
- * The inner loop is picked at compile time (native.py builds with -march=native):
- *   __AVX512VNNI__ (and BW/VL): vpdpbusd on 64 bytes = two blocks per instruction;
- *   __AVXVNNI__ / __AVX2__: int8 weights 32 bytes a block; int4 two blocks at a time, their
- *   low nibbles in one register and high nibbles in another against pair-ordered activations
- *   (no per-block unpacking or lane shuffles; calls of several rows pair blocks g and g+2 of
- *   each quad, so the scales spread within 128-bit lanes), vpdpbusd or vpmaddubsw + vpmaddwd,
- *   and the scales of four blocks in one float16 conversion and one multiply;
+ * Weights are stored in groups of 8 rows (the int4 and int8 layouts below; qgemm.py's
+ * pack_q4_f16 / pack_q8 write them): a 32-byte register holds 4 consecutive inputs of each of
+ * the 8 rows, and is multiplied with one activation row's 4 inputs broadcast to all lanes, so
+ * the 8 rows' dot products build up in 8 int32 (int16) lanes. Against one row per register
+ * (this file before) there are no horizontal sums and the float work is one vector operation
+ * per block for 8 rows: a call of several activation rows, compute-bound on AVX2 (a verify step
+ * of drafted tokens, a batch), runs 1.4-1.6x faster, and one of 1 row a little faster too.
+ * The inner loop is picked at compile time (native.py builds with -march=native), all 256-bit:
+ *   AVX-512 VNNI (with VL) or AVX-VNNI: vpdpbusd; int8 weights against biased activations;
+ *   AVX2: vpmaddubsw, int4 sums kept in int16 through a block, then vpmaddwd; int8 weights
+ *   by the sign trick (|q| . qx * sign(q));
  *   otherwise (or with -DLM_QDOT_PORTABLE): plain C the compiler may vectorize.
- * -DLM_QDOT_NO_AVX512 skips the first, so tests exercise the AVX2 path on AVX-512 machines.
- * Every path is T-blocked: a weight block is loaded and unpacked once for up to QR (int8 on
- * AVX-512: Q8R) activation rows, each row keeping the float sequence it has alone (see "the
- * row-blocked inner loops"); -DLM_QDOT_ONE_ROW takes one row per pass (the tests' bitwise
- * reference). That invariance needs the build qgemm.py gives this file: -fno-associative-math
- * -ffp-contract=off (the fused multiply-adds are written out where wanted).
+ * -DLM_QDOT_NO_AVX512 skips the first on AVX-512 machines; -DLM_QDOT_VNNI_EMU runs the vpdpbusd
+ * loops on AVX2 with the instruction's maths written out (tests on CPUs without VNNI).
+ * Every path is T-blocked: a weight block is loaded and unpacked once for up to QR activation
+ * rows, each row keeping the float sequence it has alone (see "the row-blocked inner loops");
+ * -DLM_QDOT_ONE_ROW takes one row per pass (the tests' bitwise reference). That invariance
+ * needs the build qgemm.py gives this file: -fno-associative-math -ffp-contract=off (the fused
+ * multiply-adds are written out where wanted).
  * Fixed cost per call (what a decode step at T = 1 pays 30 x 4 times): no allocation (each
  * calling thread keeps KEEP_BYTES of activation scratch), the quantization vectorized (AVX-512
  * or AVX2), no thread but the caller's for jobs under SERIAL_BYTES, and a help-first worker
  * pool instead of an OpenMP region (see pool_run: a late thread never holds the call up). The
- * thread count never changes a row's float order: the threads only split the weight rows.
- * All tensors are row-major and contiguous; K is a multiple of 32 (callers check).
+ * thread count never changes a row's float order: the threads only split the weight groups.
+ * Activations and outputs are row-major and contiguous; K is a multiple of 32 (callers check).
  */
 #include <math.h>
 #include <stdint.h>
@@ -49,6 +54,32 @@
 #endif
 #if defined(LM_QDOT_512) || defined(LM_QDOT_256)
 #include <immintrin.h>
+#endif
+
+/* u8 x s8 dot products of 4 into int32 lanes, added to acc (vpdpbusd): AVX-512 VNNI (256-bit, VL),
+ * AVX-VNNI, or (-DLM_QDOT_VNNI_EMU, tests: the VNNI loops on a CPU without it) exact AVX2 maths */
+#if defined(LM_QDOT_512)
+#define HAVE_DPBUSD 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(LM_QDOT_256) && defined(__AVXVNNI__) && !defined(LM_QDOT_VNNI_EMU)
+#define HAVE_DPBUSD 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#elif defined(LM_QDOT_256) && defined(LM_QDOT_VNNI_EMU)
+#define HAVE_DPBUSD 1
+#define DPBUSD(acc, u, s) dpbusd_emu(acc, u, s)
+static inline __m256i dpbusd_emu(__m256i acc, __m256i u, __m256i s) {
+    const __m256i lo8 = _mm256_set1_epi16(0xff);
+    const __m256i ue = _mm256_and_si256(u, lo8), uo = _mm256_srli_epi16(u, 8);               /* zero-extended */
+    const __m256i se = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8), so = _mm256_srai_epi16(s, 8); /* sign-extended */
+    return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(ue, se), _mm256_madd_epi16(uo, so)));
+}
+#endif
+/* With vpdpbusd the int8-weight activations are stored biased, u = qx ^ 0x80 = qx + 128 (see
+ * q8_group_rows); without it they stay signed (the sign trick). */
+#if defined(HAVE_DPBUSD)
+#define Q8_BIASED 1
+#else
+#define Q8_BIASED 0
 #endif
 
 #define QB 32          /* inputs per block */
@@ -89,41 +120,13 @@ static inline void sm_at(const uint16_t *sm, int g, float *s, float *m) {
 #endif
 #define T_CHUNK 64     /* activation rows per pass over the weights (their int8 copy stays in L2) */
 
-/* Per-call activation scratch: qx int8 [T, K], aux float [T, G, 2] = (dx, dx * sum(qx)) per
- * block (the int4 layout's (scale, zmin) pairs line up with it), dxl as below. */
+/* Per-call activation scratch: qx int8 [T, K] (natural order), aux float [T, G, 2] = (dx,
+ * dx * sum(qx)) per block. */
 typedef struct {
     int8_t *qx;
     float *aux;
-    float *dxl;  /* AVX-512 only: float [T, K/4], each block's dx 8 times in its lanes (see lane_pos) */
     void *owned; /* a call's own allocation (too big for the thread's kept scratch), else NULL */
-    int quads;   /* int4 activations in quad order (LAYOUT_QUADS) */
 } act_t;
-
-/* Activation layouts of quantize_row */
-#define LAYOUT_NATURAL 0
-#define LAYOUT_PAIRS 1  /* full pairs in pair order */
-#define LAYOUT_QUADS 2  /* full quads in quad order, then a last full pair in pair order */
-
-/* Where block g's qx starts (its inputs 0..15, lo16; inputs 16..31, hi16, follow 32 bytes later
- * when the block is `paired`, else right after) in a row of G blocks laid out as `layout`:
- *   pair order (int4 paths): a full pair's 64 bytes are [lo(g), lo(g+1), hi(g), hi(g+1)], the
- *   AVX-512 register of two blocks' nibbles, the AVX2 pair of registers its two halves;
- *   quad order (the AVX2 int4 loop, calls of several rows): a full quad g..g+3 (g % 4 == 0) is
- *   the pairs (g, g+2) then (g+1, g+3), each in pair order, so a pair's two blocks sit at the
- *   same position of the two 128-bit lanes as their scales after one float16 conversion of the
- *   quad (see q4_rows_n). */
-static inline int block_base(int g, int G, int layout, int *paired) {
-    *paired = layout != LAYOUT_NATURAL && (g | 1) < G;
-    if (layout == LAYOUT_QUADS && (g | 3) < G) return (g & ~3) * QB + (g & 1) * 64 + ((g >> 1) & 1) * 16;
-    return *paired ? (g & ~1) * QB + (g & 1) * 16 : g * QB;
-}
-
-/* Where lane i (0..7) of block g's dx goes in dxl: lanes g*8.. in natural order (int8, an odd
- * last block), or within a pair's 16 the int4 register's order [lo(g), lo(g+1), hi(g), hi(g+1)]
- * (4 int32 lanes each) when `paired`. */
-static inline int lane_pos(int g, int i, int paired) {
-    return paired ? (g & ~1) * 8 + (i / 4) * 8 + (g & 1) * 4 + i % 4 : g * 8 + i;
-}
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && !defined(LM_QDOT_PORTABLE) && !defined(LM_QDOT_NO_AVX512)
 #include <immintrin.h>
@@ -192,20 +195,18 @@ static inline float quantize_block(const float *xg, uint8_t flip, __m128i *lo16,
 #define QUANT_VEC 1
 #endif
 
-/* Quantize row x [K] into qx (`layout`: LAYOUT_*; each byte ^ 0x80 when `biased`, see q8_corr). */
-static void quantize_row(const float *x, int K, int layout, int biased, int8_t *qx, float *aux, float *dxl) {
+/* Quantize row x [K] into qx (natural order; each byte ^ 0x80 when `biased`, see q8_corr). */
+static void quantize_row(const float *x, int K, int biased, int8_t *qx, float *aux) {
     const int G = K / QB;
     for (int g = 0; g < G; g++) {
         const float *xg = x + g * QB;
-        int paired;
-        const int base = block_base(g, G, layout, &paired);
         float d;
         int sum = 0;
 #if defined(QUANT_VEC)
         __m128i lo16, hi16;
         d = quantize_block(xg, biased ? 0x80 : 0, &lo16, &hi16, &sum);
-        _mm_storeu_si128((__m128i *)(qx + base), lo16);
-        _mm_storeu_si128((__m128i *)(qx + base + (paired ? 32 : 16)), hi16);
+        _mm_storeu_si128((__m128i *)(qx + g * QB), lo16);
+        _mm_storeu_si128((__m128i *)(qx + g * QB + 16), hi16);
 #else
         float amax = 0.f;
         int finite = 1;
@@ -216,401 +217,262 @@ static void quantize_row(const float *x, int K, int layout, int biased, int8_t *
         /* a non-finite input makes its row's outputs NaN, as the float kernels would (qx = 0) */
         d = finite ? amax / 127.f : NAN;
         const float inv = finite && amax > 0.f ? 127.f / amax : 0.f;
-        int8_t q[QB];
         for (int j = 0; j < QB; j++) {
             float r = nearbyintf(xg[j] * inv);
             r = r > 127.f ? 127.f : (r < -127.f ? -127.f : r);
-            q[j] = finite ? (int8_t)r : 0;
-            sum += q[j];
-        }
-        for (int j = 0; j < QB; j++) {
-            qx[base + (j / 16) * (paired ? 32 : 16) + j % 16] = (int8_t)(biased ? q[j] ^ 0x80 : q[j]);
+            const int q = finite ? (int)r : 0;
+            sum += q;
+            qx[g * QB + j] = (int8_t)(biased ? q ^ 0x80 : q);
         }
 #endif
         aux[2 * g] = d;
         aux[2 * g + 1] = d * (float)sum;
-        if (dxl != NULL)
-            for (int i = 0; i < 8; i++) dxl[lane_pos(g, i, paired)] = d;
     }
 }
 
 /* ---- the row-blocked inner loops ------------------------------------------------------------
- * q4_rows_n / q8_rows_n: one weight row (qn) against nr activation rows (nr <= QR; int8 weights:
- * Q8R) (x: int8 [nr, K], a: aux [nr, G, 2], l: dxl [nr, K/4] or unused, each row after
- * the last) -> res [nr]. Each weight block is loaded and unpacked once and multiplied with every
- * row; each row keeps its own accumulators and runs the same float operations in the same order
- * for every nr (the loops over r only repeat a row's sequence), so a row's result is the one it
- * gets alone (nr = 1, T = 1). The bodies are inlined with a constant nr (SPAN_CASES) so their
+ * q4_group_rows / q8_group_rows: a group of 8 weight rows against nr activation rows
+ * (nr <= QR) (x: int8 [nr, K], a: aux [nr, G, 2], each row after the last) -> 8 columns of nr
+ * output rows. Each weight block is loaded and unpacked once and multiplied with every row;
+ * each row keeps its own accumulators and runs the same float operations in the same order for
+ * every nr (the loops over r only repeat a row's sequence), so a row's result is the one it gets
+ * alone (nr = 1, T = 1). The bodies are inlined with a constant nr (SPAN_CASES) so their
  * accumulator arrays live in registers. */
 #define INL static inline __attribute__((always_inline))
 
-#if defined(LM_QDOT_512) || defined(LM_QDOT_256)
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-/* u8 [32] . s8 [32] -> 8 int32 sums of 4 products, exact for what this file passes (u8 <= 127,
- * |s8| <= 127: vpmaddubsw's int16 pair sums stay below 2 * 127 * 127 < 32767) */
-INL __m256i dot_u8s8(__m256i u, __m256i s) {
-#if defined(LM_QDOT_512)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-
-/* An odd last int4 block g, in natural order (no pair to share a register with), added to
- * the nr rows' results */
-INL void q4_odd_block(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, int K, int G,
-                      int g, int nr, float *res) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)(qn + g * 16));
-    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
-    float sc, mn;
-    sm_at(szn, g, &sc, &mn);
-    for (int r = 0; r < nr; r++) {
-        const float *at = a + r * 2 * G;
-        const __m256i d = dot_u8s8(w, _mm256_loadu_si256((const __m256i *)(x + r * K + g * QB)));
-        res[r] += hsum256(_mm256_cvtepi32_ps(d)) * (sc * at[2 * g]) + mn * at[2 * g + 1];
-    }
-}
-#endif
-
-/* ---- int4 x int8: one weight row qn [K/2] (qgemm.c nibble order), szn [G, 2] -------------- */
-#if defined(LM_QDOT_512)
-#define QR 4           /* activation rows per weight pass: 4 rows x (2 zmm + 2 xmm) accumulators */
-
-/* blocks g, g+1's nibbles as one register [lo(g), lo(g+1), hi(g), hi(g+1)], values 0..15 */
-INL __m512i q4_unpack_pair(const uint8_t *qn, int g) {
-    const __m512i shifts = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
-    const __m512i w = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qn + g * 16)));
-    return _mm512_and_si512(_mm512_srlv_epi64(w, shifts), _mm512_set1_epi8(15));
-}
-
-/* one row's share of a block pair, added to acc: w unpacked, sm = (s, m, s', m'), sv = s, s'
- * in w's lanes; macc += sm * (dx, dx*sum, dx', dx'*sum') (lanes 1 and 3 are the minimums'
- * terms). Explicit fused multiply-adds (the build contracts nothing itself). */
-INL __m512 q4_pair_row(__m512 acc, __m512i w, __m128 sm, __m512 sv, const int8_t *xt, const float *at,
-                       const float *lt, int g, __m128 *macc) {
-    const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xt + g * QB));
-    *macc = _mm_fmadd_ps(sm, _mm_loadu_ps(at + 2 * g), *macc);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sv, _mm512_loadu_ps(lt + g * 8)), acc);
-}
-
-INL __m128 sm_pair(const uint16_t *szn, int g) {
-    return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(szn + 2 * g)));
-}
-
-/* s of blocks g, g+1 (sm's lanes 0 and 2) in the int4 register's lanes */
-INL __m512 s_lanes(__m128 sm) {
-    const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
-    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(sm));
-}
-
-INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, const float *l, int K,
-                   int G, const int nr, const int quads, float *res) {
-    (void)quads;  /* pair order only */
-    __m512 a0[QR], a1[QR];
-    __m128 m0[QR], m1[QR];
-    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm512_setzero_ps(), m0[r] = m1[r] = _mm_setzero_ps();
-    int g = 0;
-    for (; g + 3 < G; g += 4) {  /* two independent chains per row hide the multiply latency */
-        const __m512i w0 = q4_unpack_pair(qn, g), w1 = q4_unpack_pair(qn, g + 2);
-        const __m128 s0 = sm_pair(szn, g), s1 = sm_pair(szn, g + 2);
-        const __m512 v0 = s_lanes(s0), v1 = s_lanes(s1);
-        for (int r = 0; r < nr; r++) {
-            const int8_t *xt = x + r * K;
-            const float *at = a + r * 2 * G, *lt = l + r * (K / 4);
-            a0[r] = q4_pair_row(a0[r], w0, s0, v0, xt, at, lt, g, &m0[r]);
-            a1[r] = q4_pair_row(a1[r], w1, s1, v1, xt, at, lt, g + 2, &m1[r]);
-        }
-    }
-    if (g + 1 < G) {
-        const __m512i w0 = q4_unpack_pair(qn, g);
-        const __m128 s0 = sm_pair(szn, g);
-        const __m512 v0 = s_lanes(s0);
-        for (int r = 0; r < nr; r++)
-            a0[r] = q4_pair_row(a0[r], w0, s0, v0, x + r * K, a + r * 2 * G, l + r * (K / 4), g, &m0[r]);
-        g += 2;
-    }
-    for (int r = 0; r < nr; r++) {
-        const __m128 m = _mm_add_ps(m0[r], m1[r]);
-        res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])) + m[1] + m[3];
-    }
-    if (g < G) q4_odd_block(qn, szn, x, a, K, G, g, nr, res);
-}
-#elif defined(LM_QDOT_256)
-#define QR 4           /* activation rows per weight pass (the 16 ymm registers spill beyond) */
-
-/* Blocks g, g+1 as two registers, values 0..15: *lo = [lo(g), lo(g+1)] (inputs 0..15 of each),
- * *hi = [hi(g), hi(g+1)] (inputs 16..31): one load and three operations for the pair, matching
- * the activations' pair order (block_base: the AVX-512 register's 64 bytes as two halves). */
-INL void q4_split(__m256i b, __m256i *lo, __m256i *hi) {
-    const __m256i m = _mm256_set1_epi8(15);
-    *lo = _mm256_and_si256(b, m);
-    *hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
-}
-
-INL void q4_unpack_pair(const uint8_t *qn, int g, __m256i *lo, __m256i *hi) {
-    q4_split(_mm256_loadu_si256((const __m256i *)(qn + g * 16)), lo, hi);
-}
-
-/* Blocks g and g+2 as a pair (the quad order's first pair; g+1 and g+3 its second): two 16-byte
- * loads into the two lanes, then the same three operations */
-INL void q4_unpack_apart(const uint8_t *qn, int g, __m256i *lo, __m256i *hi) {
-    q4_split(_mm256_loadu2_m128i((const __m128i *)(qn + (g + 2) * 16), (const __m128i *)(qn + g * 16)), lo, hi);
-}
-
-/* A pair's exact integer dots with one row's pair-ordered activations xp [64]: lanes 0..3 sum
- * to block g's, 4..7 to block g+1's. Without VNNI the halves' int16 pair sums are added before
- * widening (each |.| <= 2 * 15 * 127, so the sum stays below 32767). */
-INL __m256i q4_pair_dot(__m256i lo, __m256i hi, const int8_t *xp) {
-    const __m256i xl = _mm256_loadu_si256((const __m256i *)xp), xh = _mm256_loadu_si256((const __m256i *)(xp + 32));
-#if defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, xl), hi, xh);
-#else
-    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)),
-                             _mm256_set1_epi16(1));
-#endif
-}
-
-/* p's lane 0 over a pair's first four dot lanes and lane 2 over the last four; the same with
- * lanes 4 and 6 for the next pair */
-#define LANES_A _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0)
-#define LANES_B _mm256_set_epi32(6, 6, 6, 6, 4, 4, 4, 4)
-
-/* Per row and four blocks from g: p = (s, m, s', m', ...) * (dx, dx*sum, dx', dx'*sum', ...)
- * (the row's aux); the odd lanes are the minimums' terms, summed into macc, the even lanes
- * s * dx, each spread over its block's dot lanes. Two pair chains per row hide the
- * multiply-add latency. With `quads` (activations in quad order, calls of several rows) the
- * quad's pairs are (g, g+2) and (g+1, g+3), so each spread stays within 128-bit lanes
- * (vpermilps instead of a lane-crossing vpermps per pair and row; with several rows the loop
- * is bound by its vector operations, and a 4-row call runs ~10% faster); after the quads the
- * chains' halves are regrouped into the pair order's chains (g, g+1) / (g+2, g+3), which a last
- * pair continues, so every sum is the pair order's, bit for bit. A one-row call keeps the pair
- * order (one 32-byte load a pair; its loop is not bound by the shuffles). Every row runs this
- * sequence whatever nr. */
-INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, const float *l, int K,
-                   int G, const int nr, const int quads, float *res) {
-    (void)l;
-    __m256 a0[QR], a1[QR], mc[QR];
-    for (int r = 0; r < nr; r++) a0[r] = a1[r] = mc[r] = _mm256_setzero_ps();
-    int g = 0;
-    for (; g + 3 < G; g += 4) {
-        __m256i lo0, hi0, lo1, hi1;
-        if (quads) {
-            q4_unpack_apart(qn, g, &lo0, &hi0);
-            q4_unpack_apart(qn, g + 1, &lo1, &hi1);
-        } else {
-            q4_unpack_pair(qn, g, &lo0, &hi0);
-            q4_unpack_pair(qn, g + 2, &lo1, &hi1);
-        }
-        const __m256 sm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(szn + 2 * g)));
-        for (int r = 0; r < nr; r++) {
-            const int8_t *xt = x + r * K + g * QB;
-            const __m256 p = _mm256_mul_ps(sm, _mm256_loadu_ps(a + r * 2 * G + 2 * g));
-            mc[r] = _mm256_add_ps(mc[r], p);
-            /* quads: (p of g | p of g+2) x 4 and (g+1 | g+3); pairs: (g | g+1) and (g+2 | g+3) */
-            const __m256 sa = quads ? _mm256_permute_ps(p, 0x00) : _mm256_permutevar8x32_ps(p, LANES_A);
-            const __m256 sb = quads ? _mm256_permute_ps(p, 0xAA) : _mm256_permutevar8x32_ps(p, LANES_B);
-            a0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair_dot(lo0, hi0, xt)), sa, a0[r]);
-            a1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair_dot(lo1, hi1, xt + 2 * QB)), sb, a1[r]);
-        }
-    }
-    for (int r = 0; quads && r < nr; r++) {  /* (g | g+2), (g+1 | g+3) -> (g | g+1), (g+2 | g+3) */
-        const __m256 e = a0[r], o = a1[r];
-        a0[r] = _mm256_permute2f128_ps(e, o, 0x20);
-        a1[r] = _mm256_permute2f128_ps(e, o, 0x31);
-    }
-    if (g + 1 < G) {  /* a last pair */
-        __m256i lo0, hi0;
-        q4_unpack_pair(qn, g, &lo0, &hi0);
-        const __m128 sm = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(szn + 2 * g)));
-        for (int r = 0; r < nr; r++) {
-            const __m256 p = _mm256_zextps128_ps256(_mm_mul_ps(sm, _mm_loadu_ps(a + r * 2 * G + 2 * g)));
-            mc[r] = _mm256_add_ps(mc[r], p);
-            a0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_pair_dot(lo0, hi0, x + r * K + g * QB)),
-                                    _mm256_permutevar8x32_ps(p, LANES_A), a0[r]);
-        }
-        g += 2;
-    }
-    for (int r = 0; r < nr; r++) {
-        const __m128 m = _mm_add_ps(_mm256_castps256_ps128(mc[r]), _mm256_extractf128_ps(mc[r], 1));
-        res[r] = hsum256(_mm256_add_ps(a0[r], a1[r])) + (m[1] + m[3]);
-    }
-    if (g < G) q4_odd_block(qn, szn, x, a, K, G, g, nr, res);
-}
-#undef LANES_A
-#undef LANES_B
-#else
+/* ---- int4 x int8: weight rows in groups of 8 --------------------------------------------------
+ * The int4 layout (qgemm.py's pack_q4_f16 writes it): N8 = N - N % 8 rows in groups of 8, then
+ * the N % 8 last rows one by one.
+ *   q: group j's block g is 128 bytes at (j * G + g) * 128: byte 32 k + 4 i + b (k, b in 0..3,
+ *      i in 0..7) = q[8j + i][32g + 4k + b] | q[8j + i][32g + 16 + 4k + b] << 4, so a 32-byte
+ *      load holds 4 consecutive inputs of each of the 8 rows in its low nibbles and the 4 inputs
+ *      16 later in its high ones; the last rows follow at N8 * K/2, row by row, block g's byte
+ *      j = q[32g + j] | q[32g + j + 16] << 4 (GGUF's own order).
+ *   sm (float16): group j's block g is 16 halves at (j * G + g) * 16: s of its 8 rows, then m;
+ *      the last rows' (s, m) pairs follow at N8 * G * 2, row by row.
+ * A register of weights meets one activation row's 4 inputs broadcast to its 8 lanes, so the 8
+ * rows' dot products come out in 8 int32 lanes: no horizontal sums, and the float work (scale
+ * and minimum terms) is one vector operation for 8 rows instead of one per row and block pair.
+ * Per row and block, in this order (fa: the row's 8 accumulators):
+ *   fa = fma(float(dot), s * dx, fa); fa = fma(m, dx * sum(qx), fa). */
 #define QR 4           /* activation rows per weight pass */
-#define PCH 32         /* blocks per integer pass of the plain-C loops */
-/* One row's float sum over blocks g0..g1 from its exact integer dots d [g1 - g0]: one
- * out-of-line copy for every nr, so the compiler cannot schedule a row's float sum differently
- * when other rows share the pass (-fassociative-math is on). */
-static __attribute__((noinline, noclone)) float q4_scale_row(float acc, const int32_t *d, const uint16_t *szn,
-                                                             const float *at, int g0, int g1) {
-    for (int g = g0; g < g1; g++) {
-        float sc, mn;
-        sm_at(szn, g, &sc, &mn);
-        acc += (float)d[g - g0] * (sc * at[2 * g]) + mn * at[2 * g + 1];
-    }
-    return acc;
+#define GROUP 8        /* weight rows per group */
+
+#if defined(LM_QDOT_512) || defined(LM_QDOT_256)
+/* acc + lo . bcast(x0) + hi . bcast(x1), per lane. Without VNNI the sums stay int16 through a
+ * block (|.| <= 8 * 2 * 15 * 127 = 30480 < 32767) and widen once (q4_widen). */
+INL __m256i q4_dot_acc(__m256i acc, __m256i lo, __m256i hi, int32_t x0, int32_t x1) {
+    const __m256i b0 = _mm256_set1_epi32(x0), b1 = _mm256_set1_epi32(x1);
+#if defined(HAVE_DPBUSD)
+    return DPBUSD(DPBUSD(acc, lo, b0), hi, b1);
+#else
+    return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(lo, b0), _mm256_maddubs_epi16(hi, b1)));
+#endif
 }
 
-INL void q4_rows_n(const uint8_t *qn, const uint16_t *szn, const int8_t *x, const float *a, const float *l, int K,
-                   int G, const int nr, const int quads, float *res) {
-    (void)l, (void)quads;  /* natural order only */
-    float acc[QR];
-    for (int r = 0; r < nr; r++) acc[r] = 0.f;
-    for (int g0 = 0; g0 < G; g0 += PCH) {
-        const int g1 = g0 + PCH < G ? g0 + PCH : G;
-        int32_t d[QR][PCH];
-        for (int g = g0; g < g1; g++) {
+INL __m256 q4_widen(__m256i acc) {
+#if defined(HAVE_DPBUSD)
+    return _mm256_cvtepi32_ps(acc);
+#else
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(acc, _mm256_set1_epi16(1)));
+#endif
+}
+
+/* One group (qg: its G * 128 bytes, sg: its G * 16 halves) x nr rows -> y rows [nr] (stride N),
+ * 8 columns each. pf: bytes ahead of qg's blocks to prefetch (0: none). */
+INL void q4_group_rows(const uint8_t *qg, const uint16_t *sg, const int8_t *x, const float *a, int K, int G,
+                       const int nr, float *y, int64_t N, int64_t pf) {
+    __m256 fa[QR];
+    for (int r = 0; r < nr; r++) fa[r] = _mm256_setzero_ps();
+    const __m256i m15 = _mm256_set1_epi8(15);
+    for (int g = 0; g < G; g++) {
+        const uint8_t *wb = qg + (int64_t)g * 128;
+        if (pf) {
+            __builtin_prefetch(wb + pf, 0, 0);
+            __builtin_prefetch(wb + pf + 64, 0, 0);
+            __builtin_prefetch((const char *)(sg + g * 16) + pf / 4, 0, 0);
+        }
+        __m256i acc[QR];
+        for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+        for (int k = 0; k < 4; k++) {  /* rolled: unrolled, GCC hoists the loads and spills */
+            const __m256i L = _mm256_loadu_si256((const __m256i *)(wb + 32 * k));
+            const __m256i lo = _mm256_and_si256(L, m15), hi = _mm256_and_si256(_mm256_srli_epi16(L, 4), m15);
+            for (int r = 0; r < nr; r++) {
+                const int8_t *xr = x + (int64_t)r * K + g * QB + 4 * k;
+                int32_t x0, x1;
+                memcpy(&x0, xr, 4);
+                memcpy(&x1, xr + 16, 4);
+                acc[r] = q4_dot_acc(acc[r], lo, hi, x0, x1);
+            }
+        }
+        const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sg + g * 16)));
+        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sg + g * 16 + 8)));
+        for (int r = 0; r < nr; r++) {
+            const float *at = a + (int64_t)r * 2 * G + 2 * g;
+            fa[r] = _mm256_fmadd_ps(q4_widen(acc[r]), _mm256_mul_ps(s, _mm256_set1_ps(at[0])), fa[r]);
+            fa[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(at[1]), fa[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) _mm256_storeu_ps(y + r * N, fa[r]);
+}
+#else
+/* The same layout in plain C, each row and column its own float sequence:
+ * acc = acc + float(dot) * (s * dx); acc = acc + m * (dx * sum(qx)) */
+INL void q4_group_rows(const uint8_t *qg, const uint16_t *sg, const int8_t *x, const float *a, int K, int G,
+                       const int nr, float *y, int64_t N, int64_t pf) {
+    (void)pf;
+    float acc[QR][GROUP];
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < GROUP; i++) acc[r][i] = 0.f;
+    for (int g = 0; g < G; g++) {
+        const uint8_t *wb = qg + (int64_t)g * 128;
+        for (int i = 0; i < GROUP; i++) {
+            const float s = h2f(sg[g * 16 + i]), m = h2f(sg[g * 16 + 8 + i]);
+            for (int r = 0; r < nr; r++) {
+                const int8_t *xg = x + (int64_t)r * K + g * QB;
+                int32_t d = 0;
+                for (int k = 0; k < 4; k++)
+                    for (int b = 0; b < 4; b++) {
+                        const int w = wb[32 * k + 4 * i + b];
+                        d += (w & 15) * xg[4 * k + b] + (w >> 4) * xg[16 + 4 * k + b];
+                    }
+                const float *at = a + (int64_t)r * 2 * G + 2 * g;
+                acc[r][i] = acc[r][i] + (float)d * (s * at[0]);
+                acc[r][i] = acc[r][i] + m * at[1];
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < GROUP; i++) y[r * N + i] = acc[r][i];
+}
+#endif
+
+/* One of the N % 8 last rows (qn [K/2] in GGUF's block order, smn [G, 2]) x nr activation rows
+ * -> y rows [nr] (stride N), one column: plain C in every build (real layers have N % 16 == 0). */
+static void q4_last_row(const uint8_t *qn, const uint16_t *smn, const int8_t *x, const float *a, int K, int G,
+                        int nr, float *y, int64_t N) {
+    for (int r = 0; r < nr; r++) {
+        float acc = 0.f;
+        for (int g = 0; g < G; g++) {
             const uint8_t *b = qn + g * 16;
-            int8_t w[QB];  /* the block's 32 weights, natural order */
-            for (int j = 0; j < 16; j++) w[j] = (int8_t)(b[j] & 15), w[j + 16] = (int8_t)(b[j] >> 4);
+            const int8_t *xg = x + (int64_t)r * K + g * QB;
+            int32_t d = 0;
+            for (int j = 0; j < 16; j++) d += (b[j] & 15) * xg[j] + (b[j] >> 4) * xg[j + 16];
+            float s, m;
+            sm_at(smn, g, &s, &m);
+            const float *at = a + (int64_t)r * 2 * G + 2 * g;
+            acc = acc + (float)d * (s * at[0]);
+            acc = acc + m * at[1];
+        }
+        y[r * N] = acc;
+    }
+}
+
+/* ---- int8 x int8: weight rows in groups of 8 --------------------------------------------------
+ * The int8 layout (qgemm.py's pack_q8 writes it): N8 = N - N % 8 rows in groups of 8, group j's
+ * block g 256 bytes at (j * G + g) * 256, byte 32 k + 4 i + b (k in 0..7, i in 0..7, b in 0..3)
+ * = q[8j + i][32g + 4k + b]; the N % 8 last rows follow at N8 * K, row by row. scale [N] as it
+ * was (row order). Per row and block: fa = fma(float(dot), dx, fa); at the end y = fa * scale. */
+#if defined(LM_QDOT_512) || defined(LM_QDOT_256)
+INL void q8_group_rows(const int8_t *qg, const float *scale, const int8_t *x, const float *a, int K, int G,
+                       const int nr, float *y, int64_t N, int64_t pf) {
+    __m256 fa[QR];
+    for (int r = 0; r < nr; r++) fa[r] = _mm256_setzero_ps();
+    for (int g = 0; g < G; g++) {
+        const int8_t *wb = qg + (int64_t)g * 256;
+        if (pf)
+            for (int o = 0; o < 256; o += 64) __builtin_prefetch(wb + pf + o, 0, 0);
+        __m256i acc[QR];
+#if defined(HAVE_DPBUSD)
+        /* biased activations (Q8_BIASED): u . q = qx . q + 128 sum(q); start each lane at
+         * -128 sum(q) of its row's 32 weights (exact: |u q| sums stay far inside int32) */
+        __m256i corr = _mm256_setzero_si256();
+        for (int k = 0; k < 8; k++)
+            corr = DPBUSD(corr, _mm256_set1_epi8((char)0x80), _mm256_loadu_si256((const __m256i *)(wb + 32 * k)));
+        corr = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
+        for (int r = 0; r < nr; r++) acc[r] = corr;
+#else
+        for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
+#endif
+#pragma GCC unroll 1
+        for (int k = 0; k < 8; k++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 32 * k));
+#if !defined(HAVE_DPBUSD)
+            const __m256i wabs = _mm256_sign_epi8(w, w), ones = _mm256_set1_epi16(1);
+#endif
             for (int r = 0; r < nr; r++) {
-                const int8_t *xg = x + r * K + g * QB;
-                int32_t s = 0;
-                for (int j = 0; j < QB; j++) s += w[j] * xg[j];
-                d[r][g - g0] = s;
+                int32_t xv;
+                memcpy(&xv, x + (int64_t)r * K + g * QB + 4 * k, 4);
+#if defined(HAVE_DPBUSD)
+                acc[r] = DPBUSD(acc[r], _mm256_set1_epi32(xv), w);
+#else
+                /* |q| . (qx * sign(q)) = q . qx: vpmaddubsw's pair sums stay below 2 * 127 * 127 */
+                const __m256i p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(_mm256_set1_epi32(xv), w));
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones));
+#endif
             }
         }
-        for (int r = 0; r < nr; r++) acc[r] = q4_scale_row(acc[r], d[r], szn, a + r * 2 * G, g0, g1);
+        for (int r = 0; r < nr; r++)
+            fa[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(a[(int64_t)r * 2 * G + 2 * g]), fa[r]);
     }
-    for (int r = 0; r < nr; r++) res[r] = acc[r];
-}
-#endif
-
-/* ---- int8 x int8: one weight row qn [K] ----------------------------------------------------- */
-#if defined(LM_QDOT_512)
-#define Q8R 8          /* int8 rows per weight pass: 8 rows x 2 zmm accumulators (no minimum terms) */
-#else
-#define Q8R QR
-#endif
-#if defined(LM_QDOT_512)
-/* vpdpbusd multiplies unsigned by signed bytes: the activations are stored biased (Q8_BIASED),
- * u = qx + 128 (qx ^ 0x80), so u . q = qx . q + 128 sum(q): each int32 lane starts at -128 *
- * (its 4 q), computed once per weight block for all rows, and ends exact (|u q| sums of 4 stay
- * below 4 * 255 * 127). */
-INL __m512i q8_corr(__m512i w) {
-    const __m512i z = _mm512_setzero_si512();
-    return _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, _mm512_set1_epi8((char)0x80), w));
-}
-
-INL __m512 q8_pair_row(__m512 acc, __m512i w, __m512i wc, const int8_t *xt, const float *lt, int g) {
-    const __m512i d = _mm512_dpbusd_epi32(wc, _mm512_loadu_si512(xt + g * QB), w);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_loadu_ps(lt + g * 8), acc);  /* dx in its lanes */
-}
-
-INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const float *l, int K,
-                   int G, const int nr, float *res) {
-    __m512 a0[Q8R], a1[Q8R];
-    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm512_setzero_ps();
-    int g = 0;
-    for (; g + 3 < G; g += 4) {
-        const __m512i w0 = _mm512_loadu_si512(qn + g * QB), w1 = _mm512_loadu_si512(qn + (g + 2) * QB);
-        const __m512i c0 = q8_corr(w0), c1 = q8_corr(w1);
-        for (int r = 0; r < nr; r++) {
-            const int8_t *xt = x + r * K;
-            const float *lt = l + r * (K / 4);
-            a0[r] = q8_pair_row(a0[r], w0, c0, xt, lt, g);
-            a1[r] = q8_pair_row(a1[r], w1, c1, xt, lt, g + 2);
-        }
-    }
-    if (g + 1 < G) {
-        const __m512i w0 = _mm512_loadu_si512(qn + g * QB), c0 = q8_corr(w0);
-        for (int r = 0; r < nr; r++) a0[r] = q8_pair_row(a0[r], w0, c0, x + r * K, l + r * (K / 4), g);
-        g += 2;
-    }
-    for (int r = 0; r < nr; r++) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
-    if (g < G) {
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(qn + g * QB)), z = _mm256_setzero_si256();
-        const __m256i wc = _mm256_sub_epi32(z, _mm256_dpbusd_epi32(z, _mm256_set1_epi8((char)0x80), w));
-        for (int r = 0; r < nr; r++) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + r * K + g * QB));
-            const __m256i d = _mm256_dpbusd_epi32(wc, xv, w);
-            res[r] += hsum256(_mm256_cvtepi32_ps(d)) * a[r * 2 * G + 2 * g];
-        }
-    }
-}
-#elif defined(LM_QDOT_256)
-/* |q| . (qx * sign(q)) = q . qx, with |q| <= 127 unsigned: pairs stay within int16 */
-INL __m256 q8_block_row(__m256 acc, __m256i w, __m256i wabs, const int8_t *xt, const float *at, int g) {
-    const __m256i xv = _mm256_loadu_si256((const __m256i *)(xt + g * QB));
-    const __m256i d = dot_u8s8(wabs, _mm256_sign_epi8(xv, w));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_broadcast_ss(at + 2 * g), acc);
-}
-
-INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const float *l, int K,
-                   int G, const int nr, float *res) {
-    (void)l;
-    __m256 a0[Q8R], a1[Q8R];
-    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm256_setzero_ps();
-    int g = 0;
-    for (; g + 1 < G; g += 2) {
-        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(qn + g * QB));
-        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(qn + (g + 1) * QB));
-        const __m256i b0 = _mm256_sign_epi8(w0, w0), b1 = _mm256_sign_epi8(w1, w1);
-        for (int r = 0; r < nr; r++) {
-            a0[r] = q8_block_row(a0[r], w0, b0, x + r * K, a + r * 2 * G, g);
-            a1[r] = q8_block_row(a1[r], w1, b1, x + r * K, a + r * 2 * G, g + 1);
-        }
-    }
-    if (g < G) {
-        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(qn + g * QB)), b0 = _mm256_sign_epi8(w0, w0);
-        for (int r = 0; r < nr; r++) a0[r] = q8_block_row(a0[r], w0, b0, x + r * K, a + r * 2 * G, g);
-    }
-    for (int r = 0; r < nr; r++) res[r] = hsum256(_mm256_add_ps(a0[r], a1[r]));
+    const __m256 sc = _mm256_loadu_ps(scale);
+    for (int r = 0; r < nr; r++) _mm256_storeu_ps(y + r * N, _mm256_mul_ps(fa[r], sc));
 }
 #else
-/* q4_scale_row's counterpart: acc + sum_g d[g - g0] * dx[g] */
-static __attribute__((noinline, noclone)) float q8_scale_row(float acc, const int32_t *d, const float *at, int g0,
-                                                             int g1) {
-    for (int g = g0; g < g1; g++) acc += (float)d[g - g0] * at[2 * g];
-    return acc;
-}
-
-INL void q8_rows_n(const int8_t *qn, const int8_t *x, const float *a, const float *l, int K,
-                   int G, const int nr, float *res) {
-    (void)l;
-    float acc[Q8R];
-    for (int r = 0; r < nr; r++) acc[r] = 0.f;
-    for (int g0 = 0; g0 < G; g0 += PCH) {
-        const int g1 = g0 + PCH < G ? g0 + PCH : G;
-        int32_t d[Q8R][PCH];
-        for (int g = g0; g < g1; g++)
+/* the same layout in plain C: acc = acc + float(dot) * dx per block; y = acc * scale */
+INL void q8_group_rows(const int8_t *qg, const float *scale, const int8_t *x, const float *a, int K, int G,
+                       const int nr, float *y, int64_t N, int64_t pf) {
+    (void)pf;
+    float acc[QR][GROUP];
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < GROUP; i++) acc[r][i] = 0.f;
+    for (int g = 0; g < G; g++) {
+        const int8_t *wb = qg + (int64_t)g * 256;
+        for (int i = 0; i < GROUP; i++)
             for (int r = 0; r < nr; r++) {
-                const int8_t *xg = x + r * K + g * QB;
-                int32_t s = 0;
-                for (int j = 0; j < QB; j++) s += qn[g * QB + j] * xg[j];
-                d[r][g - g0] = s;
+                const int8_t *xg = x + (int64_t)r * K + g * QB;
+                int32_t d = 0;
+                for (int k = 0; k < 8; k++)
+                    for (int b = 0; b < 4; b++) d += wb[32 * k + 4 * i + b] * xg[4 * k + b];
+                acc[r][i] = acc[r][i] + (float)d * a[(int64_t)r * 2 * G + 2 * g];
             }
-        for (int r = 0; r < nr; r++) acc[r] = q8_scale_row(acc[r], d[r], a + r * 2 * G, g0, g1);
     }
-    for (int r = 0; r < nr; r++) res[r] = acc[r];
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < GROUP; i++) y[r * N + i] = acc[r][i] * scale[i];
 }
 #endif
 
-_Static_assert(QR == 4 && (Q8R == 4 || Q8R == 8), "SPAN_CASES / SPAN_CASES8 spell out nr");
+/* One of the N % 8 last int8 rows (qn [K], row order) x nr activation rows -> y rows [nr]
+ * (stride N), one column: plain C in every build (activations unbiased here, see Q8_BIASED). */
+static void q8_last_row(const int8_t *qn, float scale, const int8_t *x, const float *a, int K, int G, int nr,
+                        float *y, int64_t N) {
+    const int flip = Q8_BIASED ? 0x80 : 0;
+    for (int r = 0; r < nr; r++) {
+        float acc = 0.f;
+        for (int g = 0; g < G; g++) {
+            const int8_t *xg = x + (int64_t)r * K + g * QB;
+            int32_t d = 0;
+            for (int j = 0; j < QB; j++) d += qn[g * QB + j] * (int8_t)(xg[j] ^ flip);
+            acc = acc + (float)d * a[(int64_t)r * 2 * G + 2 * g];
+        }
+        y[r * N] = acc * scale;
+    }
+}
+
+_Static_assert(QR == 4, "SPAN_CASES spells out nr");
 #if defined(LM_QDOT_ONE_ROW)
 #define ROWS 1         /* the unblocked loop (one row per pass; bench/ab_qdot.py's baseline) */
-#define ROWS8 1
 #else
 #define ROWS QR
-#define ROWS8 Q8R
 #endif
 #ifndef SPAN_BYTES
-#define SPAN_BYTES 8192 /* weight bytes per span (at least one row): they stay in L1 beside the row blocks' data */
+#define SPAN_BYTES 8192 /* weight bytes per span (at least one group): they stay in L1 beside the row blocks' data */
 #endif
-#define NB_MAX 32      /* weight rows per span at most */
+#define NB_MAX 4       /* weight groups per span at most */
 
 /* nr (1..QR) as a constant in each case, so every case is its own register-allocated copy of
- * the inlined body and the dispatch happens once per span, not per weight row */
+ * the inlined body and the dispatch happens once per span, not per weight group */
 #define SPAN_CASES(call)                                                                  \
     switch (nr) {                                                                         \
     case 1: call(1); break;                                                               \
@@ -618,37 +480,7 @@ _Static_assert(QR == 4 && (Q8R == 4 || Q8R == 8), "SPAN_CASES / SPAN_CASES8 spel
     case 3: call(3); break;                                                               \
     default: call(QR); break;                                                             \
     }
-#if Q8R == 8
-#define SPAN_CASES8(call)                                                                 \
-    switch (nr) {                                                                         \
-    case 1: call(1); break;                                                               \
-    case 2: call(2); break;                                                               \
-    case 3: call(3); break;                                                               \
-    case 4: call(4); break;                                                               \
-    case 5: call(5); break;                                                               \
-    case 6: call(6); break;                                                               \
-    case 7: call(7); break;                                                               \
-    default: call(8); break;                                                              \
-    }
-#else
-#define SPAN_CASES8 SPAN_CASES
-#endif
 /* ---- entry points --------------------------------------------------------------------------- */
-#if defined(LM_QDOT_512)
-#define Q4_LAYOUT LAYOUT_PAIRS  /* int4-weight activations in pair order (see block_base) */
-#elif defined(LM_QDOT_256)
-#define Q4_LAYOUT LAYOUT_QUADS  /* in quad order (see block_base) */
-#else
-#define Q4_LAYOUT LAYOUT_NATURAL
-#endif
-#if defined(LM_QDOT_512)
-#define Q8_BIASED 1    /* int8-weight activations stored as qx ^ 0x80 (see q8_corr) */
-#define DXL 1
-#else
-#define Q8_BIASED 0
-#define DXL 0
-#endif
-
 #ifndef KEEP_BYTES
 #define KEEP_BYTES (256 * 1024) /* activation scratch each calling thread keeps between calls */
 #endif
@@ -662,10 +494,9 @@ static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
  * suffices (no allocation per decode step), else the call's own. 0 when out of memory. */
 static int act_alloc(act_t *a, int T, int K) {
     const size_t nq = up64((size_t)T * K), na = up64(sizeof(float) * (size_t)T * (K / QB) * 2);
-    const size_t need = nq + na + (DXL ? sizeof(float) * (size_t)T * (K / 4) : 0);
+    const size_t need = nq + na;
     char *base;
     a->owned = NULL;
-    a->quads = 0;
     if (need <= KEEP_BYTES) {
         (void)pthread_once(&keep_once, keep_init);
         base = pthread_getspecific(keep_key);
@@ -678,19 +509,16 @@ static int act_alloc(act_t *a, int T, int K) {
     }
     a->qx = (int8_t *)base;
     a->aux = (float *)(base + nq);
-    a->dxl = DXL ? (float *)(base + nq + na) : NULL;
     return 1;
 }
 
 static void act_free(act_t *a) { free(a->owned); }
 
-/* Every row of x [T, K] into a's scratch (natural order, pairs for int4 on AVX-512, biased for
- * int8 on AVX-512). */
-static void quantize_all(const float *x, int T, int K, int layout, int biased, act_t *a) {
+/* Every row of x [T, K] into a's scratch (for int8 weights biased where Q8_BIASED). */
+static void quantize_all(const float *x, int T, int K, int for_q8, act_t *a) {
     const int G = K / QB;
     for (int t = 0; t < T; t++)
-        quantize_row(x + (int64_t)t * K, K, layout, biased, a->qx + (int64_t)t * K, a->aux + (int64_t)t * 2 * G,
-                     DXL ? a->dxl + (int64_t)t * (K / 4) : NULL);
+        quantize_row(x + (int64_t)t * K, K, for_q8 && Q8_BIASED, a->qx + (int64_t)t * K, a->aux + (int64_t)t * 2 * G);
 }
 
 /* Which inner loop this build has: 512 (AVX-512 VNNI), 256 (AVX2 / AVX-VNNI) or 0 (portable). */
@@ -704,11 +532,11 @@ int lm_qdot_isa(void) {
 #endif
 }
 
-/* Weight rows per span: up to SPAN_BYTES of weights (row_bytes each) and NB_MAX rows, fewer when
- * N is small, so every thread gets about 4 spans. */
-static int64_t span_rows(int64_t N, int nthreads, int64_t row_bytes) {
-    const int64_t per = (N + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)(nthreads > 0 ? nthreads : 1));
-    int64_t cap = SPAN_BYTES / row_bytes;
+/* Weight groups per span: up to SPAN_BYTES of weights (group_bytes each) and NB_MAX groups, fewer
+ * when NG is small, so every thread gets about 4 spans. */
+static int64_t span_groups(int64_t NG, int nthreads, int64_t group_bytes) {
+    const int64_t per = (NG + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)(nthreads > 0 ? nthreads : 1));
+    int64_t cap = SPAN_BYTES / group_bytes;
     cap = cap < 1 ? 1 : (cap > NB_MAX ? NB_MAX : cap);
     return per < 1 ? 1 : (per > cap ? cap : per);
 }
@@ -730,18 +558,13 @@ int lm_qdot_set_prefetch(int bytes) {
     return old;
 }
 
-/* Weight rows to prefetch ahead of the one being multiplied, for calls of T rows whose rows hold
- * row_bytes of weights (and scales) each: at one or two activation rows a call streams its
- * weights from memory with little compute per byte, and the hardware prefetchers, which stop at
- * each 4 KB page and restart at each span, leave both cores waiting on misses; explicit
- * non-temporal prefetches a few KB ahead (measured: 2-8 KB alike) keep the loads in flight. */
-static int64_t prefetch_rows(int T, int64_t row_bytes) {
-    return prefetch_bytes > 0 && T <= PREFETCH_MAX_T ? (prefetch_bytes + row_bytes - 1) / row_bytes : 0;
-}
-
-/* every cache line of p [0, n) toward L1, not to be kept (weights are read once a step) */
-static inline void prefetch_span(const void *p, int64_t n) {
-    for (int64_t o = 0; o < n; o += 64) __builtin_prefetch((const char *)p + o, 0, 0);
+/* Bytes of a span's weight stream to prefetch ahead of the block being multiplied, for calls of
+ * T rows: at one or two activation rows a call streams its weights from memory with little
+ * compute per byte, and the hardware prefetchers, which stop at each 4 KB page and restart at
+ * each span, leave both cores waiting on misses; explicit non-temporal prefetches a few KB
+ * ahead (measured: 2-8 KB alike) keep the loads in flight. 0: none. */
+static int64_t prefetch_ahead(int T) {
+    return T <= PREFETCH_MAX_T ? prefetch_bytes : 0;
 }
 
 /* Threads for a call: one (no pool job to publish and wake workers for) when its weights x row
@@ -752,49 +575,43 @@ static int threads_for(int64_t N, int64_t row_bytes, int T, int rows, int nthrea
     return N * row_bytes * passes < SERIAL_BYTES ? 1 : nthreads;
 }
 
-/* weight rows n0..n1 (int4) x activation rows t..t+nr-1 -> y [T, N] */
-static void q4_span(const act_t *a, int t, int nr, int K, const uint8_t *q, const uint16_t *sz, int64_t n0,
-                    int64_t n1, int64_t N, float *y, int64_t ahead) {
+/* int4 weight groups j0..j1 (and, with `last`, the N % 8 last rows) x activation rows t..t+nr-1
+ * -> y [T, N]; pf: nibble bytes to prefetch ahead (0: none) */
+static void q4_span(const act_t *a, int t, int nr, int K, const uint8_t *q, const uint16_t *sm, int64_t j0,
+                    int64_t j1, int last, int64_t N, float *y, int64_t pf) {
     const int G = K / QB;
     const int8_t *x = a->qx + (int64_t)t * K;
-    const float *at = a->aux + (int64_t)t * 2 * G, *l = DXL ? a->dxl + (int64_t)t * (K / 4) : NULL;
-#define Q4_CALLQ(R_, Q_)                                                                  \
-    for (int64_t n = n0; n < n1; n++) {                                                   \
-        float res[QR];                                                                    \
-        if (ahead && n + ahead < N) {                                                     \
-            prefetch_span(q + (n + ahead) * (K / 2), K / 2);                              \
-            prefetch_span(sz + (n + ahead) * 2 * G, 4 * G);                               \
-        }                                                                                 \
-        q4_rows_n(q + n * (K / 2), sz + n * 2 * G, x, at, l, K, G, R_, Q_, res);          \
-        for (int r = 0; r < R_; r++) y[(int64_t)(t + r) * N + n] = res[r];                \
-    }
-#define Q4_CALL(R_) Q4_CALLQ(R_, 0)
-#define Q4_CALL_QUADS(R_) Q4_CALLQ(R_, 1)
-    if (a->quads) {
-        SPAN_CASES(Q4_CALL_QUADS)
-    } else {
-        SPAN_CASES(Q4_CALL)
-    }
-#undef Q4_CALL_QUADS
+    const float *at = a->aux + (int64_t)t * 2 * G;
+    float *yt = y + (int64_t)t * N;
+#define Q4_CALL(R_)                                                                       \
+    for (int64_t j = j0; j < j1; j++)                                                     \
+        q4_group_rows(q + j * G * 128, sm + j * G * 16, x, at, K, G, R_, yt + j * GROUP, N, pf);
+    SPAN_CASES(Q4_CALL)
 #undef Q4_CALL
-#undef Q4_CALLQ
+    if (last) {
+        const int64_t N8 = N - N % GROUP;
+        for (int64_t n = N8; n < N; n++)
+            q4_last_row(q + n * (K / 2), sm + n * 2 * G, x, at, K, G, nr, yt + n, N);
+    }
 }
 
-/* weight rows n0..n1 (int8, scale [N]) x activation rows t..t+nr-1 -> y [T, N] */
-static void q8_span(const act_t *a, int t, int nr, int K, const int8_t *q, const float *scale, int64_t n0,
-                    int64_t n1, int64_t N, float *y, int64_t ahead) {
+/* int8 weight groups j0..j1 (and, with `last`, the N % 8 last rows) x activation rows t..t+nr-1
+ * -> y [T, N]; pf: weight bytes to prefetch ahead (0: none) */
+static void q8_span(const act_t *a, int t, int nr, int K, const int8_t *q, const float *scale, int64_t j0,
+                    int64_t j1, int last, int64_t N, float *y, int64_t pf) {
     const int G = K / QB;
     const int8_t *x = a->qx + (int64_t)t * K;
-    const float *at = a->aux + (int64_t)t * 2 * G, *l = DXL ? a->dxl + (int64_t)t * (K / 4) : NULL;
+    const float *at = a->aux + (int64_t)t * 2 * G;
+    float *yt = y + (int64_t)t * N;
 #define Q8_CALL(R_)                                                                       \
-    for (int64_t n = n0; n < n1; n++) {                                                   \
-        float res[Q8R];                                                                   \
-        if (ahead && n + ahead < N) prefetch_span(q + (n + ahead) * K, K);                \
-        q8_rows_n(q + n * K, x, at, l, K, G, R_, res);                                 \
-        for (int r = 0; r < R_; r++) y[(int64_t)(t + r) * N + n] = scale[n] * res[r];     \
-    }
-    SPAN_CASES8(Q8_CALL)
+    for (int64_t j = j0; j < j1; j++)                                                     \
+        q8_group_rows(q + j * GROUP * K, scale + j * GROUP, x, at, K, G, R_, yt + j * GROUP, N, pf);
+    SPAN_CASES(Q8_CALL)
 #undef Q8_CALL
+    if (last) {
+        const int64_t N8 = N - N % GROUP;
+        for (int64_t n = N8; n < N; n++) q8_last_row(q + n * K, scale[n], x, at, K, G, nr, yt + n, N);
+    }
 }
 
 /* One pass of a call: weight-row span sp against activation rows t0..t1. */
@@ -804,61 +621,66 @@ typedef struct {
     const void *q, *scales;
     int64_t nb, N;
     float *y;
-    int64_t ahead;  /* weight rows prefetched ahead (prefetch_rows) */
+    int64_t ahead;  /* weight bytes to prefetch ahead (prefetch_ahead; int4: of the nibbles) */
 } pass_t;
 
+/* int4: span sp is weight groups sp * nb.. (nb groups; the last span also takes the last rows) */
 static void q4_pass_span(const void *c, int64_t sp) {
     const pass_t *p = c;
-    const int64_t n0 = sp * p->nb, n1 = n0 + p->nb < p->N ? n0 + p->nb : p->N;
+    const int64_t NG = p->N / GROUP, j0 = sp * p->nb, j1 = j0 + p->nb < NG ? j0 + p->nb : NG;
+    const int last = j1 == NG;
     for (int t = p->t0; t < p->t1; t += ROWS)
-        q4_span(p->a, t, p->t1 - t < ROWS ? p->t1 - t : ROWS, p->K, p->q, p->scales, n0, n1, p->N, p->y,
+        q4_span(p->a, t, p->t1 - t < ROWS ? p->t1 - t : ROWS, p->K, p->q, p->scales, j0, j1, last, p->N, p->y,
                 p->ahead);
 }
 
 static void q8_pass_span(const void *c, int64_t sp) {
     const pass_t *p = c;
-    const int64_t n0 = sp * p->nb, n1 = n0 + p->nb < p->N ? n0 + p->nb : p->N;
-    for (int t = p->t0; t < p->t1; t += ROWS8)
-        q8_span(p->a, t, p->t1 - t < ROWS8 ? p->t1 - t : ROWS8, p->K, p->q, p->scales, n0, n1, p->N, p->y,
+    const int64_t NG = p->N / GROUP, j0 = sp * p->nb, j1 = j0 + p->nb < NG ? j0 + p->nb : NG;
+    const int last = j1 == NG;
+    for (int t = p->t0; t < p->t1; t += ROWS)
+        q8_span(p->a, t, p->t1 - t < ROWS ? p->t1 - t : ROWS, p->K, p->q, p->scales, j0, j1, last, p->N, p->y,
                 p->ahead);
 }
 
-/* x float32 [T, K], q uint8 [N, K/2] (qgemm.c's nibble order), sz float16 [N, K/32, 2] (s, m)
- * -> y [T, N]. Returns 0, or -1 when scratch could not be allocated (y untouched). Threads split
- * the weight rows (spans); each span meets every row block of a chunk while its weights are cached. */
-int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t *sz, int64_t N, float *y,
+/* x float32 [T, K], q uint8 [N * K/2] and sm float16 [N * K/32 * 2] in the int4 layout (groups
+ * of 8 rows, see q4_group_rows) -> y [T, N]. Returns 0, or -1 when scratch could not be allocated
+ * (y untouched). Threads split the weight groups (spans); each span meets every row block of a
+ * chunk while its weights are cached. */
+int lm_q4x8_gemm(const float *x, int T, int K, const uint8_t *q, const uint16_t *sm, int64_t N, float *y,
                  int nthreads) {
     const int G = K / QB;
+    const int64_t gbytes = GROUP * (int64_t)(K / 2 + 4 * G), NG = N / GROUP;
     act_t a;
     if (T <= 0 || N <= 0) return 0;
     if (!act_alloc(&a, T, K)) return -1;
-    /* one row keeps the pair order (see q4_rows_n); the sums are the same either way */
-    const int layout = Q4_LAYOUT == LAYOUT_QUADS && T == 1 ? LAYOUT_PAIRS : Q4_LAYOUT;
-    quantize_all(x, T, K, layout, 0, &a);
-    a.quads = layout == LAYOUT_QUADS;
+    quantize_all(x, T, K, 0, &a);
     const int nt = threads_for(N, K / 2 + 4 * G, T, ROWS, nthreads);
-    const int64_t nb = span_rows(N, nt, K / 2 + 4 * G), spans = (N + nb - 1) / nb;
+    /* (with N < 8: no group, one span for the last rows) */
+    const int64_t nb = NG > 0 ? span_groups(NG, nt, gbytes) : 1, spans = NG > 0 ? (NG + nb - 1) / nb : 1;
+    /* prefetch_bytes of weights and scales ahead, 4/5 of them nibbles */
+    const int64_t pf = prefetch_ahead(T) * 4 / 5;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {  /* one pool job per chunk */
-        const pass_t p = {&a, t0, t0 + T_CHUNK < T ? t0 + T_CHUNK : T, K, q, sz, nb, N, y,
-                          prefetch_rows(T, K / 2 + 4 * G)};
+        const pass_t p = {&a, t0, t0 + T_CHUNK < T ? t0 + T_CHUNK : T, K, q, sm, nb, N, y, pf};
         pool_run(q4_pass_span, &p, spans, nt);
     }
     act_free(&a);
     return 0;
 }
 
-/* x float32 [T, K], q int8 [N, K], scale float32 [N] (qgemm.c's int8 layout) -> y [T, N]. */
+/* x float32 [T, K], q int8 [N * K] in the int8 layout (groups of 8 rows, see q8_group_rows),
+ * scale float32 [N] -> y [T, N]. */
 int lm_q8x8_gemm(const float *x, int T, int K, const int8_t *q, const float *scale, int64_t N, float *y,
                  int nthreads) {
+    const int64_t NG = N / GROUP;
     act_t a;
     if (T <= 0 || N <= 0) return 0;
     if (!act_alloc(&a, T, K)) return -1;
-    quantize_all(x, T, K, 0, Q8_BIASED, &a);
-    const int nt = threads_for(N, K, T, ROWS8, nthreads);
-    const int64_t nb = span_rows(N, nt, K), spans = (N + nb - 1) / nb;
+    quantize_all(x, T, K, 1, &a);
+    const int nt = threads_for(N, K, T, ROWS, nthreads);
+    const int64_t nb = NG > 0 ? span_groups(NG, nt, GROUP * (int64_t)K) : 1, spans = NG > 0 ? (NG + nb - 1) / nb : 1;
     for (int t0 = 0; t0 < T; t0 += T_CHUNK) {
-        const pass_t p = {&a, t0, t0 + T_CHUNK < T ? t0 + T_CHUNK : T, K, q, scale, nb, N, y,
-                          prefetch_rows(T, K)};
+        const pass_t p = {&a, t0, t0 + T_CHUNK < T ? t0 + T_CHUNK : T, K, q, scale, nb, N, y, prefetch_ahead(T)};
         pool_run(q8_pass_span, &p, spans, nt);
     }
     act_free(&a);

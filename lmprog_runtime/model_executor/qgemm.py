@@ -46,7 +46,9 @@ def _declare_dot(lib: ctypes.CDLL) -> None:
 _HERE = pathlib.Path(__file__).parent
 _KERNEL = native.Kernel(_HERE / "qgemm.c", native.NATIVE_FLAGS, True, _declare)
 # qdot.c builds: "native" as -march=native selects; the others force a slower inner loop (tests)
-DOT_VARIANTS = {"native": (), "avx2": ("-DLM_QDOT_NO_AVX512",), "portable": ("-DLM_QDOT_PORTABLE",)}
+DOT_VARIANTS = {"native": (), "avx2": ("-DLM_QDOT_NO_AVX512",), "portable": ("-DLM_QDOT_PORTABLE",),
+                # the vpdpbusd loops (AVX-512 VNNI / AVX-VNNI CPUs) with the instruction's maths in AVX2
+                "vnni_emu": ("-DLM_QDOT_NO_AVX512", "-DLM_QDOT_VNNI_EMU")}
 # the same three with one activation row per pass over the weights (no T-blocking): the
 # bitwise reference of the blocked loops (tests) and bench/ab_qdot.py's baseline
 DOT_VARIANTS.update({v + "_one_row": d + ("-DLM_QDOT_ONE_ROW",) for v, d in list(DOT_VARIANTS.items())})
@@ -108,15 +110,59 @@ def pack_q4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
 
 
 def pack_q4_f16(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
-    """int4 blocks -> (packed uint8 [N, K/2] as pack_q4, sm float16 [N, K/32, 2] = (s, m) with
-    w = q * s + m): qdot.c's int4 layout. GGUF Q4_1 blocks (d, m float16; zero = m + 8 d) get
-    their own d and m back (exact whenever |m| >= 2^-13 |8 d|, as for any block whose
-    minimum is its m); other weights round s and m to float16 (relative 2^-11)."""
+    """int4 blocks -> (packed uint8 [N, K/2], sm float16 [N, K/32, 2]): qdot.c's int4 layout,
+    with w = q * s + m. The bytes of pack_q4's nibbles and (s, m) pairs, rearranged (qdot.c's
+    "int4 layout"): rows in groups of 8, each block's 8 rows interleaved 4 inputs at a time
+    (low nibbles inputs 4k..4k+3, high nibbles 16 later) and its 8 s then 8 m; the N % 8 last
+    rows after them as pack_q4 has them. The buffers keep pack_q4's shapes but not its row
+    order: read them with `unpack_q4_f16`. GGUF Q4_1 blocks (d, m float16; zero = m + 8 d) get
+    their own d and m back (exact whenever |m| >= 2^-13 |8 d|, as for any block whose minimum
+    is its m); other weights round s and m to float16 (relative 2^-11)."""
     packed, sz = pack_q4(q, scale, zero)
-    sm = sz.to(torch.float16).contiguous()
+    sm = sz.to(torch.float16)
     if not torch.isfinite(sm).all():
         raise ValueError("int4 scales or minimums beyond float16's range (|x| > 65504)")
-    return packed, sm
+    n, half = packed.shape
+    g, n8 = half // 16, n - n % 8
+    # [J, 8 rows, G, 4 k, 4 b] -> [J, G, 4 k, 8 rows, 4 b]
+    head = packed[:n8].reshape(n8 // 8, 8, g, 4, 4).permute(0, 2, 3, 1, 4).reshape(-1)
+    # [J, 8 rows, G, (s, m)] -> [J, G, (s, m), 8 rows]
+    sm_head = sm[:n8].reshape(n8 // 8, 8, g, 2).permute(0, 2, 3, 1).reshape(-1)
+    packed = torch.cat([head, packed[n8:].reshape(-1)]).reshape(n, half)
+    sm = torch.cat([sm_head, sm[n8:].reshape(-1)]).reshape(n, g, 2)
+    return packed.contiguous(), sm.contiguous()
+
+
+def pack_q8(q: torch.Tensor) -> torch.Tensor:
+    """int8 weights q [N, K] (quantize_int8's) -> qdot.c's int8 layout, same shape: rows in
+    groups of 8, each block of 32 inputs with its 8 rows interleaved 4 inputs at a time; the
+    N % 8 last rows as they were. Read back with `unpack_q8`. The scales keep row order."""
+    n, k = q.shape
+    n8 = n - n % 8
+    head = q[:n8].reshape(n8 // 8, 8, k // 32, 8, 4).permute(0, 2, 3, 1, 4).reshape(-1)  # [J, G, k, rows, b]
+    return torch.cat([head, q[n8:].reshape(-1)]).reshape(n, k).contiguous()
+
+
+def unpack_q8(packed: torch.Tensor) -> torch.Tensor:
+    """`pack_q8`'s layout -> q [N, K] row by row."""
+    n, k = packed.shape
+    n8 = n - n % 8
+    flat = packed.reshape(-1)
+    head = flat[:n8 * k].reshape(n8 // 8, k // 32, 8, 8, 4).permute(0, 3, 1, 2, 4).reshape(n8, k)
+    return torch.cat([head, flat[n8 * k:].reshape(n - n8, k)])
+
+
+def unpack_q4_f16(packed: torch.Tensor, sm: torch.Tensor):
+    """`pack_q4_f16`'s buffers -> (q int32 [N, K] in 0..15, sm float16 [N, K/32, 2] row by row)."""
+    n, half = packed.shape
+    g, n8 = half // 16, n - n % 8
+    flat, sflat = packed.reshape(-1), sm.reshape(-1)
+    rows = torch.cat([flat[:n8 * half].reshape(n8 // 8, g, 4, 8, 4).permute(0, 3, 1, 2, 4).reshape(n8, half),
+                      flat[n8 * half:].reshape(n - n8, half)])
+    sm_rows = torch.cat([sflat[:n8 * g * 2].reshape(n8 // 8, g, 2, 8).permute(0, 3, 1, 2).reshape(n8, g, 2),
+                         sflat[n8 * g * 2:].reshape(n - n8, g, 2)])
+    b = rows.reshape(n, g, 16).to(torch.int32)
+    return torch.cat([b & 15, b >> 4], dim=-1).reshape(n, -1), sm_rows
 
 
 def q4_matmul(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
@@ -156,8 +202,8 @@ def dot_fn(fmt: str, variant: str = "native"):
 
 
 def dot_matmul(fmt: str, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, variant: str = "native"):
-    """`q8_matmul` (scales float32 [N]) / `q4_matmul` on `pack_q4_f16`'s buffers (scales float16
-    [N, K/32, 2]) with int8 activations; x float32 [T, K], K % 32 == 0."""
+    """`q8_matmul` on `pack_q8`'s weights (scales float32 [N]) / `q4_matmul` on `pack_q4_f16`'s
+    buffers (scales float16 [N, K/32, 2]) with int8 activations; x float32 [T, K], K % 32 == 0."""
     want = torch.float32 if fmt == "int8" else torch.float16
     assert dot_available() and x.dtype == torch.float32 and scales.dtype == want and x.shape[1] % 32 == 0
     assert q.is_contiguous() and scales.is_contiguous() and x.shape[1] == q.shape[1] * (1 if fmt == "int8" else 2)

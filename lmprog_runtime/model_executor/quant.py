@@ -89,11 +89,13 @@ class QuantLinear(nn.Module):
     """`y = x @ W.T + b` with W stored as `fmt` ("int8" | "int4"); x [T, K] -> y [T, N], x's dtype.
 
     Buffers (all saved in the state dict, so a converted model reloads from safetensors):
-    int8: qweight int8 [N, K], scales act_dtype [N] (float32 for int8 activations);
+    int8: qweight int8 [N, K], scales act_dtype [N] (float32 for int8 activations; qdot.c's
+      kernel (int8 activations) takes qweight in its own row order, `qgemm.pack_q8`);
     int4: qweight uint8 [N, K/2] (torch's CPU packing), scale_zeros act_dtype [K/32, N, 2];
       with float32 or int8 activations and qgemm.c built (`native4`): qweight in qgemm.c's
       nibble order, scale_zeros float32 [N, K/32, 2] (scale, zero - 8 * scale); with int8
-      activations (qdot.c) scale_mins float16 [N, K/32, 2] instead, the same pairs;
+      activations (qdot.c) both in its layout (`qgemm.pack_q4_f16`: rows in groups of 8),
+      scale_mins float16 [N, K/32, 2] instead, the same pairs;
     dense (optional): the weight the kernel stands for, dequantized, [N, K], used when
       T >= dense_rows.
     """
@@ -140,7 +142,7 @@ class QuantLinear(nn.Module):
         """Quantize `w` [N, K] (or take exact `int4` blocks) into the buffers; keep w if dense."""
         if self.fmt == "int8":
             q, scale = quantize_int8(w)
-            self.qweight.copy_(q)
+            self.qweight.copy_(qgemm.pack_q8(q) if self._c_kernel == "int8x8" else q)
             self.scales.copy_(scale)
             stored = q.float() * self.scales.float()[:, None]
         elif self.native4:

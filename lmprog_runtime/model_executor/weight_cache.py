@@ -21,7 +21,7 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # bump when the module layout or the packing changes
+CACHE_VERSION = 3  # bump when the module layout or the packing changes (3: qdot.c weights in groups of 8 rows)
 KEEP_FILES = 2  # converted-weight files kept per model file (most recently used first)
 
 

@@ -28,7 +28,7 @@ from lmprog_runtime.model_executor.runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(not qgemm.dot_available(), reason="no C compiler: qdot.c is not built")
 
-VARIANTS = ["native", "avx2", "portable"]  # each also built "_one_row" (no T-blocking): its bitwise reference
+VARIANTS = ["native", "avx2", "portable", "vnni_emu"]  # each also built "_one_row" (no T-blocking): its bitwise reference
 SHAPES = [(1, 32), (17, 96), (97, 160), (130, 576), (40, 1536)]  # N not a multiple of any row block
 
 
@@ -48,24 +48,47 @@ def weights(fmt: str, n: int, k: int, seed: int):
     w = torch.randn(n, k) * 0.05
     if fmt == "int8":
         q, scale = quantize_int8(w)
-        return (q, scale), q.double() * scale.double()[:, None]
+        return (qgemm.pack_q8(q), scale), q.double() * scale.double()[:, None]
     packed, sm = qgemm.pack_q4_f16(*quantize_int4(w))
-    q = _unpack(packed)
-    smd = sm.double().repeat_interleave(32, dim=1)  # [N, K, 2]
+    q, sm_rows = qgemm.unpack_q4_f16(packed, sm)
+    smd = sm_rows.double().repeat_interleave(32, dim=1)  # [N, K, 2]
     return (packed, sm), q.double() * smd[..., 0] + smd[..., 1]
 
 
-def _unpack(packed: torch.Tensor) -> torch.Tensor:
-    """pack_q4's nibbles back to q [N, K]: byte j of a block holds q[j] low, q[j + 16] high."""
-    n = packed.shape[0]
-    b = packed.reshape(n, -1, 16).to(torch.int32)
-    return torch.cat([b & 15, b >> 4], dim=-1).reshape(n, -1)
+@pytest.mark.parametrize("n,k", SHAPES + [(8, 64), (3072, 576)])
+def test_int8_layout_round_trips(n, k):
+    q, _ = quantize_int8(torch.randn(n, k))
+    packed = qgemm.pack_q8(q)
+    assert packed.shape == q.shape and torch.equal(qgemm.unpack_q8(packed), q)
+    n8 = n - n % 8
+    assert torch.equal(packed.reshape(-1)[n8 * k:], q[n8:].reshape(-1))
+    if n8:  # group 0, block 0: byte 32 k + 4 i + b = row i's input 4k + b
+        assert torch.equal(packed.reshape(-1)[:256].reshape(8, 8, 4), q[:8, :32].reshape(8, 8, 4).permute(1, 0, 2))
+
+
+@pytest.mark.parametrize("n,k", SHAPES + [(8, 64), (3072, 576)])
+def test_int4_layout_round_trips(n, k):
+    """pack_q4_f16 rearranges pack_q4's bytes into groups of 8 rows (the N % 8 last rows as
+    they were); unpack_q4_f16 gives the blocks back exactly."""
+    torch.manual_seed(n)
+    blocks = quantize_int4(torch.randn(n, k))
+    packed, sm = qgemm.pack_q4_f16(*blocks)
+    ref_packed, ref_sz = qgemm.pack_q4(*blocks)
+    assert packed.shape == ref_packed.shape and sm.shape == ref_sz.shape
+    q, sm_rows = qgemm.unpack_q4_f16(packed, sm)
+    assert torch.equal(q, blocks[0]) and torch.equal(sm_rows, ref_sz.half())
+    n8 = n - n % 8
+    assert torch.equal(packed.reshape(-1)[n8 * k // 2:], ref_packed[n8:].reshape(-1))  # the last rows
+    if n8:  # group 0, block 0: byte 32 k + 4 i + b = row i's inputs 4k + b (low) and 16 + 4k + b
+        byte = packed.reshape(-1)[:128].reshape(4, 8, 4).to(torch.int32)
+        want = blocks[0][:8, :32].reshape(8, 2, 4, 4)  # [row, half, k, b]
+        assert torch.equal(byte & 15, want[:, 0].permute(1, 0, 2)) and torch.equal(byte >> 4, want[:, 1].permute(1, 0, 2))
 
 
 def test_variants_are_the_inner_loops_they_name():
     assert qgemm.dot_isa("portable") == 0
     assert qgemm.dot_isa("native") in (0, 256, 512)
-    assert qgemm.dot_isa("avx2") in (0, 256)
+    assert qgemm.dot_isa("avx2") in (0, 256) and qgemm.dot_isa("vnni_emu") == qgemm.dot_isa("avx2")
     assert set(qgemm.DOT_VARIANTS) == set(VARIANTS) | {v + "_one_row" for v in VARIANTS}
     assert all(qgemm.dot_isa(v + "_one_row") == qgemm.dot_isa(v) for v in VARIANTS)
 
@@ -90,13 +113,11 @@ def test_kernel_matches_float_maths_on_rounded_activations(variant, fmt, n, k):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
-# blocks 5, 7, 18, 48: every remainder after the AVX2 int4 loop's quads (an odd block, a pair and
-# an odd block, a pair, none)
+# N 97, 61, 130: groups of 8 and last rows (1, 5, 2) after them; 40: groups only
 @pytest.mark.parametrize("n,k", [(97, 160), (61, 224), (130, 576), (40, 1536)])
 def test_row_blocks_equal_one_row_per_pass_bitwise(variant, fmt, n, k):
-    """The T-blocked loops (up to 4 activation rows per pass over a weight row) give each row
-    what the unblocked loop gives it: same float operations, same order, whatever T (on AVX2 a
-    one-row call's int4 activations are in pair order, a call of several rows' in quad order)."""
+    """The T-blocked loops (up to 4 activation rows per pass over a weight group) give each row
+    what the unblocked loop gives it: same float operations, same order, whatever T."""
     bufs, _ = weights(fmt, n, k, seed=n * k)
     x = torch.randn(40, k)
     one_row = qgemm.dot_matmul(fmt, x, *bufs, variant=variant + "_one_row")
@@ -176,11 +197,13 @@ def test_quant_linear_with_int8_activations(fmt):
         m.set_weight(w)
         m.bias.copy_(bias)
     assert lin._c_kernel == fmt + "x8" and ref._c_kernel == fmt
-    assert torch.equal(lin.qweight, ref.qweight)
-    if fmt == "int8":
-        assert torch.equal(lin.scales, ref.scales)
-    else:  # the float32 (scale, zero - 8 scale) pairs, stored as float16
-        assert lin.scale_mins.dtype == torch.float16 and torch.equal(lin.scale_mins, ref.scale_zeros.half())
+    if fmt == "int8":  # the same bytes in qdot.c's row order
+        assert torch.equal(qgemm.unpack_q8(lin.qweight), ref.qweight) and torch.equal(lin.scales, ref.scales)
+    else:  # the same nibbles and float32 (scale, zero - 8 scale) pairs, stored as float16 in groups of 8 rows
+        q, sm = qgemm.unpack_q4_f16(lin.qweight, lin.scale_mins)
+        assert lin.scale_mins.dtype == torch.float16 and torch.equal(sm, ref.scale_zeros.half())
+        b = ref.qweight.reshape(48, -1, 16).to(torch.int32)
+        assert torch.equal(q, torch.cat([b & 15, b >> 4], dim=-1).reshape(48, -1))
     x = torch.randn(6, 96)
     got, want = lin(x), ref(x)
     assert got.dtype == torch.float32
@@ -202,7 +225,7 @@ def test_gguf_q4_1_scales_survive_the_float16_layout():
     m = (-8 * d.astype(np.float32) * rng.uniform(2 ** -3, 2 ** 4, size=d.shape)).astype(np.float16)
     raw[..., 0:2] = d.view(np.uint8).reshape(rows, k // 32, 2)
     raw[..., 2:4] = m.view(np.uint8).reshape(rows, k // 32, 2)
-    _, sm = qgemm.pack_q4_f16(*gguf_q4_blocks(raw.reshape(rows, -1), "Q4_1"))
+    _, sm = qgemm.unpack_q4_f16(*qgemm.pack_q4_f16(*gguf_q4_blocks(raw.reshape(rows, -1), "Q4_1")))
     assert np.array_equal(sm[..., 0].numpy().view(np.uint16), d.view(np.uint16))
     assert np.array_equal(sm[..., 1].numpy().view(np.uint16), m.view(np.uint16))
 
