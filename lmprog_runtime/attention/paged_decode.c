@@ -12,7 +12,10 @@
  * [KV, D] rows in order, which memory streams twice as fast as one kv head's D values of each),
  * then attended by each kv head in turn. Where that leaves a thread without a task, own tasks
  * are (request, kv head, chunk) instead and read their own values only (any split gives the
- * same bits: a (kv head, chunk) part always sees the same tiles in the same order). A prefix
+ * same bits: a (kv head, chunk) part always sees the same tiles in the same order). The rows of a speculative verify chain (one
+ * table row, contexts ending at consecutive positions) form a group whose tasks read each tile
+ * once for all the group's rows, each row still attending exactly its own tiles (a long chain is
+ * cut into several groups where the threads would otherwise lack tasks). A prefix
  * task has B x G query rows a key, compute enough to keep it per kv head. Each task keeps an online
  * softmax (running max m, denominator l, accumulator acc) per query head; the parts of one
  * (request, head) are merged exactly
@@ -331,6 +334,8 @@ typedef struct {
     const void *k, *v;
     const int64_t *prefix, *table, *rows, *seq_lens;
     int64_t P, ld, chunk, pre_chunks, own_chunks, parts, per_task, pstride, pre_tasks;
+    const int64_t *group;  /* group g is requests group[g] .. group[g + 1] - 1 (see lm_paged_decode) */
+    int64_t groups;
     int task_heads;  /* kv heads per own-chunk task: all of them (KV), or 1 where tasks would be too few */
     int B, H, KV, D, G, bf16;
     float scale;
@@ -372,12 +377,60 @@ static void chunk_attend_heads(const job_t *j, int kv0, int nkv, const float *q,
     }
 }
 
+/* Own chunk c of the requests b0 .. b0 + nr - 1 of one group (the rows of a verify chain: one
+ * slot table, contexts ending at consecutive positions), kv heads kv0 .. kv0 + nkv - 1: each tile
+ * touched once (nkv > 1) and attended by every row whose chunk reaches it, while it is cached;
+ * a row reads its keys s0 .. min(s0 + chunk, seq_len) tile by tile exactly as chunk_attend_heads
+ * would for it alone (same tiles, same order, one request a call): the same bits. A row whose
+ * chunk is empty gets an empty part. m0: the group's first request's part of kv head kv0. */
+static void group_attend_heads(const job_t *j, int kv0, int nkv, int64_t b0, int nr, int64_t c, float *m0,
+                               int64_t heads) {
+    const int G = j->G, D = j->D, H = j->H;
+    const int64_t s0 = j->P + c * j->chunk, rstride = (int64_t)j->KV * heads;  /* request b to b + 1 */
+    const int64_t *slots = j->table + j->rows[b0] * j->ld;
+    int64_t send = s0;  /* the group's furthest key in this chunk */
+    for (int i = 0; i < nr; i++) {
+        const int64_t e = s0 + j->chunk < j->seq_lens[b0 + i] ? s0 + j->chunk : j->seq_lens[b0 + i];
+        if (e > send) send = e;
+    }
+    for (int64_t t0 = s0; t0 < send; t0 += TILE) {
+        const int64_t t1 = t0 + TILE < send ? t0 + TILE : send;
+        if (nkv > 1) touch_rows(j, slots, t0, t1);
+        for (int i = 0; i < nr; i++) {
+            const int64_t b = b0 + i;
+            const int64_t e = s0 + j->chunk < j->seq_lens[b] ? s0 + j->chunk : j->seq_lens[b];
+            if (e <= t0) continue;
+            for (int kvh = kv0; kvh < kv0 + nkv; kvh++)
+                chunk_attend(j->q + (b * H + (int64_t)kvh * G) * D, 0, 1, j->k, j->v, j->bf16, slots, t0,
+                             t1 < e ? t1 : e, j->KV, G, D, kvh, j->scale, m0 + i * rstride + (kvh - kv0) * heads,
+                             0, t0 == s0);
+        }
+    }
+    for (int i = 0; i < nr; i++) {
+        const int64_t b = b0 + i;
+        for (int kvh = kv0; kvh < kv0 + nkv; kvh++) {
+            float *m = m0 + i * rstride + (kvh - kv0) * heads;
+            if (s0 >= j->seq_lens[b]) {
+                empty_part(m, G);
+            } else if (j->parts == 1) {
+                /* acc / l, as merge_parts computes one part: a verify row whose context ends on the
+                 * other side of a chunk boundary from its chain's longest row (merged, parts > 1)
+                 * gets the bits a decode at its position gets */
+                float *o = j->out + (b * H + (int64_t)kvh * G) * D;
+                for (int g = 0; g < G; g++)
+                    for (int d = 0; d < D; d++) o[g * D + d] = m[2 * G + g * D + d] / m[G + g];
+            }
+        }
+    }
+}
+
 /* Task t: a shared prefix chunk of one kv head (all requests: B x G query rows a key, work
- * enough to keep per-kv-head tasks, read without the touch), or one (request, own chunk), every
- * kv head (task_heads = KV) or one. With one part per (request, head) (no prefix, every context
- * within one chunk) the part is final: it is normalized straight into out (no merge pass). */
+ * enough to keep per-kv-head tasks, read without the touch), or one (group of requests, own
+ * chunk), every kv head (task_heads = KV) or one. With one part per (request, head) (no prefix,
+ * every context within one chunk) the part is final: it is normalized straight into out (no
+ * merge pass). */
 static void run_task(const job_t *j, int64_t t) {
-    const int G = j->G, D = j->D;
+    const int D = j->D;
     const int64_t heads = j->parts * j->per_task;  /* from (b, kvh) to (b, kvh + 1) */
     if (t < j->pre_tasks) {  /* shared prefix chunk c of kv head kvh, every request */
         const int kvh = (int)(t / j->pre_chunks);
@@ -390,24 +443,9 @@ static void run_task(const job_t *j, int64_t t) {
     int64_t u = t - j->pre_tasks;
     const int kv0 = (int)(u % splits) * j->task_heads;
     u /= splits;
-    const int64_t c = u % j->own_chunks, b = u / j->own_chunks;
-    const int64_t s0 = j->P + c * j->chunk, s1 = s0 + j->chunk < j->seq_lens[b] ? s0 + j->chunk : j->seq_lens[b];
-    float *m0 = j->scratch + ((b * j->KV + kv0) * j->parts + j->pre_chunks + c) * j->per_task;
-    chunk_attend_heads(j, kv0, j->task_heads, j->q + b * j->H * D, 0, 1, j->table + j->rows[b] * j->ld, s0, s1, m0,
-                       heads, 0);
-    for (int kvh = kv0; kvh < kv0 + j->task_heads; kvh++) {
-        float *m = m0 + (kvh - kv0) * heads;
-        if (s0 >= s1) {
-            empty_part(m, G);
-        } else if (j->parts == 1) {
-            /* acc / l, as merge_parts computes one part: a verify row whose context ends on the
-             * other side of a chunk boundary from its chain's longest row (merged, parts > 1)
-             * gets the bits a decode at its position gets */
-            float *o = j->out + (b * j->H + (int64_t)kvh * G) * D;
-            for (int g = 0; g < G; g++)
-                for (int d = 0; d < D; d++) o[g * D + d] = m[2 * G + g * D + d] / m[G + g];
-        }
-    }
+    const int64_t c = u % j->own_chunks, g = u / j->own_chunks, b0 = j->group ? j->group[g] : g;
+    group_attend_heads(j, kv0, j->task_heads, b0, j->group ? (int)(j->group[g + 1] - b0) : 1, c,
+                       j->scratch + ((b0 * j->KV + kv0) * j->parts + j->pre_chunks + c) * j->per_task, heads);
 }
 
 static void run_merge(const job_t *j, int64_t bk) {
@@ -426,6 +464,11 @@ static int64_t work_of(const job_t *j) {
     return (int64_t)j->KV * j->G * (j->P * j->B + own) * j->D / 64;
 }
 
+/* Request b continues request b - 1's chain: the same table row, its context one key longer */
+static int chained(const job_t *j, int b) {
+    return j->rows[b] == j->rows[b - 1] && j->seq_lens[b] == j->seq_lens[b - 1] + 1;
+}
+
 void lm_paged_decode(const float *q, const void *k, const void *v, int kv_bf16, const int64_t *prefix, int64_t P,
                      const int64_t *table, int64_t ld, const int64_t *rows, const int64_t *seq_lens,
                      int B, int H, int KV, int D, float scale, int64_t chunk, int nthreads,
@@ -442,8 +485,28 @@ void lm_paged_decode(const float *q, const void *k, const void *v, int kv_bf16, 
     j.parts = j.pre_chunks + j.own_chunks, j.per_task = (int64_t)j.G * (D + 2);
     j.pstride = (int64_t)KV * j.parts * j.per_task;  /* from request b to b + 1 */
     j.pre_tasks = (int64_t)KV * j.pre_chunks;
-    const int64_t own_tasks = (int64_t)B * j.own_chunks, merges = j.parts > 1 ? (int64_t)B * KV : 0;
     const int serial = nthreads <= 1 || work_of(&j) < SERIAL_WORK;  /* small: no parallel region */
+    /* Groups: the rows of a verify chain (same table row, contexts ending at consecutive positions)
+     * read each tile of their context once for all of them (group_attend_heads) instead of once a
+     * row; a chain is cut into `split` groups where chains x chunks would leave the threads fewer
+     * than two tasks each (every group reads the context once). Other requests: a group each. */
+    int64_t chains = 0;
+    for (int b = 0; b < B; b++) chains += b == 0 || !chained(&j, b);
+    const int64_t want = serial ? 1 : 2 * (int64_t)nthreads, have = chains * j.own_chunks;
+    const int64_t split = have >= want ? 1 : (want + have - 1) / have;
+    int64_t stack_group[65], *group = B < 64 ? stack_group : malloc(sizeof(int64_t) * ((size_t)B + 1));
+    j.groups = 0;
+    for (int b0 = 0; b0 < B && group != NULL;) {
+        int b1 = b0 + 1;
+        while (b1 < B && chained(&j, b1)) b1++;
+        const int64_t n = b1 - b0, k = split < n ? split : n;  /* k groups of ~n / k rows */
+        for (int64_t x = 0; x < k; x++) group[j.groups++] = b0 + x * n / k;
+        b0 = b1;
+    }
+    if (group != NULL) group[j.groups] = B;
+    else j.groups = B;  /* no memory for the groups: every request a group of its own (group NULL) */
+    j.group = group;
+    const int64_t own_tasks = j.groups * j.own_chunks, merges = j.parts > 1 ? (int64_t)B * KV : 0;
     /* an own-chunk task reads its chunk's whole rows for every kv head, unless that leaves a
      * thread without a task: then one kv head a task, reading its own D values of each row only */
     j.task_heads = serial || j.pre_tasks + own_tasks >= (int64_t)nthreads ? KV : 1;
@@ -451,8 +514,9 @@ void lm_paged_decode(const float *q, const void *k, const void *v, int kv_bf16, 
     if (serial || tasks == 1) {
         for (int64_t t = 0; t < tasks; t++) run_task(&j, t);
         for (int64_t bk = 0; bk < merges; bk++) run_merge(&j, bk);
-        return;
+    } else {
+        run_pool(task_span, &j, tasks, nthreads);  /* returns when every task is done */
+        if (merges) run_pool(merge_span, &j, merges, nthreads);
     }
-    run_pool(task_span, &j, tasks, nthreads);  /* returns when every task is done */
-    if (merges) run_pool(merge_span, &j, merges, nthreads);
+    if (group != stack_group) free(group);
 }

@@ -275,6 +275,36 @@ def test_chain_verify_rows_are_bitwise_the_decodes_at_their_positions(threads, s
         torch.set_num_threads(old)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_chain_groups_are_bitwise_each_row_alone(threads):
+    """Rows of a verify chain (one table row, contexts ending at consecutive positions) are
+    attended in groups that read each tile once for all of them (long chains cut into several
+    groups where the threads would have too few tasks); every row gets the bits it gets as a
+    one-row call, beside other chains and one-token decodes, and past 64 rows (the groups'
+    array allocated)."""
+    torch.manual_seed(11)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        H, KV, D = 9, 3, 64
+        k, v = torch.randn(6000, KV, D), torch.randn(6000, KV, D)
+        table = torch.stack([torch.randperm(5999)[:3000] + 1 for _ in range(4)])
+        # (table row, chain length, last context length): chains crossing chunk boundaries
+        chains = [(0, 8, pd.CHUNK + 3), (1, 1, 700), (2, 5, 40), (3, 70, 2 * pd.CHUNK + 30), (0, 3, 1500)]
+        rows, lens = [], []
+        for r, e, s in chains:
+            rows += [r] * e
+            lens += range(s - e + 1, s + 1)
+        rows, lens = torch.tensor(rows), torch.tensor(lens)
+        q = torch.randn(len(rows), H, D)
+        out = pd.paged_decode(q, k, v, table, rows, lens, D ** -0.5)
+        for i in range(len(rows)):
+            one = pd.paged_decode(q[i:i + 1], k, v, table, rows[i:i + 1], lens[i:i + 1], D ** -0.5)
+            assert torch.equal(out[i:i + 1], one), i
+    finally:
+        torch.set_num_threads(old)
+
+
 def test_backend_draft_trees_keep_the_gather_path():
     torch.manual_seed(5)
     H, KV, D, L = 4, 2, 16, 2
