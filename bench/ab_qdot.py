@@ -4,6 +4,9 @@ malloc, a vectorized activation quantize, one thread for tiny jobs, against OLD_
 process, calls alternating (order flipping each pair), so both see the same machine load: the
 median of the per-pair time ratios (new / old) means something even on a busy machine.
 
+Revisions before b00799f read another weight layout (one row at a time, not groups of 8): given
+this tree's buffers they compute other numbers in the same time, so only their timings mean
+anything here.
 "old" is qdot.c as of --old-rev (built from `git show`, with the current build flags) or the
 file --old-source; where neither is there, the current source's "_one_row" build (one row per
 pass, no blocking). --threads-ab instead times the new kernel on 1 thread against
