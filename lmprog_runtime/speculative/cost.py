@@ -3,14 +3,19 @@ speculation turns itself down).
 
 Measured: the wall time of every scheduler step whose requests all decode or verify (no
 prefill chunk in it), per batch-size bucket B:
-  - plain steps (no drafts): P(B), the time of a decode step, an EMA;
+  - plain steps (no drafts): P(B), the time of a decode step, an EMA, beside an EMA of the
+    batch sizes it was measured at (a bucket past 8 holds several sizes: 9..16 share one);
   - verify steps with D draft tokens in all: y = t - P(B), the extra time, fitted online
     as y = s + m * D (weighted least squares over recent steps, EMA weights): `m` is the
     seconds one more draft token adds to the step, `s` the fixed cost of verifying at all
     (the gathered attention path instead of the paged decode kernel, per-request verify).
 
 Worth: an accepted draft token saves one plain decode step's share of a token,
-c = P(B) / B seconds. A request whose drafts are accepted position after position with
+c = P(B) / B seconds, B the mean batch size P(B) was measured at: dividing by the step's own
+batch size instead overstated c wherever a bucket's steps were mostly larger than this one
+(a draining batch of 16 at 10: P measured around 13-16), and with it the drafts' worth. A
+verify step at batch b within a bucket is fitted against P(B) b / B, the plain step scaled
+to its size. A request whose drafts are accepted position after position with
 probability a (its `Acceptance`) gains a^j expected tokens from its j-th draft token, so
 its draft length is the largest k with a^k * c >= m (`draft_length`): 0 where even the
 first draft does not pay. A step verifies only when the gain of all its drafts together,
@@ -79,19 +84,20 @@ class StepCost:
     → 1) does not measure every size on the way."""
 
     def __init__(self):
-        self.plain: Dict[int, list] = {}  # bucket -> [EMA weight, EMA of step seconds]
+        self.plain: Dict[int, list] = {}  # bucket -> [EMA weight, EMA of step seconds, EMA of batch sizes]
         self.fits: Dict[int, _Fit] = {}
 
     def observe(self, batch: int, drafts: int, seconds: float) -> None:
         """One step of `batch` decoding / verifying requests with `drafts` draft tokens in all."""
         b = bucket(batch)
         if drafts == 0:
-            w, t = self.plain.get(b, (0.0, 0.0))
-            self.plain[b] = [DECAY * w + 1, (DECAY * w * t + seconds) / (DECAY * w + 1)]
+            w, t, n = self.plain.get(b, (0.0, 0.0, 0.0))
+            self.plain[b] = [DECAY * w + 1, (DECAY * w * t + seconds) / (DECAY * w + 1),
+                             (DECAY * w * n + batch) / (DECAY * w + 1)]
             return
         base = self._plain(b)
         if base is not None:
-            self.fits.setdefault(b, _Fit()).add(drafts, seconds - base)
+            self.fits.setdefault(b, _Fit()).add(drafts, seconds - base[0] * batch / base[1])
 
     def plain_known(self, batch: int) -> bool:
         """A plain decode step time for this batch size: measured (MIN_PLAIN steps) or
@@ -107,13 +113,11 @@ class StepCost:
         sm = self._verify(b)
         if base is None or sm is None:
             return None
-        return base / batch, sm[0], sm[1]
+        return base[0] / base[1], sm[0], sm[1]
 
     def _plain(self, b: int):
-        """P(b) in seconds, or None."""
-        known = {x: (w_t[1],) for x, w_t in self.plain.items() if w_t[0] >= MIN_PLAIN}
-        got = _between(b, known)
-        return None if got is None else got[0]
+        """(P(b) in seconds, the mean batch size it was measured at), or None."""
+        return _between(b, {x: (t, n) for x, (w, t, n) in self.plain.items() if w >= MIN_PLAIN})
 
     def _verify(self, b: int):
         """(s, m) at b, or None."""

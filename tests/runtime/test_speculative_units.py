@@ -713,6 +713,21 @@ def test_cost_model_interpolates_between_measured_batch_sizes():
     assert 3 in cost.fits
 
 
+def test_cost_model_prices_a_token_at_the_batch_sizes_its_bucket_was_measured_at():
+    """Batches 9..16 share a bucket: P measured at 16 (and 15) is a step of ~16 requests, so a
+    token is worth P / ~16 whatever smaller batch of the bucket asks (P / 10 overstated it and
+    made drafts look worth more), and a verify at 10 is fitted against P scaled to 10."""
+    from lmprog_runtime.speculative.cost import StepCost
+    cost = StepCost()
+    for b in (16, 15, 16, 15, 16, 16):
+        cost.observe(b, 0, 0.002 * b)  # 2 ms a request
+    for d in (4, 8, 12, 16, 4, 8) * 2:
+        cost.observe(10, d, 0.002 * 10 + 0.005 + 0.001 * d)  # s = 5 ms, m = 1 ms at batch 10
+    c, s, m = cost.model(10)
+    assert abs(c - 0.002) < 1e-6 and cost.model(16)[0] == c
+    assert abs(s - 0.005) < 1e-4 and abs(m - 0.001) < 1e-5
+
+
 def test_acceptance_of_a_request_that_never_accepts_falls_below_5_percent():
     """Its failures saturate at 1 / (1 - ACCEPT_DECAY) = 5: the prior must not hold a above
     the few % of a step that a 1-token verify costs at batch 1."""
