@@ -68,7 +68,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.short_tokens = None
         self.extends = []  # (slots [s], mask [e, s] or None for plain causal, start, e)
         trees = fb.tree_masks
-        self.ones = self._init_ones(fb, rows, short, seq_lens, extend_lens, starts)
+        # With every request short and no draft tree, one plan of the kernel takes every row in
+        # order (a one-token decode is a chain of one): the fused layer path then runs the whole
+        # step (decode_attend), where a plan apart for the decodes sent it through the per-layer
+        # Python path (a batch-4 verify step 2x a plain one). Otherwise the decodes get their own.
+        one_plan = self.all_short and (trees is None or all(t is None for t in trees))
+        self.ones = None if one_plan else self._init_ones(fb, rows, short, seq_lens, extend_lens, starts)
         if self.ones is not None:  # the one-token decodes go through the kernel, apart
             short = [i for i in short if extend_lens[i] > 1]
             self.all_short = False

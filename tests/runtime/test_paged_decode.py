@@ -233,6 +233,11 @@ def test_backend_draft_chains_use_the_kernel_and_equal_the_gather_path(seq_lens,
 
     def check(backend, use_kernel):
         assert (backend.decode_only or backend.paged is not None) == use_kernel
+        if use_kernel and not backend.decode_only:
+            # one plan takes every row in order, one-token decodes beside chains included, so
+            # the fused layer path (decode_attend) runs the whole step
+            assert backend.ones is None and backend.all_short
+            assert backend.decode_attend(q.float().contiguous(), torch.empty(T, H, D)) is not None
 
     outs = _kernel_then_gather(backend, fb, q, k, v, check)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
