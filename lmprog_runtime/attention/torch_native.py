@@ -16,8 +16,9 @@
 - Chains of drafts being verified (several tokens, causal among them) read K/V in place through
   the same kernel, each drafted token a row of its own whose context ends at its position: what
   a one-token decode at that position computes, bit for bit (outside the cascade case).
-- A batch where some requests verify drafts and the others decode one: the decodes read K/V
-  through the kernel in a plan of their own (`_init_ones`), the chains in another.
+- A batch where some requests verify drafts and the others decode one: one plan of the kernel
+  over every row (a decode is a chain of one), so the fused layer path (`decode_attend`) runs
+  it; beside a prefill chunk or a draft tree the decodes get a plan of their own (`_init_ones`).
 """
 
 from __future__ import annotations
