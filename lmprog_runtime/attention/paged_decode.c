@@ -12,11 +12,12 @@
  * [KV, D] rows in order, which memory streams twice as fast as one kv head's D values of each),
  * then attended by each kv head in turn. Where that leaves a thread without a task, own tasks
  * are (request, kv head, chunk) instead and read their own values only (any split gives the
- * same bits: a (kv head, chunk) part always sees the same tiles in the same order). The rows of a speculative verify chain (one
- * table row, contexts ending at consecutive positions) form a group whose tasks read each tile
- * once for all the group's rows, each row still attending exactly its own tiles (a long chain is
- * cut into several groups where the threads would otherwise lack tasks). A prefix
- * task has B x G query rows a key, compute enough to keep it per kv head. Each task keeps an online
+ * same bits: a (kv head, chunk) part always sees the same tiles in the same order). The rows of
+ * a speculative verify chain (one table row, contexts ending at consecutive positions) form a
+ * group whose tasks read each tile once for all the group's rows, each row still attending
+ * exactly its own tiles (a long chain is cut into several groups where the threads would
+ * otherwise lack tasks). A prefix task has B x G query rows a key, compute enough to keep it
+ * per kv head. Each task keeps an online
  * softmax (running max m, denominator l, accumulator acc) per query head; the parts of one
  * (request, head) are merged exactly
  * afterwards (common max, summed denominators). Scratch: B * KV * parts * G * (D + 2) floats,

@@ -8,7 +8,7 @@ prefill chunk in it), per batch-size bucket B:
   - verify steps with D draft tokens in all: y = t - P(B), the extra time, fitted online
     as y = s + m * D (weighted least squares over recent steps, EMA weights): `m` is the
     seconds one more draft token adds to the step, `s` the fixed cost of verifying at all
-    (the gathered attention path instead of the paged decode kernel, per-request verify).
+    (the per-request verify, the drafts' grammar masks, a draft tree's gathered attention).
 
 Worth: an accepted draft token saves one plain decode step's share of a token,
 c = P(B) / B seconds, B the mean batch size P(B) was measured at: dividing by the step's own
