@@ -49,7 +49,7 @@ _KERNEL = native.Kernel(_HERE / "qgemm.c", native.NATIVE_FLAGS, True, _declare)
 DOT_VARIANTS = {"native": (), "avx2": ("-DLM_QDOT_NO_AVX512",), "portable": ("-DLM_QDOT_PORTABLE",),
                 # the vpdpbusd loops (AVX-512 VNNI / AVX-VNNI CPUs) with the instruction's maths in AVX2
                 "vnni_emu": ("-DLM_QDOT_NO_AVX512", "-DLM_QDOT_VNNI_EMU")}
-# the same three with one activation row per pass over the weights (no T-blocking): the
+# each of those with one activation row per pass over the weights (no T-blocking): the
 # bitwise reference of the blocked loops (tests) and bench/ab_qdot.py's baseline
 DOT_VARIANTS.update({v + "_one_row": d + ("-DLM_QDOT_ONE_ROW",) for v, d in list(DOT_VARIANTS.items())})
 # qdot.c's batch invariance is bitwise: a row's float sums keep their written order and
