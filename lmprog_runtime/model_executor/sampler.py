@@ -69,14 +69,23 @@ class Sampler:
         cores (and a 9-row masked verify's pipeline ~1 ms)."""
         if logits.device.type != "cpu" or logits.dtype != torch.float32 or not all(map(self._untouched, reqs)):
             return None
-        if grammar_mask is None:
-            return np.argmax(logits.numpy()[rows, : self.vocab_size], axis=-1).tolist()
+        lg = logits.numpy()
+        if grammar_mask is None:  # row by row on views: a fancy-indexed [rows, V] copy cost ~40 us a row
+            return [int(np.argmax(lg[row, : self.vocab_size])) for row in rows]
         width = grammar_mask.shape[-1]
         if (grammar_mask.device.type != "cpu" or grammar_mask.dtype != torch.bool or width > self.vocab_size
                 or grammar_mask.shape[0] != len(rows)):
             return None
-        allowed = np.where(grammar_mask.numpy(), logits.numpy()[rows, :width], -np.inf)
-        return np.argmax(allowed, axis=-1).tolist()
+        # A row's first maximum over all columns, when its mask allows it, is also the first
+        # maximum over the allowed ones (nothing before it reaches that value): the usual case,
+        # one argmax of a view. Only a row whose favourite is banned pays for the masked copy.
+        mk, out = grammar_mask.numpy(), []
+        for i, row in enumerate(rows):
+            t = int(np.argmax(lg[row, :width]))
+            if not mk[i, t]:
+                t = int(np.argmax(np.where(mk[i], lg[row, :width], -np.inf)))
+            out.append(t)
+        return out
 
     def _untouched(self, r) -> bool:
         """Greedy and nothing of the pipeline before the draw changes its row."""

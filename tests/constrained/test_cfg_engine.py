@@ -216,6 +216,62 @@ def test_rollback_and_jump_forward(cfg, tokenizer):
     assert g2.jump_forward_str() == 'name"'
 
 
+def _forced_every_byte(g):
+    """jump_forward_str's answer by stepping all 256 bytes at every position (its definition)."""
+    from lmprog_runtime.constrained.cfg.backend import MAX_FORCED_BYTES
+
+    if g.is_terminated():
+        return None
+    m, state, out, base = g._shared.machine, g.state, bytearray(), len(g._hist)
+    while len(out) < MAX_FORCED_BYTES:
+        ctx = g._ctx(bytes(out) + b"\x00")
+        if m.accepting(state, base + len(out), ctx):
+            break
+        live = [(b, s) for b in range(256) for s in (m.advance(state, b, base + len(out), ctx),) if s]
+        if len(live) > 1:
+            live = [(b, s) for b, s in live if b != 0x5C]
+        if len(live) != 1:
+            break
+        out.append(live[0][0])
+        state = live[0][1]
+    if not out or 0x80 <= out[0] < 0xC0:
+        return None
+    for cut in range(len(out), max(len(out) - 4, 0), -1):
+        try:
+            return out[:cut].decode("utf-8") or None
+        except UnicodeDecodeError:
+            continue
+    return None
+
+
+def test_jump_forward_search_stops_early_with_the_same_answer(cfg, tokenizer):
+    """The forced-byte search stops at a state's second live byte; at every token of these
+    instances its answer equals stepping all 256 bytes."""
+    cases = [
+        (dict(PERSON, additionalProperties=False), '{"name": "Zoë \\"Z\\"", "age": 41}'),
+        ({"type": "object", "properties": {"id": {"type": "string", "format": "uuid"},
+                                           "kind": {"enum": ["alpha", "alphabet", "beta"]},
+                                           "n": {"type": "number", "minimum": 1.5, "maximum": 99}},
+          "required": ["id", "kind", "n"]},
+         '{\n  "id": "123e4567-e89b-12d3-a456-426614174000",\n  "kind": "alphabet", "n": 12.25}'),
+        ({"type": "array", "items": {"type": "boolean"}, "maxItems": 3}, "[true, false,null]"),
+        ("regex", r"(ab|ac)d\\[e-g]{2}x", "acd\\efx"),
+        ("ebnf", 'root ::= "The capital is " ("Rome" | "Rouen") "."', "The capital is Rouen."),
+    ]
+    checked = 0
+    for case in cases:
+        kind, spec, text = (case[0], case[1], case[2]) if len(case) == 3 else ("json", case[0], case[1])
+        g = compile_(cfg, spec, kind)
+        for t in tokenizer.encode(text, add_special_tokens=False):
+            assert g.jump_forward_str() == _forced_every_byte(g), (spec, g._hist)
+            checked += 1
+            try:
+                g.accept_token(t)
+            except GrammarError:
+                break  # an invalid instance: the states up to here were compared
+    assert checked > 40
+
+
 def test_whitespace_pattern(tokenizer):
     from lmprog_runtime.constrained.base import GrammarBackendConfig
 

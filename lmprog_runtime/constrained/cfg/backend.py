@@ -147,13 +147,11 @@ class CfgGrammar(Grammar):
             ctx = self._ctx(bytes(out) + b"\x00")
             if m.accepting(state, base + len(out), ctx):
                 break
-            live = [(b, s) for b in range(256) for s in (m.advance(state, b, base + len(out), ctx),) if s]
-            if len(live) > 1:  # an escape is another spelling of a character, not a choice
-                live = [(b, s) for b, s in live if b != 0x5C]
-            if len(live) != 1:
+            step = _forced_byte(m, state, base + len(out), ctx)
+            if step is None:
                 break
-            out.append(live[0][0])
-            state = live[0][1]
+            out.append(step[0])
+            state = step[1]
         if not out or 0x80 <= out[0] < 0xC0:
             return None
         for cut in range(len(out), max(len(out) - 4, 0), -1):
@@ -162,6 +160,32 @@ class CfgGrammar(Grammar):
             except UnicodeDecodeError:
                 continue
         return None
+
+
+# Bytes in the order a forced-byte search tries them: printable ASCII first, where a state
+# that is not forced (a string body, a number) shows its second live byte within a few tries.
+_SEARCH_ORDER = tuple(range(0x20, 0x7F)) + tuple(range(0x20)) + tuple(range(0x7F, 0x100))
+
+
+def _forced_byte(m, state: tuple, pos: int, ctx):
+    """(byte, next state) when exactly one byte continues `state`, else None. A `\\` beside
+    another live byte is no choice (an escape only respells a character); the search stops
+    at the second live byte that is not one, so a free state costs a few `advance` calls,
+    not 256 (the answer is the same as stepping every byte)."""
+    cand = m.candidates(state)
+    order = _SEARCH_ORDER if cand is None else sorted(cand)
+    found = escape = None
+    for b in order:
+        s = m.advance(state, b, pos, ctx)
+        if not s:
+            continue
+        if b == 0x5C:
+            escape = (b, s)
+        elif found is not None:
+            return None
+        else:
+            found = (b, s)
+    return found if found is not None else escape
 
 
 class CfgBackend(GrammarBackend):
