@@ -133,25 +133,26 @@ class NgramCorpus:
             state.last = tokens[-1]
 
     def _push(self, state: _SeqState, token: int) -> None:
+        """Count `token` under the root and under every open node (a child made where
+        missing, each parent's `best` kept), in one loop: a token's max_depth insertions are
+        most of a step's feeding."""
         grown = []
+        keep = self.max_depth - 1  # open nodes have depth < max_depth
         for parent in [self.current] + state.open:
-            node = self._add_child(parent, token)
-            if len(grown) + 1 < self.max_depth:  # depth of `node` is len(grown) + 1
+            kids = parent.children
+            if kids is None:
+                kids = parent.children = {}
+            node = kids.get(token)
+            if node is None:
+                node = kids[token] = _Node()
+                self.nodes += 1
+            node.count += 1
+            parent.total += 1
+            if parent.best < 0 or node.count >= kids[parent.best].count:
+                parent.best = token
+            if len(grown) < keep:  # depth of `node` is len(grown) + 1
                 grown.append(node)
         state.open = grown
-
-    def _add_child(self, parent: _Node, token: int) -> _Node:
-        if parent.children is None:
-            parent.children = {}
-        node = parent.children.get(token)
-        if node is None:
-            node = parent.children[token] = _Node()
-            self.nodes += 1
-        node.count += 1
-        parent.total += 1
-        if parent.best < 0 or node.count >= parent.children[parent.best].count:
-            parent.best = token
-        return node
 
     def _rotate(self) -> None:
         self.previous, self.current = self.current, _Node()
