@@ -70,11 +70,14 @@ def profile_step(runner, fb_fn, steps: int):
 
 class Timers:
     """Manual timers around the step's kernels (works on any revision: it patches by name):
-    the projections (`QuantLinear.forward`, `F.linear`, casts included; nested calls counted once)
-    and the paged attention kernel (the `lm_paged_decode` C call). The rest of a step is
-    everything else: norms, rope, KV writes, residual adds, bookkeeping, Python."""
+    the projections (`QuantLinear.forward`, `F.linear`, casts included; nested calls counted once),
+    the paged attention kernel (the `lm_paged_decode` C call) and, where the model runs the fused
+    quantized layer (llama_layer.py), its per-layer C calls (`lm_layer_head` / `lm_layer_tail`:
+    the projections, norms, rope and K/V writes of a layer). A fused step is timed layer by layer
+    (`WHOLE_STEP` off while the timers are on: the one-call step has nothing to time between).
+    The rest of a step is everything else: bookkeeping, Python, the torch ops left."""
 
-    def __init__(self):
+    def __init__(self, model=None):
         import torch.nn.functional as F
         from lmprog_runtime.attention import paged_decode
         from lmprog_runtime.model_executor import quant
@@ -87,6 +90,18 @@ class Timers:
         lib = paged_decode._KERNEL.lib()
         if lib is not None:
             self._wrap(lib, "lm_paged_decode", "attention kernel")
+        try:
+            from lmprog_runtime.model_executor import llama_layer
+        except ImportError:  # a revision without the fused layer
+            return
+        if hasattr(llama_layer, "WHOLE_STEP"):
+            self._undo.append((llama_layer, "WHOLE_STEP", llama_layer.WHOLE_STEP))
+            llama_layer.WHOLE_STEP = False
+        fused = getattr(model, "_fused_layers", None)  # made by the model's first fused step
+        if fused:
+            group = "fused layer C calls (projections, norms, rope, K/V write)"
+            self._wrap(fused, "head", group)
+            self._wrap(fused, "tail", group)
 
     def _wrap(self, owner, name: str, group: str) -> None:
         inner = getattr(owner, name)
@@ -112,7 +127,7 @@ class Timers:
 
 def timed_groups(runner, fb_fn, steps: int) -> dict:
     """Per-step ms of the matmuls, the attention kernel and the rest (manual timers)."""
-    timers = Timers()
+    timers = Timers(runner.model)
     try:
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -121,7 +136,7 @@ def timed_groups(runner, fb_fn, steps: int) -> dict:
     finally:
         timers.close()
     out = {g: v / steps for g, v in timers.ms.items()}
-    out["rest (norms, rope, KV write, residuals, bookkeeping, Python)"] = total - sum(out.values())
+    out["rest (bookkeeping, Python, other torch ops)"] = total - sum(out.values())
     return {"step_ms": total, **out}
 
 
