@@ -12,6 +12,7 @@ accepted, then EOS.
 
     HF_HUB_OFFLINE=1 python bench/bench_grammar.py [--quick] [--corpus dev,suite]
         [--backends cfg,outlines,llguidance,xgrammar] [--limit N] [--cfg-python-walk] [--warm]
+        [--cfg-no-warmup]
 Writes bench/results/grammar.json and bench/results/grammar.png; prints a markdown table.
 Timings are only meaningful on a quiet machine.
 """
@@ -197,11 +198,17 @@ def main():
     ap.add_argument("--note", default="", help="a sentence stored with the results (e.g. the machine's load)")
     ap.add_argument("--cfg-python-walk", action="store_true", help="cfg masks by the Python walk (A/B with the C walk)")
     ap.add_argument("--warm", action="store_true", help="time the second walk of each instance (cfg: mask LRU emptied)")
+    ap.add_argument("--cfg-no-warmup", action="store_true",
+                    help="cfg compiles without walking its first masks (cfg/warmup.py; A/B of compile vs mask time)")
     args = ap.parse_args()
+    if args.cfg_no_warmup:
+        from lmprog_runtime.constrained.cfg import backend as cfg_backend
+        cfg_backend.warm = lambda grammar, tokenizer, schema_text: None
     limit = args.limit or (40 if args.quick else 0)
     tok = load_tokenizer()
     results = {"tokenizer": "SmolLM2-135M", "limit": limit, "note": args.note, "corpora": {},
-               "cfg_walk": "python" if args.cfg_python_walk else "c", "warm": args.warm}
+               "cfg_walk": "python" if args.cfg_python_walk else "c", "warm": args.warm,
+               "cfg_warmup": not args.cfg_no_warmup}
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for corpus in args.corpus.split(","):

@@ -1,0 +1,165 @@
+"""Masks paid at compile time: a new grammar's first masks are its slowest (every state and
+transition is new to its table: docs/constrained.md, "Where the time went next"), and a mask
+is on the critical path of a decode step, while compiling runs on the grammar queue's thread
+before the request is admitted. So a compiled grammar computes its root mask and, for a JSON
+Schema, walks one small instance of the schema (`sample`), token by token, as a request would:
+the structural rows every output needs (the object's keys and their closes, `:` `,` `}`, each
+property's value starts and string bodies) are derived then, and the masks of those states
+are in the grammar's cache when the first request asks.
+
+Only speed depends on this: masks come from the same engine either way, and a sample the
+grammar refuses (a pattern or a bound it does not meet) stops the walk at its first refused
+token, keeping what was walked. Bounded by WARMUP_S of wall time and MAX_TOKENS tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Optional
+
+import numpy as np
+
+from lmprog_runtime.constrained.base import GrammarError
+
+WARMUP_S = 0.05      # wall time a compile may spend walking its sample
+MAX_TOKENS = 256     # tokens of the sample walked at most
+MAX_DEPTH = 6        # nesting of the sample (a recursive schema stops here)
+MAX_PROPERTIES = 24  # properties of one object in the sample
+MAX_VALUES = 400     # values in one sample (nested objects multiply)
+_FORMATS = {"date": "2020-01-31", "date-time": "2020-01-31T12:00:00Z", "time": "12:00:00Z",
+            "email": "ab@example.com", "uri": "https://example.com/a", "uuid": "123e4567-e89b-12d3-a456-426614174000",
+            "ipv4": "10.0.0.1", "ipv6": "::1", "hostname": "example.com"}
+_NONE = object()  # no sample value
+
+
+def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: Optional[list] = None) -> Any:
+    """A small JSON value the schema likely accepts (every declared property, the first
+    branch of a choice, bounds' lower ends; `alt` 1: the last branch and enum member, two
+    array items, longer strings, a fraction), or `_NONE`. Best effort: the walk checks it.
+    At most MAX_VALUES values (`budget`: the count left, shared by the recursion)."""
+    root = schema if root is None else root
+    budget = [MAX_VALUES] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        return _NONE
+    if not isinstance(schema, dict) or depth > MAX_DEPTH:
+        return _NONE if schema is False else None
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][-alt]
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        target = _pointer(root, ref[1:])
+        if target is not None:
+            return sample(target, root, depth + 1, alt, budget)
+    for key in ("allOf", "anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list) and branches and isinstance(branches[-alt if key != "allOf" else 0], dict):
+            merged = {k: v for k, v in schema.items() if k != key}
+            merged.update(branches[-alt if key != "allOf" else 0])
+            return sample(merged, root, depth + 1, alt, budget)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
+    if kind is None:
+        kind = "object" if "properties" in schema else "array" if "items" in schema else None
+    if kind == "object":
+        out = {}
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        for name, sub in list(props.items())[:MAX_PROPERTIES]:
+            value = sample(sub, root, depth + 1, alt, budget)
+            if value is not _NONE:
+                out[name] = value
+        return out
+    if kind == "array":
+        items = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else None
+        if items:
+            vals = [sample(s, root, depth + 1, alt, budget) for s in items]
+        else:
+            n = schema.get("minItems", 1 + alt)
+            one = sample(schema.get("items", {}), root, depth + 1, alt, budget)
+            vals = [one] * (n if isinstance(n, int) and 0 <= n <= 4 else 1)
+        return [v for v in vals if v is not _NONE]
+    if kind == "string":
+        text = _FORMATS.get(schema.get("format"), "Abc de-f 12" if alt else "abc")
+        lo, hi = schema.get("minLength"), schema.get("maxLength")
+        if isinstance(lo, int) and len(text) < lo:
+            text = text + "a" * min(lo - len(text), 64)
+        if isinstance(hi, int) and len(text) > hi >= 0:
+            text = text[:hi]
+        return text
+    if kind in ("integer", "number"):
+        lo = schema.get("minimum", schema.get("exclusiveMinimum"))
+        value = lo if isinstance(lo, (int, float)) and not isinstance(lo, bool) else 1
+        if "exclusiveMinimum" in schema and value == schema["exclusiveMinimum"]:
+            value = value + 1
+        if alt and kind == "number" and float(value).is_integer():
+            value = value + 0.5
+        return int(value) if kind == "integer" and float(value).is_integer() else value
+    if kind == "boolean":
+        return True
+    return None
+
+
+def _pointer(root: Any, pointer: str) -> Optional[Any]:
+    node = root
+    for part in filter(None, pointer.split("/")):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def warm(grammar, tokenizer, schema_text: Optional[str]) -> None:
+    """Compute `grammar`'s root mask and, given its JSON Schema, walk a sample instance
+    (see the module docstring); the grammar is left where it started."""
+    row = np.empty(grammar._shared.vocab_size, dtype=np.bool_)
+    grammar.write_mask(row)
+    if schema_text is None or tokenizer is None:
+        return
+    try:
+        schema = json.loads(schema_text)
+        texts = []
+        for alt, indent in ((0, None), (1, None), (0, 2)):
+            value = sample(schema, alt=alt)
+            if value is not _NONE:
+                text = json.dumps(value, indent=indent, separators=(",", ": ") if indent else (",", ":"),
+                                  ensure_ascii=False)
+                if text not in texts:
+                    texts.append(text)
+    except (ValueError, TypeError, RecursionError):
+        return
+    deadline = time.monotonic() + WARMUP_S
+    for text in texts:
+        if time.monotonic() > deadline or not _walk(grammar, row, tokenizer.encode(text, add_special_tokens=False),
+                                                    deadline):
+            return
+
+
+def _walk(grammar, row: np.ndarray, tokens, deadline: float) -> bool:
+    """Walk `tokens` (row: the mask at the grammar's state), computing each state's mask,
+    then roll back; False once past the deadline."""
+    walked = 0
+    try:
+        for t in tokens[:MAX_TOKENS]:
+            if time.monotonic() > deadline:
+                return False
+            if not row[t]:
+                break
+            try:
+                grammar.accept_token(t)
+            except GrammarError:  # the mask looks a byte ahead; the matcher decides
+                break
+            walked += 1
+            grammar.write_mask(row)
+    finally:
+        if walked:
+            grammar.rollback(walked)
+            grammar.write_mask(row)  # the root's again: a memo hit
+    return True

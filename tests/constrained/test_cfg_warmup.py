@@ -1,0 +1,78 @@
+"""Compile-time warm-up of cfg grammars (constrained/cfg/warmup.py): a compiled JSON Schema
+grammar has walked a sample instance, so its first masks are cached; masks are the ones an
+unwarmed grammar computes; the matcher is left at its start; the walk is bounded."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+from lmprog_runtime.constrained import create_grammar_backend
+from lmprog_runtime.constrained.cfg import warmup
+from lmprog_runtime.constrained.cfg.backend import CfgGrammar, _Compiled, compile_machine
+from lmprog_runtime.constrained.cfg.mask import MaskEngine
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 40}, "born": {"type": "string", "format": "date"},
+    "kind": {"enum": ["author", "editor"]}, "score": {"type": "number", "minimum": 0},
+    "tags": {"type": "array", "items": {"type": "string"}},
+    "home": {"$ref": "#/$defs/place"}}, "required": ["name", "kind"],
+    "$defs": {"place": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}}}}}
+INSTANCES = ['{"name":"Ann","kind":"editor","score":2.25,"tags":["a","b c"],"home":{"city":"Oslo","zip":150}}',
+             '{\n  "kind": "author",\n  "name": "Bo \\"B\\"",\n  "born": "1999-12-31"\n}',
+             '{"name":"x","kind":"writer"}']
+
+
+@pytest.fixture(scope="module")
+def cfg(tokenizer):
+    be = create_grammar_backend("cfg", tokenizer, vocab_size=49152 + 64, eos_token_ids=[tokenizer.eos_token_id])
+    yield be
+    be.shutdown()
+
+
+def _unwarmed(cfg, spec: str) -> CfgGrammar:
+    machine = compile_machine("json", spec, cfg.whitespace)
+    return CfgGrammar(_Compiled(machine, MaskEngine(machine, cfg.vocab), cfg.table, cfg.eos_token_ids,
+                                cfg.vocab_size))
+
+
+def test_warmed_grammar_has_cached_masks_and_the_same_masks(cfg, tokenizer):
+    spec = json.dumps(SCHEMA)
+    warm = cfg.compile("json", spec)
+    assert len(warm._states) == 1 and not warm._hist  # left at its start
+    assert len(warm._shared.engine._memo) > 20  # the sample's states were walked
+    cold = _unwarmed(cfg, spec)
+    assert len(cold._shared.engine._memo) == 0
+    a, b = np.empty(cfg.vocab_size, np.bool_), np.empty(cfg.vocab_size, np.bool_)
+    compared = 0
+    for text in INSTANCES:
+        g, h = warm.copy(), cold.copy()
+        for t in tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]:
+            g.write_mask(a)
+            h.write_mask(b)
+            assert np.array_equal(a, b), (text, g._hist)
+            compared += 1
+            if not a[t]:
+                break
+            g.accept_token(t)
+            h.accept_token(t)
+    assert compared > 40
+
+
+def test_sample_follows_the_schema():
+    v0, v1 = warmup.sample(SCHEMA), warmup.sample(SCHEMA, alt=1)
+    assert v0["kind"] == "author" and v1["kind"] == "editor" and v0["born"] == "2020-01-31"
+    assert set(v0) == set(SCHEMA["properties"]) and set(v0["home"]) == {"city", "zip"}
+    assert len(v1["tags"]) == 2 and isinstance(v1["score"], float)
+    assert warmup.sample(False) is warmup._NONE
+
+
+def test_warmup_is_bounded(cfg):
+    # every property refers back to the root: the sample's size is capped, not 24 ** depth
+    recursive = {"type": "object", "properties": {f"p{i}": {"$ref": "#"} for i in range(24)}}
+    t0 = time.perf_counter()
+    g = cfg.compile("json", json.dumps(recursive))
+    assert time.perf_counter() - t0 < 2.0 + warmup.WARMUP_S
+    assert len(g._states) == 1
+    v = warmup.sample(recursive)
+    assert len(json.dumps(v)) < 50_000
