@@ -28,7 +28,7 @@ from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
 from lmprog_runtime.constrained.cfg.registry import SchemaRegistry
 from lmprog_runtime.constrained.cfg.residual import Residual
 from lmprog_runtime.constrained.cfg.schema import SchemaCompiler
-from lmprog_runtime.constrained.cfg.warmup import warm
+from lmprog_runtime.constrained.cfg.warmup import SampleTokenizer, warm
 from lmprog_runtime.constrained.index import grammar_token_table
 from lmprog_runtime.constrained.json_schema import DEFAULT_MAX_WHITESPACE, whitespace_regex
 from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
@@ -202,7 +202,7 @@ class CfgBackend(GrammarBackend):
             raise ValueError("eos_token_ids must name at least one token")
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
-        self.tokenizer = tokenizer
+        self.sample_tokenizer = SampleTokenizer(tokenizer)  # warmup.py's own copy, made on first use
         self.table = grammar_token_table(tokenizer, self.eos_token_ids)
         self.vocab = VocabInfo(self.table)
         self.registry = SchemaRegistry(config.schema_remotes)
@@ -214,7 +214,7 @@ class CfgBackend(GrammarBackend):
         shared = _Compiled(machine, MaskEngine(machine, self.vocab), self.table, self.eos_token_ids,
                            self.vocab_size)
         try:  # a matcher of its own walks the first masks into the shared caches (warmup.py)
-            warm(CfgGrammar(shared), self.tokenizer, spec if kind == "json" else None)
+            warm(CfgGrammar(shared), self.sample_tokenizer, spec if kind == "json" else None)
         except Exception:  # noqa: BLE001 - only speed depends on it; the request will meet the error itself
             logger.debug("grammar warm-up failed", exc_info=True)
         return CfgGrammar(shared)

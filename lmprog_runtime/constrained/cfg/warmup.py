@@ -15,8 +15,9 @@ token, keeping what was walked. Bounded by WARMUP_S of wall time and MAX_TOKENS 
 from __future__ import annotations
 
 import json
+import threading
 import time
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -116,8 +117,30 @@ def _pointer(root: Any, pointer: str) -> Optional[Any]:
     return node
 
 
-def warm(grammar, tokenizer, schema_text: Optional[str]) -> None:
-    """Compute `grammar`'s root mask and, given its JSON Schema, walk a sample instance
+class SampleTokenizer:
+    """The samples' tokenizer: a private copy of the model's fast tokenizer's Rust core, made
+    on first use and called under a lock. The serving tokenizer is not shared with the
+    compile threads (transformers' wrapper may reconfigure its core per call, and a core
+    borrowed by two threads at once raises in one of them)."""
+
+    def __init__(self, tokenizer):
+        self._source = getattr(tokenizer, "backend_tokenizer", None)
+        self._own = None
+        self._lock = threading.Lock()
+
+    def encode(self, text: str) -> Optional[List[int]]:
+        """Token ids of `text` (no special tokens), or None without a fast tokenizer."""
+        if self._source is None:
+            return None
+        with self._lock:
+            if self._own is None:
+                from tokenizers import Tokenizer
+                self._own = Tokenizer.from_str(self._source.to_str())
+            return self._own.encode(text, add_special_tokens=False).ids
+
+
+def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[str]) -> None:
+    """Compute `grammar`'s root mask and, given its JSON Schema, walk sample instances
     (see the module docstring); the grammar is left where it started."""
     row = np.empty(grammar._shared.vocab_size, dtype=np.bool_)
     grammar.write_mask(row)
@@ -135,10 +158,10 @@ def warm(grammar, tokenizer, schema_text: Optional[str]) -> None:
                     texts.append(text)
     except (ValueError, TypeError, RecursionError):
         return
+    encoded = [tokenizer.encode(text) for text in texts]  # (the first call makes the tokenizer)
     deadline = time.monotonic() + WARMUP_S
-    for text in texts:
-        if time.monotonic() > deadline or not _walk(grammar, row, tokenizer.encode(text, add_special_tokens=False),
-                                                    deadline):
+    for tokens in encoded:
+        if tokens is None or not _walk(grammar, row, tokens, deadline):
             return
 
 
