@@ -254,7 +254,7 @@ def test_string_steps_made_in_c_match_python_walk(backend):
     made = np.nonzero((lx.src[:len(tab.states)] >= 0) & (lx.kind[:len(tab.states)] < 3))[0]
     assert len(made) > 0, "the C walk made no string state"
     belows, shared = list(lx.below_ids), 0
-    for i in made[:50].tolist():  # their source's frame with their own node, over their own stack
+    for i in made.tolist():  # their source's frame with their own node, over their own stack
         st, src = tab.states[i], tab.states[int(lx.src[i])]
         assert (st[0][1], st[0][0][1]) == (belows[int(lx.below[i])][1], belows[int(lx.below[i])][0])
         assert st[0][0][2:] == src[0][0][2:] and st in tab.ids
