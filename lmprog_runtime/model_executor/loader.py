@@ -13,11 +13,13 @@ so each model file needs only one name scheme. Every failure is reported as one
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
 import os
 import re
+import threading
 from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple
 
@@ -113,7 +115,8 @@ def _converted(path: str, kind: str):
         except Exception:  # a stale or partial cache is rebuilt below
             pass
     folder, kw = _hf_kwargs(path)
-    obj = cls.from_pretrained(folder, **kw)
+    with _shared_gguf_reader(path):
+        obj = cls.from_pretrained(folder, **kw)
     try:
         import shutil
         import tempfile
@@ -289,13 +292,56 @@ def gguf_to_hf_name(name: str) -> Optional[str]:
     return None
 
 
+_READER: list = [None, None]  # [key, reader]: the last GGUF parsed (see _open_gguf)
+_READER_LOCK = threading.Lock()
+_ORIGINAL_READER: dict = {}  # gguf.GGUFReader itself, while _shared_gguf_reader swaps it
+
+
 def _open_gguf(path: str):
+    """A parsed GGUF file. Parsing reads the whole header, the vocabulary's ~100k strings
+    included (~3 s here), so a cold start's readers (architecture, tensor types, weights) share
+    the last one parsed, keyed by the file's identity; `_drop_gguf` lets it go after loading."""
     import gguf
 
     try:
-        return gguf.GGUFReader(path)
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+        with _READER_LOCK:
+            if _READER[0] != key:
+                _READER[:] = [key, _ORIGINAL_READER.get("cls", gguf.GGUFReader)(path)]
+            return _READER[1]
     except Exception as e:
         raise ValueError(f"model file {path!r} is not a readable GGUF file: {e}") from e
+
+
+def _drop_gguf() -> None:
+    with _READER_LOCK:
+        _READER[:] = [None, None]
+
+
+@contextlib.contextmanager
+def _shared_gguf_reader(path: str):
+    """transformers' GGUF conversions (config, tokenizer) read `path` through `_open_gguf`'s
+    reader instead of parsing the file again each (`gguf.GGUFReader` swapped while they run;
+    any other file is parsed as before)."""
+    if not is_gguf(path):
+        yield
+        return
+    import gguf
+
+    original, target = gguf.GGUFReader, os.path.realpath(path)
+
+    def reader(p, *args, **kwargs):
+        if not args and not kwargs and os.path.realpath(p) == target:
+            return _open_gguf(p)
+        return original(p, *args, **kwargs)
+
+    _ORIGINAL_READER.setdefault("cls", original)
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
 
 
 def _gguf_architecture(path: str) -> str:
@@ -389,3 +435,4 @@ def _iter_gguf_weights(path: str, config: ModelConfig, progress: bool,
             raw = raw if heads is None else _unpermute_llama_rows(raw, heads)
             int4_sources[name] = gguf_q4_blocks(raw, t.tensor_type.name)
         yield name, torch.from_numpy(np.array(w, dtype=np.float32))  # a writable copy
+    _drop_gguf()  # every tensor read: nothing later needs the parsed file

@@ -43,6 +43,8 @@ PROBE_LAYERS = 4  # distinct weights per format: enough to overflow caches like 
 # float32 is the exact path. Likewise int8 activations replace float ones only by this margin
 # (they agree less with float32 greedy: bench/greedy_agreement.py).
 QUANT_MARGIN = 0.10
+DENSE_DROP = 2.0  # a dense format this many times slower than the best dense one is timed no further,
+DENSE_DROP_FROM = 16  # from this batch on (below it a step reads weights: bfloat16 halves them)
 Format = Tuple[str, str]  # (weights "none" | "int8" | "int4", kernel dtype name)
 
 
@@ -77,21 +79,27 @@ class _Dense:
         return torch.nn.functional.linear(x.to(self.dtype), self.weight)
 
 
-def _build(fmt: Format, config, layers: int) -> Tuple[List[Callable], Callable]:
-    """Per-layer projections and the head for `fmt`, random weights of the model's shapes."""
+def _random_weights(config, layers: int) -> Tuple[List[torch.Tensor], torch.Tensor]:
+    """Random weights of the model's shapes: `layers` layers' projections and the head. Every
+    format is built from the same ones (a head alone is ~28M draws)."""
+    return ([torch.randn(n, k) * 0.02 for _ in range(layers) for n, k in _shapes(config)],
+            torch.randn(config.vocab_size, config.hidden_size) * 0.02)
+
+
+def _build(fmt: Format, weights_: Tuple[List[torch.Tensor], torch.Tensor]) -> Tuple[List[Callable], Callable]:
+    """Per-layer projections and the head for `fmt` from `_random_weights`' tensors."""
     weights, kdtype = fmt[0], _dtype(fmt[1])
 
-    def make(n, k):
-        w = torch.randn(n, k) * 0.02
+    def make(w, head=False):
         if weights == "none":
             return _Dense(w, kdtype)
-        lin = QuantLinear(weights if (n, k) != head_shape else "int8", n, k, kdtype)
+        n, k = w.shape
+        lin = QuantLinear("int8" if head else weights, n, k, kdtype)
         lin.set_weight(w)
         return lin
 
-    head_shape = (config.vocab_size, config.hidden_size)
-    layer_ops = [make(n, k) for _ in range(layers) for n, k in _shapes(config)]
-    return layer_ops, make(*head_shape)
+    layer_ws, head_w = weights_
+    return [make(w) for w in layer_ws], make(head_w, head=True)
 
 
 def _step_time(layer_ops, head, config, x_by_k, layers: int) -> float:
@@ -109,10 +117,14 @@ def measure(config, formats: List[Format], batches=PROBE_BATCHES, reps: int = 3)
     """Best-of-`reps` step seconds per format and batch size, formats timed interleaved.
 
     A quantized format stops being timed at the first batch where it loses to every dense one
-    (its larger batches would use the dense weights anyway).
+    (its larger batches would use the dense weights anyway), a dense one where it takes over
+    DENSE_DROP times the best dense step from batch DENSE_DROP_FROM on (bfloat16 without
+    bfloat16 arithmetic: ~1 s a step at batch 64), and after the first batch only `finalists` are timed.
     """
     layers = min(config.num_layers, PROBE_LAYERS)
-    built = {f: _build(f, config, layers) for f in formats}
+    ws = _random_weights(config, layers)
+    built = {f: _build(f, ws) for f in formats}
+    del ws
     timings: Dict[Format, Dict[int, float]] = {f: {} for f in formats}
     live = list(formats)
     for b in batches:
@@ -124,15 +136,18 @@ def measure(config, formats: List[Format], batches=PROBE_BATCHES, reps: int = 3)
                 t = _step_time(*built[f], config, xs, layers)
                 timings[f][b] = min(timings[f].get(b, float("inf")), t)
         best_dense = min((timings[f][b] for f in live if f[0] == "none"), default=float("inf"))
-        live = [f for f in live if f[0] == "none" or timings[f][b] < best_dense]
+        drop = DENSE_DROP if b >= DENSE_DROP_FROM else float("inf")
+        live = [f for f in live if (f[0] == "none" and timings[f][b] <= drop * best_dense)
+                or (f[0] != "none" and timings[f][b] < best_dense)]
+        if b == batches[0]:
+            kept = finalists(timings)
+            live = [f for f in live if f in kept]
     return timings
 
 
-def choose(timings: Dict[Format, Dict[int, float]], require_quant: bool = False) -> FormatChoice:
-    """The format with the fastest batch-1 step (a quantized one if `require_quant`); see the
-    module docstring. `timings` holds at least one dense format, timed at every batch."""
+def _best(timings: Dict[Format, Dict[int, float]], require_quant: bool) -> Format:
+    """The format `choose` picks: by batch-1 times alone."""
     dense = {f: t for f, t in timings.items() if f[0] == "none"}
-    dense_dtype = _dtype(min(dense, key=lambda f: sum(dense[f].values()))[1])
     pool = [f for f in timings if f[0] != "none"] if require_quant else list(timings)
     best = min(pool, key=lambda f: timings[f][1])
     float_act = [f for f in pool if f[0] != "none" and f[1] != "int8"]
@@ -143,10 +158,35 @@ def choose(timings: Dict[Format, Dict[int, float]], require_quant: bool = False)
     best_dense = min(dense, key=lambda f: dense[f][1])
     if not require_quant and best[0] != "none" and timings[best][1] > (1 - QUANT_MARGIN) * dense[best_dense][1]:
         best = best_dense  # not clearly faster than dense weights
+    return best
+
+
+def finalists(timings: Dict[Format, Dict[int, float]]) -> List[Format]:
+    """After batch 1, the formats whose larger batches `choose` can read: the dense ones (the
+    dense dtype, the crossover) and the quantized one it picks, with or without
+    `require_quant`. Timing the others further (bfloat16 kernels on a CPU without bfloat16
+    arithmetic: a second at batch 64) only lengthens a first start."""
+    keep = [f for f in timings if f[0] == "none"]
+    for require_quant in (False, True):
+        if require_quant and not any(f[0] != "none" for f in timings):
+            continue
+        best = _best(timings, require_quant)
+        if best not in keep:
+            keep.append(best)
+    return keep
+
+
+def choose(timings: Dict[Format, Dict[int, float]], require_quant: bool = False) -> FormatChoice:
+    """The format with the fastest batch-1 step (a quantized one if `require_quant`); see the
+    module docstring. `timings` holds at least one dense format, timed at every batch."""
+    dense = {f: t for f, t in timings.items() if f[0] == "none"}
+    batches = sorted({b for t in dense.values() for b in t})  # a dense format dropped early: inf after
+    dense_dtype = _dtype(min(dense, key=lambda f: sum(dense[f].get(b, float("inf")) for b in batches))[1])
+    best = _best(timings, require_quant)
     if best[0] == "none":
         return FormatChoice(dense_dtype, None, torch.float32, None)
-    crossover = [b for b in sorted(next(iter(dense.values()), {}))
-                 if b not in timings[best] or min(d[b] for d in dense.values()) < timings[best][b]]
+    crossover = [b for b in batches
+                 if b not in timings[best] or min(d[b] for d in dense.values() if b in d) < timings[best][b]]
     if best[1] == "bfloat16":
         return FormatChoice(dense_dtype, best[0], _dtype(best[1]), crossover[0] if crossover else None)
     # float32 or int8 kernels take float32 activations: the model runs in float32 around them

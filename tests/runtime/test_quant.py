@@ -180,6 +180,31 @@ def test_choose_keeps_float32_activations_beside_float32_kernels():
     torch.testing.assert_close(y, x.bfloat16().float() @ q.dense.float().t(), rtol=1e-2, atol=1e-2)
 
 
+def test_probe_times_only_finalists_past_batch_1():
+    """After batch 1 only the dense formats and the quantized ones `choose` can pick (with and
+    without require_quant) are timed further; choosing from the pruned timings gives the same
+    answer as from the full ones."""
+    full = {("none", "float32"): {1: 46, 4: 73, 16: 81, 64: 206},
+            ("none", "bfloat16"): {1: 25, 4: 60, 16: 230, 64: 940},
+            ("int4", "bfloat16"): {1: 15, 4: 19, 16: 66},
+            ("int8", "bfloat16"): {1: 18, 4: 23, 16: 70},
+            ("int8", "int8"): {1: 7.5, 4: 8.7, 16: 24, 64: 89},
+            ("int4", "int8"): {1: 5.7, 4: 7.0, 16: 19, 64: 69}}
+    first = {f: {1: t[1]} for f, t in full.items()}
+    kept = probe.finalists(first)
+    assert set(kept) == {("none", "float32"), ("none", "bfloat16"), ("int4", "int8")}
+    pruned = {f: (t if f in kept else {1: t[1]}) for f, t in full.items()}
+    for require_quant in (False, True):
+        assert probe.choose(pruned, require_quant) == probe.choose(full, require_quant)
+    dense_only = {("none", "float32"): {1: 10}, ("none", "bfloat16"): {1: 12}}
+    assert set(probe.finalists(dense_only)) == set(dense_only)
+    # a dense format dropped past DENSE_DROP x the best dense step: its later batches count as inf
+    dropped = dict(pruned)
+    dropped[("none", "bfloat16")] = {1: 25, 4: 60, 16: 230}
+    assert probe.choose(dropped) == probe.choose(full)
+    assert probe.DENSE_DROP_FROM > 1  # at batch 1 bfloat16 wins by reading half the bytes: never dropped there
+
+
 def test_probe_consistency_check():
     quiet = {("none", "float32"): {1: 10, 4: 11, 16: 30}, ("int4", "bfloat16"): {1: 5, 4: 20}}
     busy = {("none", "float32"): {1: 10, 4: 90, 16: 30}, ("int4", "bfloat16"): {1: 5}}
