@@ -13,7 +13,8 @@ Workloads (all greedy, fixed output lengths, EOS ignored):
 - `multi-turn`: conversations whose every turn resends the history (a fixed answer text
   stands in for the model's, so both systems see the same prompts), 8 clients;
 - `random-c1`, `random-c8`, `random-c32`: unrelated prompts at concurrency 1 / 8 / 32.
-Also the server's ready time (start to `GET /v1/models` = 200), lmprog's twice (cold, warm).
+Also the server's ready time (start to `GET /v1/models` = 200), lmprog's twice (first, warm;
+`--cold-first-start`: the first with an empty cache, as on a fresh machine).
 `--busy-cores N` runs the workloads (not the starts) beside N processes that each keep one core
 busy (a Python spin loop): a shared machine, the case where a server's threads wait on a core.
 
@@ -30,7 +31,9 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import subprocess
+import tempfile
 import sys
 import time
 from typing import Dict, List
@@ -228,9 +231,19 @@ class BusyCores:
 def run_system(system: str, opts, sizes: dict) -> dict:
     result: Dict[str, object] = {"workloads": {}}
     if system == "lmprog":  # the first start may convert and cache; the second is the warm one
-        server = make_server(system, free_port(), opts)
-        result["ready_first_s"] = timed_start(server)
-        server.stop()
+        cold = tempfile.mkdtemp(prefix="lmprog-cold-cache-") if opts.cold_first_start else None
+        saved = os.environ.get("LMPROG_CACHE_DIR")
+        if cold:  # an empty cache: conversion, kernel builds and the format probe all happen
+            os.environ["LMPROG_CACHE_DIR"] = cold
+        try:
+            server = make_server(system, free_port(), opts)
+            result["ready_first_s"] = timed_start(server)
+            server.stop()
+        finally:
+            if cold:
+                os.environ.pop("LMPROG_CACHE_DIR") if saved is None else os.environ.update(LMPROG_CACHE_DIR=saved)
+                shutil.rmtree(cold, ignore_errors=True)
+        result["first_start_cache"] = "empty" if cold else "as found"
     server = make_server(system, free_port(), opts)
     result["command"], result["ready_s"] = server.command, timed_start(server)
     try:
@@ -285,6 +298,8 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/lmprog-bench"))
     ap.add_argument("--llama-server", default=None, help="a llama-server binary (default: build/reuse the cached one)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--cold-first-start", action="store_true",
+                    help="lmprog's first start with an empty LMPROG_CACHE_DIR (its true first start)")
     ap.add_argument("--busy-cores", type=int, default=0,
                     help="run the workloads beside this many processes that each keep a core busy")
     ap.add_argument("--output-file", default=os.path.join(HERE, "results", "vs_llamacpp.json"))
