@@ -70,7 +70,7 @@ class Sampler:
         if logits.device.type != "cpu" or logits.dtype != torch.float32 or not all(map(self._untouched, reqs)):
             return None
         lg = logits.numpy()
-        if grammar_mask is None:  # row by row on views: a fancy-indexed [rows, V] copy cost ~40 us a row
+        if grammar_mask is None:  # row by row on views: the fancy-indexed [rows, V] copy took 16-300 us at 1-8 rows
             return [int(np.argmax(lg[row, : self.vocab_size])) for row in rows]
         width = grammar_mask.shape[-1]
         if (grammar_mask.device.type != "cpu" or grammar_mask.dtype != torch.bool or width > self.vocab_size

@@ -113,7 +113,7 @@ class ServerRuntime:
         loop = asyncio.get_running_loop()
         # A GGUF whose tokenizer is not converted yet: the schedulers convert it into the cache
         # while they load (loader.py), so this process reads it after them instead of parsing
-        # the file in a child of its own beside them (a cold start on 2 cores: ~2 s sooner).
+        # the file in a child of its own beside them (on 2 cores the two compete for the CPU).
         tokenizer = loop.run_in_executor(None, _load_tokenizer, self.args) if _tokenizer_ready(self.args) else None
         try:
             await _all_ready(self.replicas)
