@@ -109,6 +109,7 @@ class GrammarBackend(abc.ABC):
         self.config = config
         self._executor = ThreadPoolExecutor(config.compile_workers, thread_name_prefix="grammar")
         self._cache: OrderedDict[tuple[str, str], Grammar] = OrderedDict()
+        self._inflight: dict[tuple[str, str], Future] = {}  # compiles running, by key
         # per cached key: [compile wall seconds, cache hits since]; read by `cache_entries`
         self._entry_stats: dict[tuple[str, str], list] = {}
         self._lock = threading.Lock()
@@ -140,11 +141,17 @@ class GrammarBackend(abc.ABC):
         except GrammarError as exc:
             outer.set_exception(exc)
             return outer
-        inner = self._executor.submit(self._compile_checked, kind, spec)
         timer = threading.Timer(self.config.compile_timeout_s, _expire, (outer, kind, self.config))
         timer.daemon = True
+        with self._lock:  # requests of one spec arriving together share its one compile
+            inner = self._inflight.get(key)
+            fresh = inner is None
+            if fresh:
+                inner = self._inflight[key] = self._executor.submit(self._compile_checked, kind, spec)
+        if fresh:  # outside the lock: a compile already done runs the callback here, and it locks
+            inner.add_done_callback(lambda f: self._finish(f, key))
         timer.start()
-        inner.add_done_callback(lambda f: self._finish(f, outer, key, timer))
+        inner.add_done_callback(lambda f: _hand_out(f, outer, timer))
         return outer
 
     def _compile_checked(self, kind: str, spec: str) -> tuple:
@@ -157,21 +164,19 @@ class GrammarBackend(abc.ABC):
         except Exception as exc:  # noqa: BLE001 - every compile failure becomes a GrammarError
             raise GrammarError(f"Failed to compile {kind} grammar: {exc}") from exc
 
-    def _finish(self, inner: Future, outer: Future, key, timer: threading.Timer) -> None:
-        timer.cancel()
-        exc = inner.exception()
-        if exc is None:
+    def _finish(self, inner: Future, key) -> None:
+        """A compile ended: cache its grammar (its waiters get copies, `_hand_out`)."""
+        with self._lock:
+            self._inflight.pop(key, None)
+            if inner.cancelled() or inner.exception() is not None:
+                return
             grammar, seconds = inner.result()
-            with self._lock:
-                self._cache[key] = grammar
-                self._cache.move_to_end(key)
-                self._entry_stats[key] = [seconds, 0]
-                while len(self._cache) > self.config.cache_size:
-                    old, _ = self._cache.popitem(last=False)
-                    self._entry_stats.pop(old, None)
-            _settle(outer, result=grammar.copy())
-        else:
-            _settle(outer, exc=exc)
+            self._cache[key] = grammar
+            self._cache.move_to_end(key)
+            self._entry_stats[key] = [seconds, 0]
+            while len(self._cache) > self.config.cache_size:
+                old, _ = self._cache.popitem(last=False)
+                self._entry_stats.pop(old, None)
 
     def cache_entries(self, spec_chars: int = 160) -> list:
         """The compiled-grammar cache, least recently used first: [{"kind", "spec" (cut to
@@ -190,6 +195,17 @@ def _done(value) -> Future:
     f: Future = Future()
     f.set_result(value)
     return f
+
+
+def _hand_out(inner: Future, outer: Future, timer: threading.Timer) -> None:
+    """One waiter of a compile: its own matcher (a copy) or the compile's error."""
+    timer.cancel()
+    if inner.cancelled():
+        _settle(outer, exc=GrammarError("grammar compile cancelled (the backend shut down)"))
+    elif inner.exception() is not None:
+        _settle(outer, exc=inner.exception())
+    else:
+        _settle(outer, result=inner.result()[0].copy())
 
 
 def _settle(fut: Future, result=None, exc=None) -> None:

@@ -7,6 +7,7 @@ requests that failed (with the reason); the scheduler moves them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from typing import Callable, List, Optional, Tuple
@@ -43,6 +44,15 @@ class GrammarQueue:
         req.grammar_wait_start = time.monotonic()
         self.waiting.append(req)
         return None
+
+    def wait(self, timeout: float) -> None:
+        """Block up to `timeout` seconds for a pending compile to end. A scheduler with nothing
+        else to do waits here instead of spinning: a Python loop polling the futures held the
+        GIL against the compile threads, whose every release of it (a C call, a numpy op) then
+        waited up to the 5 ms switch interval: a 20 ms compile took seconds."""
+        futures = [r.grammar_future for r in self.waiting]
+        if futures:
+            concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def poll(self) -> Tuple[List, List[Tuple[object, FinishReason]]]:
         """(ready requests, [(failed request, reason)]), in arrival order."""

@@ -72,6 +72,7 @@ logger = logging.getLogger(__name__)
 
 STATS_EVERY_STEPS = 8  # scheduler gauges ride along with every 8th batch of outputs
 PREFETCH_POLL_S = 0.005  # seconds an idle step waits for a storage prefetch to finish
+GRAMMAR_POLL_S = 0.002  # seconds an idle step waits for a grammar compile (new messages wait this long)
 
 
 def _new_stats() -> dict:
@@ -300,6 +301,8 @@ class Scheduler:
         self._release_finished()
         self._flush()
         self.kv.wait_for_storage(PREFETCH_POLL_S)  # queued requests may wait on L3 reads
+        if len(self.grammars):
+            self.grammars.wait(GRAMMAR_POLL_S)  # nothing to compute until a grammar is ready
         return False
 
     def _admit(self) -> StepPlan:

@@ -76,3 +76,27 @@ def test_warmup_is_bounded(cfg):
     assert len(g._states) == 1
     v = warmup.sample(recursive)
     assert len(json.dumps(v)) < 50_000
+
+
+def test_requests_arriving_together_share_one_compile(cfg):
+    """Futures asked for one spec while its compile runs wait for that compile (each gets its
+    own matcher) instead of compiling again beside it."""
+    calls = []
+    original = type(cfg).compile
+
+    def counted(self, kind, spec):
+        calls.append(spec)
+        time.sleep(0.05)  # still compiling when the others ask
+        return original(self, kind, spec)
+
+    spec = json.dumps({"type": "object", "properties": {"shared": {"type": "integer"}}, "required": ["shared"]})
+    type(cfg).compile = counted
+    try:
+        futures = [cfg.get_future("json", spec) for _ in range(4)]
+        grammars = [f.result(timeout=60) for f in futures]
+    finally:
+        type(cfg).compile = original
+    assert calls == [spec]
+    assert len({id(g) for g in grammars}) == 4  # a matcher each
+    assert all(len(g._states) == 1 for g in grammars)
+    assert cfg.get_future("json", spec).result(timeout=5)._shared is grammars[0]._shared  # then cached
