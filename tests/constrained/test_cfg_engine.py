@@ -218,7 +218,7 @@ def test_rollback_and_jump_forward(cfg, tokenizer):
 
 def _forced_every_byte(g):
     """jump_forward_str's answer by stepping all 256 bytes at every position (its definition)."""
-    from lmprog_runtime.constrained.cfg.backend import MAX_FORCED_BYTES
+    from lmprog_runtime.constrained.cfg.backend import MAX_FORCED_BYTES, whole_characters
 
     if g.is_terminated():
         return None
@@ -234,14 +234,7 @@ def _forced_every_byte(g):
             break
         out.append(live[0][0])
         state = live[0][1]
-    if not out or 0x80 <= out[0] < 0xC0:
-        return None
-    for cut in range(len(out), max(len(out) - 4, 0), -1):
-        try:
-            return out[:cut].decode("utf-8") or None
-        except UnicodeDecodeError:
-            continue
-    return None
+    return whole_characters(out)
 
 
 def test_jump_forward_search_stops_early_with_the_same_answer(cfg, tokenizer):

@@ -156,14 +156,20 @@ class CfgGrammar(Grammar):
                 break
             out.append(step[0])
             state = step[1]
-        if not out or 0x80 <= out[0] < 0xC0:
-            return None
-        for cut in range(len(out), max(len(out) - 4, 0), -1):
-            try:
-                return out[:cut].decode("utf-8") or None
-            except UnicodeDecodeError:
-                continue
+        return whole_characters(out)
+
+
+def whole_characters(out: bytes) -> Optional[str]:
+    """Forced bytes cut to whole UTF-8 characters (None when nothing is left or they start
+    inside a character)."""
+    if not out or 0x80 <= out[0] < 0xC0:
         return None
+    for cut in range(len(out), max(len(out) - 4, 0), -1):
+        try:
+            return out[:cut].decode("utf-8") or None
+        except UnicodeDecodeError:
+            continue
+    return None
 
 
 # Bytes in the order a forced-byte search tries them: printable ASCII first, where a state
