@@ -288,6 +288,32 @@ def test_unbounded_numbers_share_states_and_keep_exponents_exact(backend):
         assert all(tab.trans[i * 256 + b] < 0 for b in b"eE"), "an exponent stepped from the text 0"
 
 
+def test_numbers_alike_but_for_their_digits_share_one_memoized_mask(backend, monkeypatch):
+    """A walk that read no text is memoized under its root's canonical state too: a free
+    number met again in the same place, with other digits, is a memo hit (no walk), and its
+    mask is the Python walk's. Where some token spells an exponent long enough for
+    number_ok's overflow, the mantissa's digits matter and nothing is shared."""
+    tok, be = backend
+    schema = json.dumps({"type": "array", "items": {"type": "number"}})
+    g0 = be.compile("json", schema)
+    eng = g0._shared.engine
+    oracle = MaskEngine(g0._shared.machine, eng.vocab, use_c=False)
+    _walk(tok, g0, oracle, "[12,345,6.55", "first", must_accept=True)
+    numbers = [k[1] for k in eng._memo if k[0] == "canon" and k[1][0][0][0] == "N"]
+    assert [st for st in numbers if g0._shared.machine.advance(st, 0x65, 0, lambda a, b: b"")]
+    walked = []
+    compute = eng._compute
+    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
+    _walk(tok, g0, oracle, "[98,761,3.25", "again", must_accept=True)
+    assert not [st for st in walked if st[0][0][0] == "N"], "a number's mask walked again"
+    monkeypatch.setattr(eng.vocab, "max_digits", 20)
+    g1 = be.compile("json", json.dumps({"type": "array", "items": {"type": "number"}, "maxItems": 9}))
+    _walk(tok, g1, oracle, "[12,345,6.5", "long exponents", must_accept=True)
+    machine = g1._shared.machine
+    shared = [k[1] for k in g1._shared.engine._memo if k[0] == "canon" and k[1][0][0][0] == "N"]
+    assert not [st for st in shared if machine.advance(st, 0x65, 0, lambda a, b: b"")], "shared across an exponent"
+
+
 def test_string_steps_shared_across_nodes_keep_each_nodes_bounds(backend):
     """Strings of different nodes share their steps only where the steps agree: the same
     maxLength, and the same minLength (no maxLength: the canonical count is clamped at it)."""

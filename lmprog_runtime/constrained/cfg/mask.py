@@ -12,6 +12,7 @@ cached by the state with its counters clamped to the longest token.
 """
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from typing import Optional, Sequence
@@ -26,6 +27,7 @@ from lmprog_runtime.constrained.trie_walk import TokenTrie
 MEMO_STATES = 1024  # cached masks per compiled grammar (LRU), bit-packed: 6 KB each at 49k tokens
 MEMO_PARTS = 64     # cached string-body parts per grammar (bool rows)
 MAX_TABLE_CHARS = 32  # plain tokens up to this many characters go through the regex tables
+_DIGIT_RUN = re.compile(rb"[0-9]+")
 
 
 class VocabInfo:
@@ -82,6 +84,8 @@ class VocabInfo:
         self.cp_idx = np.ascontiguousarray(inv.reshape(self.cps.shape), dtype=np.int32)
         self.special_or_cut = TokenTrie(special, use_c=False)
         self.max_chars = max((len(b) for b in table if b), default=1) + 1
+        # the most ASCII digits in a row in one token (how long an exponent a walk can spell)
+        self.max_digits = max((len(r) for b in table if b for r in _DIGIT_RUN.findall(b)), default=0)
         self.lists = _lists(self.trie)
         self.special_lists = _lists(self.special)
         self.cut_lists = _lists(self.special_or_cut)
@@ -199,6 +203,13 @@ class MaskEngine:
                 self._memo.move_to_end(memo_key)
         if got is not None:
             return got
+        canon = self._canon_key(key, state, start)
+        if canon is not None:
+            with self._lock:
+                got = self._memo.get(canon)
+                if got is not None:
+                    self._memo.move_to_end(canon)
+                    return got
         tracked = _Tracked(hist) if start is not None else hist
         out = np.packbits(self._compute(key, state, tracked))
         with self._lock:
@@ -206,9 +217,21 @@ class MaskEngine:
                 self._memo[base_key] = _BY_TEXT
                 memo_key = (base_key, hist[start:])
             self._memo[memo_key] = out
+            if canon is not None and not self._tw.read_text:
+                self._memo[canon] = out
             while len(self._memo) > MEMO_STATES:
                 self._memo.popitem(last=False)
         return out
+
+    def _canon_key(self, key, state: tuple, start) -> Optional[tuple]:
+        """The memo key of a state's canonical form (cfg/table.py: a free number's digits,
+        a key of additionalProperties abstracted), where it differs from the state and the
+        C walk runs: a walk that read no text (TableWalker.read_text) is stored under it
+        too, so states alike but for what canonical() drops share one walk."""
+        if key is not None or start is not None or not self._walker():
+            return None
+        canon = self._tw._canon(state)
+        return None if canon is state else ("canon", canon)
 
     def _plain_part(self, top) -> np.ndarray:
         """The plain tokens an S frame allows, packed: all (or those its patterns survive),

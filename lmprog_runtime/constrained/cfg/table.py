@@ -250,6 +250,9 @@ class TableWalker:
         self._at = np.zeros(1, dtype=np.int32)
         self._path = np.zeros(258, dtype=np.uint8)  # the C walk's current path
         self._pend = np.zeros(258, dtype=np.int32)  # bytes to derive at a stop (count first)
+        # False after a walk that read neither the output text nor a concrete state: its
+        # mask is then that of the canonical root, whatever the text (MaskEngine memo)
+        self.read_text = True
 
     def walk(self, state: tuple, hist: bytes, trie, lists) -> np.ndarray:
         """bool [n_slots]: the tokens of `trie` allowed from `state` (the Python walk's result)."""
@@ -258,9 +261,11 @@ class TableWalker:
             tab.reset()
         tab.account()
         BUDGET.before_walk(tab)
+        self.read_text = True
         root = tab.intern(self._canon(state))
         if root == PYTHON:
             return eng._walk_py(state, hist, trie, lists)
+        self.read_text = root_key(state) is not None  # (the C walk reads a key's text at its closes)
         out = np.zeros(eng.vocab.n_slots, dtype=np.uint8)
         self._stack[0] = root
         self._run(state, hist, trie, lists, out)
@@ -305,6 +310,8 @@ class TableWalker:
         its step if `step`, its token's liveness; returns the node the C walk resumes at
         (its subtree continues in C from the canonical state reached)."""
         eng, tab = self.engine, self.table
+        if not (step and self._free_exponent(d)):
+            self.read_text = True
         path = bytearray(self._path[:d].tobytes()) + b"\x00"  # (the C walk wrote the path to node i)
         ctx = _ctx(hist, path)
         t = self._key_close(root, hist, trie, path, i, d) if step and self._json else None
@@ -332,6 +339,17 @@ class TableWalker:
             if lives == 1:
                 out[tok] = 1
         return i + 1
+
+    def _free_exponent(self, d: int) -> bool:
+        """Node d's step is the `e` of a free number whose mantissa text canonical() made "0"
+        (stepped from the concrete state only because the exponent states keep their text):
+        the mask below it is the same for every mantissa, since a number's text is then
+        read only by number_ok's exponent overflow (18 or more exponent digits, more than
+        the digits in a row of any token here) and MAX_NUMBER_CHARS (unreachable from a
+        free mantissa within one walk: canonical._free_number)."""
+        b = int(self._path[d - 1])
+        return (self._json and self.engine.vocab.max_digits < 17
+                and free_number_exponent(self.table.states[int(self._stack[d - 1])], b))
 
     def _key_close(self, root: tuple, hist: bytes, trie, path: bytearray, i: int, d: int) -> Optional[int]:
         """The table id after node i when it is the quote closing a key whose text the path
