@@ -338,3 +338,34 @@ def test_residual_checks_memoized_per_text_and_bounded(monkeypatch):
     long = b'"' + b"y" * 300 + b'"'
     assert r.valid_text(long, sub) and (id(sub), long) not in r._memo
     assert not r.valid_text(b'"x', sub)  # (not JSON: refused, never memoized as valid)
+
+
+def test_rows_written_and_ored_equal_the_engine_mask(cfg, tokenizer):
+    """write_mask / fill_mask copy the engine's mask (EOS where the output may end), the
+    padding past the vocabulary False, ORed into a row by fill_mask; masks met again come
+    from the process-wide unpacked rows, kept by the packed array's identity."""
+    import numpy as np
+
+    from lmprog_runtime.constrained.cfg import mask as cfg_mask
+
+    g = compile_(cfg, {"type": "object", "properties": {"a": {"type": "string"}, "n": {"type": "number"}}})
+    eng, eos = g._shared.engine, tokenizer.eos_token_id
+    for _ in range(2):  # (the second pass: every mask a memo hit, copied from an unpacked row)
+        g = g.copy()
+        for t in tokenizer.encode('{"a":"some text here","n":12.5}', add_special_tokens=False) + [eos]:
+            want = np.zeros(cfg.vocab_size, dtype=np.bool_)
+            want[:eng.vocab.n_slots] = eng.mask(g.state, bytes(g._hist))[:cfg.vocab_size]
+            want[eos] = g._accepting()
+            row = np.ones(cfg.vocab_size, dtype=np.bool_)
+            g.write_mask(row)
+            assert np.array_equal(row, want)
+            ored = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+            ored[[5, cfg.vocab_size - 1]] = True
+            g.fill_mask(ored)
+            want[[5, cfg.vocab_size - 1]] = True
+            assert np.array_equal(ored.numpy(), want)
+            g.accept_token(t)
+    n = eng.vocab.n_slots
+    for _ in range(2 * cfg_mask.UNPACKED_ROWS):  # (past the LRU's size: old arrays freed)
+        b = np.random.rand(n) < 0.5
+        assert np.array_equal(cfg_mask._unpacked(np.packbits(b), n), b)

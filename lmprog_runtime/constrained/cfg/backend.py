@@ -91,14 +91,9 @@ class CfgGrammar(Grammar):
             if overwrite:
                 row.fill(False)
         else:
-            packed = sh.engine.mask_packed(self.state, bytes(self._hist))
-            n = min(len(packed) * 8, row.shape[0])
-            allowed = np.unpackbits(packed, count=n).view(np.bool_)
-            if overwrite:
-                row[:n] = allowed
-                row[n:] = False
-            else:
-                np.logical_or(row[:n], allowed, out=row[:n])
+            sh.engine.write_row(self.state, bytes(self._hist), row, overwrite)
+            if overwrite and row.shape[0] > sh.engine.vocab.n_slots:
+                row[sh.engine.vocab.n_slots:] = False
         if self.finished or self._accepting():
             for e in sh.eos:
                 if e < row.shape[0]:

@@ -26,6 +26,7 @@ from lmprog_runtime.constrained.trie_walk import TokenTrie
 
 MEMO_STATES = 1024  # cached masks per compiled grammar (LRU), bit-packed: 6 KB each at 49k tokens
 MEMO_PARTS = 64     # cached string-body parts per grammar (bool rows)
+MEMO_UNIONS = 256   # cached string-body masks (walked part | plain part) per grammar, packed
 MAX_TABLE_CHARS = 32  # plain tokens up to this many characters go through the regex tables
 _DIGIT_RUN = re.compile(rb"[0-9]+")
 
@@ -138,6 +139,28 @@ class _Tracked(bytes):
         return bytes.__getitem__(self, index)
 
 
+UNPACKED_ROWS = 64  # unpacked masks kept for copying into rows (bool, n_slots bytes each)
+_ROWS: OrderedDict = OrderedDict()  # id(packed) -> (packed, its bool row)
+_ROWS_LOCK = threading.Lock()
+
+
+def _unpacked(packed: np.ndarray, n: int) -> np.ndarray:
+    """bool [n] of a packed mask, from the process-wide LRU where the same array (the memo's
+    object: identity, not value; an entry holds its array, so no other takes its id) was
+    unpacked lately."""
+    with _ROWS_LOCK:
+        got = _ROWS.get(id(packed))
+        if got is not None and got[0] is packed:
+            _ROWS.move_to_end(id(packed))
+            return got[1]
+    row = np.unpackbits(packed, count=n).view(np.bool_)
+    with _ROWS_LOCK:
+        _ROWS[id(packed)] = (packed, row)
+        while len(_ROWS) > UNPACKED_ROWS:
+            _ROWS.popitem(last=False)
+    return row
+
+
 _BY_TEXT = object()  # memo marker: this state's masks read the captured text (keyed by it too)
 
 
@@ -165,6 +188,7 @@ class MaskEngine:
         self._lock = threading.Lock()
         self._alive: dict[int, np.ndarray] = {}
         self._parts: dict = {}
+        self._unions: dict = {}  # (id(walked), id(plain part)) -> (walked, part, their union)
         self._table: Optional[ClassTable] = None
 
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
@@ -184,7 +208,28 @@ class MaskEngine:
         if key is None:
             return got
         top = state[0][0]  # (the string body's plain tokens within its counters)
-        return got | (self._packed_part(("R", top[1])) if top[0] == "R" else self._plain_part(top))
+        part = self._packed_part(("R", top[1])) if top[0] == "R" else self._plain_part(top)
+        pair = (id(got), id(part))
+        done = self._unions.get(pair)
+        if done is None or done[0] is not got or done[1] is not part:  # (ids of live objects only)
+            done = (got, part, got | part)
+            with self._lock:
+                if len(self._unions) >= MEMO_UNIONS:
+                    self._unions.clear()
+                self._unions[pair] = done
+        return done[2]
+
+    def write_row(self, state: tuple, hist: bytes, row: np.ndarray, overwrite: bool) -> None:
+        """The allowed tokens of `state` written into (or ORed into) the numpy bool row's
+        first n_slots entries. A mask met again is copied from its unpacked row (the last
+        UNPACKED_ROWS kept, process-wide), not unpacked again."""
+        packed = self.mask_packed(state, hist)
+        n = min(self.vocab.n_slots, row.shape[0])
+        allowed = _unpacked(packed, self.vocab.n_slots)
+        if overwrite:
+            np.copyto(row[:n], allowed[:n])
+        else:
+            np.logical_or(row[:n], allowed[:n], out=row[:n])
 
     def _masked(self, key, state: tuple, hist: bytes) -> np.ndarray:
         """The walked part of the mask, memoized by `key` (or the state). Under a pending
