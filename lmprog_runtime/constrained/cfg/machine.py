@@ -92,7 +92,10 @@ class Machine(StringFrames):
                 return True
             if top[0] == "R" and top[2] == 0 and self.pool.nullable(top[1]):
                 return True
-            if top[0] == "N" and top[3] in NUM_COMPLETE and top[1].number_ok(top[2]):
+            # (only a number that is the whole output can end it: `finish` reaches the
+            # document frame through C / U frames alone; nested ones skip number_ok)
+            if (top[0] == "N" and top[3] in NUM_COMPLETE and st[1] is not None and st[1][0][0] in ("D", "C", "U")
+                    and top[1].number_ok(top[2])):
                 if any(s[0] == ("D", 1) for s in self.finish(st[1], None, pos, ctx)):
                     return True
         return False
