@@ -241,7 +241,7 @@ int32_t cfg_table_walk(int32_t *trans, const uint8_t *lives, const lm_node *node
 }
 
 /* The whole-character plain tokens a string pattern state survives (mask.py _regex_alive):
- * token r's characters are idx[r * width + k] (k < len[r]), indices of distinct code points
+ * token r's characters are idx[off[r] .. off[r + 1]) (at most width), indices of distinct code points
  * whose classes are cmap[...], stepped through the pattern's class table
  * trans[state * n_classes + class] (int64, -1 not derived yet) from `start`; alive[r] = 1
  * when no step reaches `dead`. The tokens are sorted by their characters and lcp[r] is the
@@ -251,20 +251,20 @@ int32_t cfg_table_walk(int32_t *trans, const uint8_t *lives, const lm_node *node
  * not derived yet (-1) is written to missing once (state, class pairs, at most max_missing;
  * marked -2 in trans, which the caller fills before the next run; the tokens meeting it are
  * left unset): returns how many were written (0: alive is complete). */
-int32_t cfg_class_walk(const int32_t *idx, const int64_t *len, const int32_t *lcp, int32_t n, int32_t width,
+int32_t cfg_class_walk(const int32_t *idx, const int64_t *off, const int32_t *lcp, int32_t n, int32_t width,
                        const int32_t *cmap, int64_t *trans, int32_t n_classes, int64_t start, int64_t dead,
                        uint8_t *alive, int64_t *missing, int32_t max_missing) {
     int32_t m = 0, stop = 0; /* stop: the depth token r - 1's walk ended at */
     int64_t st[width + 1]; /* st[k]: the state after the first k characters of the current token */
     st[0] = start;
     for (int32_t r = 0; r < n; r++) {
-        int32_t k = lcp[r], l = (int32_t)len[r];
+        int32_t k = lcp[r], l = (int32_t)(off[r + 1] - off[r]);
         if (k > stop) { /* it shares the character its predecessor stopped at */
             alive[r] = 0;
             continue;
         }
         int64_t s = st[k];
-        const int32_t *row = idx + (int64_t)r * width;
+        const int32_t *row = idx + off[r];
         for (; k < l; k++) {
             int32_t c = cmap[row[k]];
             int64_t t = trans[s * n_classes + c];
