@@ -142,6 +142,34 @@ def test_key_close_table_keeps_entries_when_it_grows():
             slot = (slot + 1) & (keys.cap - 1)
 
 
+def test_lexeme_map_keeps_entries_when_it_grows():
+    """LexRows rehashes its (rep, below) -> id map in bulk when it grows: every entry stays
+    where table_walk.c's probe (and `find`) reaches it, across colliding home slots."""
+    import random
+
+    from lmprog_runtime.constrained.cfg.lexrows import LexRows, _slot
+
+    rng = random.Random(0)
+    rows, entries = LexRows(), {}
+    inside, lives = np.zeros(1 << 13, dtype=np.uint8), np.zeros(1 << 13, dtype=np.uint8)
+    while len(entries) < 3000:
+        key = (rng.randrange(1 << 12) << 32) | rng.randrange(64)  # (few distinct keys: collisions)
+        if key in entries:
+            continue
+        rows._put(key, len(entries))
+        entries[key] = len(entries)
+        if 2 * len(entries) > len(rows.map) // 2:
+            rows.grow(2 * len(rows.rep), inside, lives, 1 << 14)
+    cap = len(rows.map)
+    assert cap >= 8192
+    for key, value in entries.items():
+        slot = _slot(key, cap)
+        while rows.map[slot, 0] != key:
+            assert rows.map[slot, 0] != -1, key  # (a probe chain crosses filled slots only)
+            slot = (slot + 1) & (cap - 1)
+        assert rows.map[slot, 1] == value
+
+
 def test_full_table_leaves_the_rest_to_python(backend, monkeypatch):
     """Past HARD_STATES new steps go to the Python walk, past SOFT_STATES the table is
     emptied before a walk: the masks stay those of the Python walk."""

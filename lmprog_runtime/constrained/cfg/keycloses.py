@@ -101,6 +101,13 @@ class KeyCloses:
         old = self.table[self.table[:, 3] >= 0]
         self.cap *= 2
         self.table = np.full((self.cap, 4), -1, dtype=np.int64)
-        for h, value, offset, length in old.tolist():
-            self._put(h & ((1 << 64) - 1), value, offset, length)
+        rows: list = [None] * self.cap  # (probed in a Python list: numpy element access per probe is slow)
+        for entry in old.tolist():
+            slot = entry[0] & (self.cap - 1)  # (h's low bits: the same for its signed form)
+            while rows[slot] is not None:
+                slot = (slot + 1) & (self.cap - 1)
+            rows[slot] = entry
+        slots = [k for k, entry in enumerate(rows) if entry is not None]
+        if slots:
+            self.table[slots] = [rows[k] for k in slots]
         self.struct.table, self.struct.cap = self.table.ctypes.data, self.cap

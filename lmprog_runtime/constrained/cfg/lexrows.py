@@ -66,10 +66,9 @@ class LexRows:
             self.kind = np.concatenate([self.kind, np.zeros(cap - old, dtype=np.uint8)])
             self.src = np.concatenate([self.src, np.full(cap - old, -1, dtype=np.int32)])
             self.ctxrep = np.concatenate([self.ctxrep, np.full(cap - old, -1, dtype=np.int32)])
-            keys = self.map[self.map[:, 0] != -1]
+            entries = self.map[self.map[:, 0] != -1]
             self._new_map(4 * cap)
-            for key, value in keys.tolist():
-                self._put(key, value)
+            self._put_all(entries)
         st = self.struct
         st.rep, st.below, st.kind, st.src, st.ctxrep = (a.ctypes.data for a in (self.rep, self.below, self.kind,
                                                                                self.src, self.ctxrep))
@@ -82,6 +81,25 @@ class LexRows:
     def _new_map(self, cap: int) -> None:
         self.map = np.full((cap, 2), -1, dtype=np.int64)
         self.struct.map, self.struct.map_cap = self.map.ctypes.data, cap
+
+    def _put_all(self, entries: np.ndarray) -> None:
+        """(key, value) rows into the empty map, all at once: each round, the keys whose
+        probe slot is free and first among the round's claims on it take it, the others
+        probe on (a probe chain then crosses only filled slots, as `_put` leaves it)."""
+        cap = len(self.map)
+        keys, values = entries[:, 0], entries[:, 1]
+        slots = ((keys.astype(np.uint64) * np.uint64(_GOLDEN)) >> np.uint64(29)).astype(np.int64) & (cap - 1)
+        pending = np.arange(len(keys))
+        while len(pending):
+            s = slots[pending]
+            free = self.map[s, 0] == -1
+            _, first = np.unique(s[free], return_index=True)
+            won = pending[free][first]
+            self.map[slots[won], 0], self.map[slots[won], 1] = keys[won], values[won]
+            lost = np.ones(len(pending), dtype=np.bool_)
+            lost[np.flatnonzero(free)[first]] = False
+            pending = pending[lost]
+            slots[pending] = (slots[pending] + 1) & (cap - 1)
 
     def _put(self, key: int, value: int) -> None:
         cap = len(self.map)
