@@ -5,8 +5,9 @@ Corpora: `dev` = tests/data/jsonschemabench-dev (252 real-world schemas, JSONSch
 schema group). Per backend and corpus: compiles %, valid accepted %, invalid rejected %
 (over compiled schemas), fully correct % (compiled and every instance right, over all
 schemas), compile p50 / p95 (ms), mask µs per token mean and p99 (the scheduler's
-`write_mask` into a numpy row, over the valid instances' tokens; wall clock, and the
-thread's CPU time, steadier when the machine is shared). An instance is walked
+`write_mask` into a numpy row, over the valid instances' tokens; wall clock, the
+thread's CPU time, steadier when the machine is shared, and the wall clock less the
+process's garbage collections that landed inside a mask, with their sum). An instance is walked
 token by token (its compact JSON, SmolLM2 tokenizer): each token must be in the mask and
 accepted, then EOS.
 
@@ -19,6 +20,7 @@ Timings are only meaningful on a quiet machine.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -69,16 +71,39 @@ def compact(v):
     return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
 
 
-def walk(g, ids, eos, vocab, times=None, cpu=None):
+class GcClock:
+    """Seconds spent in Python's cyclic garbage collections of this process (gc.callbacks):
+    a collection that lands inside a mask is the process's pause, counted in the mask's
+    wall time and reported beside it (the `mask_net` columns leave it out)."""
+
+    def __init__(self):
+        self.total, self._t0 = 0.0, None
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self.total += time.perf_counter() - self._t0
+            self._t0 = None
+
+
+GC = GcClock()
+
+
+def walk(g, ids, eos, vocab, times=None, cpu=None, net=None):
     """True when every token (then EOS) is in the mask and accepted; mask seconds appended to
-    `times` (wall) and `cpu` (this thread's CPU time: steadier on a loaded machine)."""
+    `times` (wall), `cpu` (this thread's CPU time: steadier on a loaded machine) and `net`
+    (wall less the garbage collections inside the mask)."""
     row = np.zeros(vocab, dtype=np.bool_)
     for t in ids + [eos]:
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0, c0, g0 = time.perf_counter(), time.thread_time(), GC.total
         g.write_mask(row)
         if times is not None:
-            times.append(time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
+            times.append(dt)
             cpu.append(time.thread_time() - c0)
+            net.append(dt - (GC.total - g0))
         if not row[t]:
             return False
         try:
@@ -97,7 +122,7 @@ def bench_backend(name, tok, cases, timeout, remotes=(), python_walk=False, warm
     be = create_grammar_backend(name, tok, len(tok), [tok.eos_token_id], config=config)
     r = {"schemas": len(cases), "compiled": 0, "fully_correct": 0, "valid": 0, "valid_ok": 0, "invalid": 0,
          "invalid_ok": 0, "timeouts": 0, "wrongly_accepted": [], "wrongly_rejected": []}
-    compile_s, mask_s, cpu_s = [], [], []
+    compile_s, mask_s, cpu_s, net_s = [], [], [], []
     for k, case in enumerate(cases):
         if k % 50 == 0:
             print(f"{name}: {k}/{len(cases)} schemas", file=sys.stderr, flush=True)
@@ -122,7 +147,7 @@ def bench_backend(name, tok, cases, timeout, remotes=(), python_walk=False, warm
         all_ok = True
         for t in case["tests"]:
             ids = tok.encode(compact(t["data"]), add_special_tokens=False)
-            ok = walk(g0.copy(), ids, tok.eos_token_id, len(tok), mask_s if t["valid"] else None, cpu_s)
+            ok = walk(g0.copy(), ids, tok.eos_token_id, len(tok), mask_s if t["valid"] else None, cpu_s, net_s)
             key = "valid" if t["valid"] else "invalid"
             r[key] += 1
             right = ok if t["valid"] else not ok
@@ -132,10 +157,10 @@ def bench_backend(name, tok, cases, timeout, remotes=(), python_walk=False, warm
                 r["wrongly_accepted" if ok else "wrongly_rejected"].append(case["name"])
         r["fully_correct"] += all_ok
     be.shutdown()
-    return summarize(r, compile_s, mask_s, cpu_s)
+    return summarize(r, compile_s, mask_s, cpu_s, net_s)
 
 
-def summarize(r, compile_s, mask_s, cpu_s=()):
+def summarize(r, compile_s, mask_s, cpu_s=(), net_s=()):
     cs = sorted(compile_s) or [float("nan")]
     ms = sorted(mask_s) or [float("nan")]
     pct = lambda a, b: round(100.0 * a / b, 1) if b else None  # noqa: E731
@@ -147,16 +172,21 @@ def summarize(r, compile_s, mask_s, cpu_s=()):
             "mask_us_mean": round(1e6 * sum(ms) / len(ms), 1), "mask_us_p99": round(1e6 * q(ms, 0.99), 1),
             "mask_cpu_us_mean": round(1e6 * sum(cpu_s) / len(cpu_s), 1) if cpu_s else None,
             "mask_cpu_us_p99": round(1e6 * q(sorted(cpu_s), 0.99), 1) if cpu_s else None,
+            "mask_net_us_mean": round(1e6 * sum(net_s) / len(net_s), 1) if net_s else None,
+            "mask_net_us_p99": round(1e6 * q(sorted(net_s), 0.99), 1) if net_s else None,
+            "mask_gc_s": round(sum(mask_s) - sum(net_s), 3) if net_s else None,
             "masks": len(mask_s), **r}
 
 
 COLUMNS = ("compile_pct", "valid_accepted_pct", "invalid_rejected_pct", "fully_correct_pct", "compile_ms_p50",
-           "compile_ms_p95", "mask_us_mean", "mask_us_p99", "mask_cpu_us_mean", "mask_cpu_us_p99")
+           "compile_ms_p95", "mask_us_mean", "mask_us_p99", "mask_cpu_us_mean", "mask_cpu_us_p99", "mask_net_us_mean",
+           "mask_net_us_p99", "mask_gc_s")
 
 
 def table(results) -> str:
     lines = ["| corpus | engine | compiles % | valid accepted % | invalid rejected % | fully correct % | "
-             "compile p50 ms | p95 ms | mask µs/token mean | p99 | mask CPU µs mean | p99 |",
+             "compile p50 ms | p95 ms | mask µs/token mean | p99 | mask CPU µs mean | p99 | "
+             "less GC pauses: mean | p99 | GC pauses in masks (s) |",
              "|---|---|" + "---:|" * len(COLUMNS)]
     for corpus, per in results["corpora"].items():
         for name, r in per.items():
