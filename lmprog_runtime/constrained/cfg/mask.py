@@ -194,6 +194,7 @@ class MaskEngine:
         self._alive: dict[int, np.ndarray] = {}
         self._parts: dict = {}
         self._unions: dict = {}  # (id(walked), id(plain part)) -> (walked, part, their union)
+        self._local = threading.local()  # read_text: whether this thread's last walk read the text
         self._table: Optional[ClassTable] = None
 
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
@@ -267,7 +268,7 @@ class MaskEngine:
                 self._memo[base_key] = _BY_TEXT
                 memo_key = (base_key, hist[start:])
             self._memo[memo_key] = out
-            if canon is not None and not self._tw.read_text:
+            if canon is not None and not self._local.read_text:
                 self._memo[canon] = out
             while len(self._memo) > MEMO_STATES:
                 self._memo.popitem(last=False)
@@ -357,9 +358,12 @@ class MaskEngine:
 
     def _walk(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
         """The tokens of `trie` allowed from `state`: the C table walk where it is built."""
+        self._local.read_text = True
         if self._walker():
             with self._walk_lock:
-                return self._tw.walk(state, hist, trie, lists)
+                out = self._tw.walk(state, hist, trie, lists)
+                self._local.read_text = self._tw.read_text  # (read under the lock: this thread's walk)
+            return out
         return self._walk_py(state, hist, trie, lists)
 
     def _walk_py(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
