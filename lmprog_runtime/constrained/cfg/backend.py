@@ -92,8 +92,6 @@ class CfgGrammar(Grammar):
                 row.fill(False)
         else:
             sh.engine.write_row(self.state, bytes(self._hist), row, overwrite)
-            if overwrite and row.shape[0] > sh.engine.vocab.n_slots:
-                row[sh.engine.vocab.n_slots:] = False
         if self.finished or self._accepting():
             for e in sh.eos:
                 if e < row.shape[0]:

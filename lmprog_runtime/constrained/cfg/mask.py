@@ -155,7 +155,7 @@ def _unpacked(packed: np.ndarray, n: int) -> np.ndarray:
     unpacked lately."""
     with _ROWS_LOCK:
         got = _ROWS.get(id(packed))
-        if got is not None and got[0] is packed:
+        if got is not None:
             _ROWS.move_to_end(id(packed))
             return got[1]
     row = np.unpackbits(packed, count=n).view(np.bool_)
@@ -216,8 +216,8 @@ class MaskEngine:
         top = state[0][0]  # (the string body's plain tokens within its counters)
         part = self._packed_part(("R", top[1])) if top[0] == "R" else self._plain_part(top)
         pair = (id(got), id(part))
-        done = self._unions.get(pair)
-        if done is None or done[0] is not got or done[1] is not part:  # (ids of live objects only)
+        done = self._unions.get(pair)  # (an entry holds both arrays: their ids are not reused meanwhile)
+        if done is None:
             done = (got, part, got | part)
             with self._lock:
                 if len(self._unions) >= MEMO_UNIONS:
@@ -226,14 +226,15 @@ class MaskEngine:
         return done[2]
 
     def write_row(self, state: tuple, hist: bytes, row: np.ndarray, overwrite: bool) -> None:
-        """The allowed tokens of `state` written into (or ORed into) the numpy bool row's
-        first n_slots entries. A mask met again is copied from its unpacked row (the last
-        UNPACKED_ROWS kept, process-wide), not unpacked again."""
+        """The allowed tokens of `state` written into the numpy bool row (the rest of it,
+        past the vocabulary, False), or ORed into it. A mask met again is copied from its
+        unpacked row (the last UNPACKED_ROWS kept, process-wide), not unpacked again."""
         packed = self.mask_packed(state, hist)
         n = min(self.vocab.n_slots, row.shape[0])
         allowed = _unpacked(packed, self.vocab.n_slots)
         if overwrite:
             np.copyto(row[:n], allowed[:n])
+            row[n:] = False
         else:
             np.logical_or(row[:n], allowed[:n], out=row[:n])
 
