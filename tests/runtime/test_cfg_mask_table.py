@@ -12,7 +12,7 @@ import pytest
 
 from lmprog_runtime.constrained.base import GrammarError
 from lmprog_runtime.constrained.cfg.backend import CfgBackend
-from lmprog_runtime.constrained.cfg.mask import MaskEngine
+from lmprog_runtime.constrained.cfg.mask import MaskEngine, _past_value_start
 from lmprog_runtime.constrained.cfg.canonical import canonical
 from lmprog_runtime.constrained.cfg.table import DEAD, _NeedsText, _no_ctx, c_table_walker
 from tiny_model import smollm2_tokenizer
@@ -535,3 +535,47 @@ def _audit_steps(machine, tab) -> int:
                 assert shape(canonical(nxt)) == shape(tab.states[t]), (st, b)
             n += 1
     return n
+
+
+def test_keys_seen_are_cut_to_those_a_token_can_close_when_masks_are_shared(backend, monkeypatch):
+    """Masks inside an object key are memoized with the keys seen cut to those that begin
+    with the text typed (a closed object: its names still open there; an open one: only
+    those a token can close, i.e. whose rest a token spells before its quote) and, for an
+    undeclared key no check reads, without its text: a key position met again after other
+    keys is a memo hit, and every mask is the Python walk's, duplicates included (and a
+    key whose first character is an escaped quote right after the walk's root: that quote
+    opens nothing)."""
+    tok, be = backend
+    vocab = be.vocab
+    assert vocab.keys_stop_at_value and b"" in vocab.quote_heads  # SmolLM2: at most `":"` past a key
+    assert _past_value_start(b'":1') and _past_value_start(b'":""') and _past_value_start(b'x" : {"')
+    assert not _past_value_start(b'":"') and not _past_value_start(b'abc') and not _past_value_start(b'" :[')
+    open_obj = {"type": "object", "properties": {"name": {"type": "integer"}, "nam": {"type": "string"},
+                                                  "port": {"type": "integer"}}}
+    closed = {**open_obj, "additionalProperties": False}
+    texts = ['{"name":1,"port":2}', '{"port":2,"name":1}', '{"port":2,"nam":"x","name":1}', '{"nam":"x","nam":"y"}',
+             '{"":1,"":2}', '{"":1,"\\"":2,"":3}', '{"foo":1,"bar":2,"baz":3}', '{"name":1,"name":2}',
+             '{"port":1,"nom":2}']
+    for schema in (open_obj, closed):
+        g0 = be.compile("json", json.dumps(schema))
+        eng = g0._shared.engine
+        oracle = MaskEngine(g0._shared.machine, vocab, use_c=False)
+        walked = []
+        compute = eng._compute
+        monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
+        assert sum(_walk(tok, g0, oracle, text, schema) for text in texts) > (60 if schema is open_obj else 40)
+        keys = [(st[0][0][7], st[0][1][0][3]) for st in walked if st[0] is not None and st[0][0][0] == "S"
+                and st[0][1] is not None and st[0][1][0][0] == "O" and st[0][1][0][4] is None]
+        if schema is open_obj:  # a key's start after any keys but "" (a token closes it: `"`): one walk
+            assert {k for k in keys if k[0] == ""} == {("", frozenset({""}))}, keys  # (right after `"`, `\\`)
+            assert not [k for k in keys if k[0] in ("bar", "baz")], keys  # undeclared texts alike
+        else:  # closed: the names seen with the text typed as prefix tell masks apart, nothing else
+            near = [(typed, frozenset(k for k in seen if k.startswith(typed))) for typed, seen in keys]
+            assert len(set(near)) == len(near), keys
+    g1 = be.compile("json", json.dumps(open_obj))
+    for tid in tok.encode('{"port":1,"na', add_special_tokens=False):
+        g1.accept_token(tid)
+    near = g1._shared.engine._key_near(None, g1.state, None)
+    assert near is not None and near[3] == frozenset()  # inside the key "na", "port" seen
+    monkeypatch.setattr(vocab, "keys_stop_at_value", False)  # a token could reach past the value: no sharing
+    assert g1._shared.engine._key_near(None, g1.state, None) is None

@@ -193,6 +193,12 @@ def root_key(root: tuple) -> Optional[bytes]:
     return top[7].encode("utf-8")
 
 
+def root_escaped(root: tuple) -> bool:
+    """Whether the walk's root is a string body right after a backslash: its path's first
+    byte is an escaped character (a quote there opens no key)."""
+    return any(st is not None and type(st[0]) is tuple and st[0][0] == "S" and st[0][4] == 1 for st in root)
+
+
 def key_parent(root: tuple, canon: tuple, path: bytearray, d: int) -> Optional[tuple]:
     """The concrete state before node d-1 of `path` when it is inside a key string with
     FREE text (`canon`, its canonical form) and the key's text can be read off the path:
@@ -207,6 +213,8 @@ def key_parent(root: tuple, canon: tuple, path: bytearray, d: int) -> Optional[t
     if 0x5C in inside:
         return None
     q = inside.rfind(b'"')
+    if q == 0 and root_escaped(root):  # (that quote is the escaped character of the root's `\`)
+        return None
     if q >= 0:  # the key opened on the path (no escape: its last quote opened it)
         head, inside = "", inside[q + 1:]
     else:  # it opened before the walk's root, which is inside it

@@ -14,6 +14,8 @@ import numpy as np
 
 _FNV_OFFSET, _FNV_PRIME, _MASK = 1469598103934665603, 1099511628211, (1 << 64) - 1
 
+HEAD_ESCAPED = -2  # head_len: the root is right after a backslash (table_walk.c CFG_HEAD_ESCAPED)
+
 
 class CfgKeys(ctypes.Structure):
     """Mirrors cfg_keys in table_walk.c."""
@@ -53,10 +55,11 @@ class KeyCloses:
         when they grow)."""
         self.struct.inside, self.struct.generic = inside.ctypes.data, generic.ctypes.data
 
-    def set_head(self, head) -> None:
-        """The walk root's key text (bytes), or None when the root is not inside a key."""
+    def set_head(self, head, escaped: bool = False) -> None:
+        """The walk root's key text (bytes), or None when the root is not inside a key (in
+        plain mode); `escaped`: the root is a string body right after a backslash."""
         if head is None:
-            self.struct.head_len = -1
+            self.struct.head_len = HEAD_ESCAPED if escaped else -1
             return
         self._head = np.frombuffer(head + b"\0", dtype=np.uint8).copy()
         self.struct.head, self.struct.head_len = self._head.ctypes.data, len(head)

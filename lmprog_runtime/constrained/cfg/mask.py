@@ -92,9 +92,34 @@ class VocabInfo:
         self.max_chars = max((len(b) for b in table if b), default=1) + 1
         # the most ASCII digits in a row in one token (how long an exponent a walk can spell)
         self.max_digits = max((len(r) for b in table if b for r in _DIGIT_RUN.findall(b)), default=0)
+        # no token closes a key and gets past its value's first byte (at most `":"` here):
+        # masks inside a key then read the keys seen only where they begin with its text
+        self.keys_stop_at_value = not any(_past_value_start(b) for b in table if b and b'"' in b)
+        # what tokens spell before their first quote: a key typed so far closes within one
+        # token only where the rest of its text is one of these
+        self.quote_heads = frozenset(b[:b.index(b'"')] for b in table if b and b'"' in b)
         self.lists = _lists(self.trie)
         self.special_lists = _lists(self.special)
         self.cut_lists = _lists(self.special_or_cut)
+
+
+_KEY_CLOSE = re.compile(rb'"[ \t\n\r]*:[ \t\n\r]*')
+
+
+def _past_value_start(token: bytes) -> bool:
+    """Whether `token`, read from inside an object key, might close it and go past the first
+    byte of the value (or reach its end: one digit, where the lookahead byte may end the
+    number): any quote taken for the key's close."""
+    for m in _KEY_CLOSE.finditer(token):
+        after = token[m.end():]
+        if len(after) > 1 or after[:1].isdigit():
+            return True
+    return False
+
+
+def _escaped(text: str) -> bool:
+    """Whether JSON spells `text` with an escape (a quote, a backslash, a control character)."""
+    return any(c in '"\\' or c < " " for c in text)
 
 
 def _lists(trie: TokenTrie):
@@ -166,6 +191,7 @@ def _unpacked(packed: np.ndarray, n: int) -> np.ndarray:
     return row
 
 
+_UNDECLARED = object()  # _key_near: the text of a key that no declared property begins with
 _BY_TEXT = object()  # memo marker: this state's masks read the captured text (keyed by it too)
 
 
@@ -187,6 +213,7 @@ class MaskEngine:
     def __init__(self, machine: Machine, vocab: VocabInfo, use_c: bool = True):
         """use_c=False: the Python walk only (the tests' oracle)."""
         self.machine, self.vocab, self.use_c = machine, vocab, use_c
+        self._json = isinstance(machine, Machine)  # (JSON Schema states: _key_near reads their frames)
         self._tw = None  # TableWalker, False where the C walk cannot be built
         self._walk_lock = threading.Lock()  # the walker's table is mutated by a walk
         self._memo: OrderedDict = OrderedDict()
@@ -256,12 +283,14 @@ class MaskEngine:
         if got is not None:
             return got
         canon = self._canon_key(key, state, start)
-        if canon is not None:
-            with self._lock:
-                got = self._memo.get(canon)
-                if got is not None:
-                    self._memo.move_to_end(canon)
-                    return got
+        near = self._key_near(key, state, start)
+        for other in (canon, near):
+            if other is not None:
+                with self._lock:
+                    got = self._memo.get(other)
+                    if got is not None:
+                        self._memo.move_to_end(other)
+                        return got
         tracked = _Tracked(hist) if start is not None else hist
         out = np.packbits(self._compute(key, state, tracked))
         with self._lock:
@@ -271,6 +300,8 @@ class MaskEngine:
             self._memo[memo_key] = out
             if canon is not None and not self._local.read_text:
                 self._memo[canon] = out
+            if near is not None:
+                self._memo[near] = out
             while len(self._memo) > MEMO_STATES:
                 self._memo.popitem(last=False)
         return out
@@ -284,6 +315,41 @@ class MaskEngine:
             return None
         canon = self._tw._canon(state)
         return None if canon is state else ("canon", canon)
+
+    def _key_near(self, key, state: tuple, start) -> Optional[tuple]:
+        """The memo key of a state inside an object key (its one stack: the key's string
+        frame over its object's), with the keys seen cut to those that begin with the text
+        typed (and the stack below the object left out), where no token gets past the
+        value's first byte (VocabInfo.keys_stop_at_value): a token then reads the keys seen
+        only to ask whether the key it closes is new (a key with that text as its prefix)
+        and which declared names may still follow that text, and never reaches the object's
+        `,` / `}` or anything below it. So the masks at one key position are shared by every
+        set of keys seen before it that agrees on keys with that prefix."""
+        if start is not None or not self._json or not self.vocab.keys_stop_at_value or state[0] is None:
+            return None
+        top, rest = state[0]
+        if type(top) is not tuple or top[0] != "S" or type(top[7]) is not str or rest is None:
+            return None
+        obj = rest[0]
+        if type(obj) is not tuple or obj[0] != "O" or obj[4] is not None:
+            return None
+        typed, seen = top[7], obj[3]
+        if any(type(k) is not str for k in seen):
+            return None
+        near = frozenset(k for k in seen if k.startswith(typed))
+        if top[1].enum is None and not (top[3] or top[4] or top[5]):  # (no escape or character pending)
+            # an open key rule: the keys seen are read only by a close, so only those the
+            # rest of whose text a token spells before its quote
+            heads = self.vocab.quote_heads
+            near = frozenset(k for k in near if _escaped(k[len(typed):]) or k[len(typed):].encode() in heads)
+            kn, node = top[1], obj[1]
+            if (not near and not top[6] and kn.residual is None and not node.pattern_props
+                    and not any(name.startswith(typed) for name in node.props)):
+                # an undeclared key (additionalProperties) whose text no check reads: every
+                # such text alike, but for how many characters it has where that is counted
+                count = top[2] if kn.max_len is not None else min(top[2], kn.min_len)
+                return ("key", key is not None, node, near, obj[5], count, _UNDECLARED)
+        return ("key", key is not None, obj[1], near, obj[5]) + top[2:]  # (not the phase: 0 or 3, never read)
 
     def _plain_part(self, top) -> np.ndarray:
         """The plain tokens an S frame allows, packed: all (or those its patterns survive),

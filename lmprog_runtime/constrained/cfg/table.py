@@ -33,7 +33,8 @@ import numpy as np
 
 from lmprog_runtime import native
 from lmprog_runtime.constrained.cfg.canonical import (EXITS, alike_bytes, canonical, closes_free, exits, extra_key,
-                                                      free_number_exponent, key_parent, root_key)
+                                                      free_number_exponent, key_parent, root_escaped,
+                                                      root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
 from lmprog_runtime.constrained.cfg.lexrows import (LexRows, States, StrContext, WsContext, string_shape, ws_lexeme,
                                                     ws_of)
@@ -283,7 +284,7 @@ class TableWalker:
         tab = self.table
         stack, at = self._stack, self._at
         at[0] = 0
-        tab.keys.set_head(root_key(state) if self._json else None)
+        tab.keys.set_head(root_key(state) if self._json else None, self._json and root_escaped(state))
         args = (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
                 ctypes.addressof(tab.keys.struct), self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct),
                 self._pend.ctypes.data)

@@ -34,11 +34,14 @@ typedef struct {
 #define CFG_UNKNOWN (-1)
 #define CFG_DEAD (-2)
 #define CFG_PYTHON (-3)
+#define CFG_HEAD_ESCAPED (-2)
 
 /* Registered key closes (keycloses.py): table [cap x 4] int64 entries (hash, p << 32 | id,
  * text offset in pool, text length; length -1 = empty slot), cap a power of two;
  * inside [n_states]: 1 where the state is inside a key whose text is FREE (plain mode);
- * head: the walk root's key text (UTF-8), head_len -1 when the root is not inside a key;
+ * head: the walk root's key text (UTF-8), head_len -1 when the root is not inside a key
+ * in plain mode, CFG_HEAD_ESCAPED when it is right after a backslash (the path's first byte
+ * is then an escaped character, a quote that opens nothing);
  * generic [n_states]: the state after the close of any key not registered (a key of
  * additionalProperties: the same state for every such text, its key EXTRA), or UNKNOWN;
  * the keys that are not such (declared properties, keys already seen) are registered,
@@ -80,6 +83,8 @@ static int32_t key_close(const cfg_keys *keys, int32_t p, const uint8_t *path, i
             return CFG_UNKNOWN;
         q--;
     }
+    if (q == 0 && keys->head_len == CFG_HEAD_ESCAPED)
+        return CFG_UNKNOWN; /* the path's first quote is the escaped character of the root's `\` */
     if (q < 0) {
         if (keys->head_len < 0 || keys->head_len + d - 1 > (int32_t)sizeof(text))
             return CFG_UNKNOWN;
