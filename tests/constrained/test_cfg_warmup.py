@@ -2,6 +2,7 @@
 grammar has walked a sample instance, so its first masks are cached; masks are the ones an
 unwarmed grammar computes; the matcher is left at its start; the walk is bounded."""
 import json
+import re
 import time
 
 import numpy as np
@@ -100,3 +101,43 @@ def test_requests_arriving_together_share_one_compile(cfg):
     assert len({id(g) for g in grammars}) == 4  # a matcher each
     assert all(len(g._states) == 1 for g in grammars)
     assert cfg.get_future("json", spec).result(timeout=5)._shared is grammars[0]._shared  # then cached
+
+
+@pytest.mark.parametrize("pattern,least", [("^[a-fA-F0-9]{8}-[a-fA-F0-9]{4}$", None), ("^file:.+\\.geodatabase?$", None),
+                                           ("abc", None), ("^(foo|bar)+baz$", None), ("^[a-z]+$", 5),
+                                           ("^pbj:([a-z0-9-]+):([0-9]+-[0-9]+)$", None), ("^[^a-z]{2}$", None)])
+def test_pattern_samples_match_their_patterns(pattern, least):
+    text = warmup._pattern_text(pattern, least)
+    assert text is not None and re.search(pattern, text), text
+    assert len(text) >= (least or 0) and text.isprintable()
+
+
+def test_pattern_sample_gives_up_where_it_cannot():
+    assert warmup._pattern_text("(?=a)b", None) is None  # lookahead: refused by the compiler
+    assert warmup._pattern_text("^a{5000}$", None) is None  # past PATTERN_STEPS
+
+
+def test_sample_takes_the_schemas_own_values_and_patterns():
+    schema = {"type": "object", "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]{3}$"}, "tag": {"type": "string", "examples": ["red"], "default": "x"},
+        "n": {"type": "integer", "default": 7}, "s": {"type": "string", "default": 3}}}
+    v0, v1 = warmup.sample(schema), warmup.sample(schema, alt=1)
+    assert v0 == {"id": "000", "tag": "red", "n": 7, "s": "abc"}  # (a default of the wrong type is not taken)
+    assert v1["tag"] == "Abc de-f 12" and v1["n"] == 1  # alt 1: not the schema's own value (a number: its lower end)
+
+
+def test_a_pattern_property_does_not_stop_the_walk(cfg, tokenizer, monkeypatch):
+    """The sample of a pattern property meets the pattern, so the walk goes on to the keys
+    after it: the next property's value start is cached when the first request asks."""
+    monkeypatch.setattr(warmup, "WARMUP_S", 10.0)  # (what is walked, not how fast)
+    schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-f0-9]{8}$"},
+                                               "name": {"type": "string"}}, "required": ["id", "name"]}
+    g = cfg.compile("json", json.dumps(schema))
+    for t in tokenizer.encode('{"id":"deadbeef","name":"', add_special_tokens=False):
+        g.accept_token(t)
+    eng = g._shared.engine
+    walked = []
+    compute = eng._compute
+    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
+    g.write_mask(np.empty(cfg.vocab_size, np.bool_))
+    assert not walked

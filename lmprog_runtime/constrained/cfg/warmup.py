@@ -5,7 +5,9 @@ before the request is admitted. So a compiled grammar computes its root mask and
 Schema, walks one small instance of the schema (`sample`), token by token, as a request would:
 the structural rows every output needs (the object's keys and their closes, `:` `,` `}`, each
 property's value starts and string bodies) are derived then, and the masks of those states
-are in the grammar's cache when the first request asks.
+are in the grammar's cache when the first request asks. A string with a `pattern` gets one
+of the pattern's shortest matches (or its schema's own example), so that the walk passes it
+and goes on to the properties after it, and the pattern's states along it are walked.
 
 Only speed depends on this: masks come from the same engine either way, and a sample the
 grammar refuses (a pattern or a bound it does not meet) stops the walk at its first refused
@@ -22,6 +24,8 @@ from typing import Any, List, Optional
 import numpy as np
 
 from lmprog_runtime.constrained.base import GrammarError
+from lmprog_runtime.constrained.cfg.regex import MAX_CP, RegexError, RegexPool
+from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
 
 WARMUP_S = 0.05      # wall time a compile may spend walking its sample
 MAX_TOKENS = 256     # tokens of the sample walked at most
@@ -36,8 +40,9 @@ _NONE = object()  # no sample value
 
 def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: Optional[list] = None) -> Any:
     """A small JSON value the schema likely accepts (every declared property, the first
-    branch of a choice, bounds' lower ends; `alt` 1: the last branch and enum member, two
-    array items, longer strings, a fraction), or `_NONE`. Best effort: the walk checks it.
+    branch of a choice, a scalar's own `examples` / `default`, a pattern's shortest match,
+    bounds' lower ends; `alt` 1: the last branch and enum member, two array items, longer
+    strings, a fraction), or `_NONE`. Best effort: the walk checks it.
     At most MAX_VALUES values (`budget`: the count left, shared by the recursion)."""
     root = schema if root is None else root
     budget = [MAX_VALUES] if budget is None else budget
@@ -83,9 +88,16 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
             one = sample(schema.get("items", {}), root, depth + 1, alt, budget)
             vals = [one] * (n if isinstance(n, int) and 0 <= n <= 4 else 1)
         return [v for v in vals if v is not _NONE]
+    given = _given(schema, kind)
+    if given is not _NONE and not alt:
+        return given
     if kind == "string":
-        text = _FORMATS.get(schema.get("format"), "Abc de-f 12" if alt else "abc")
         lo, hi = schema.get("minLength"), schema.get("maxLength")
+        pattern = schema.get("pattern")
+        text = _pattern_text(pattern, lo) if isinstance(pattern, str) else None
+        if text is not None:
+            return text
+        text = _FORMATS.get(schema.get("format"), "Abc de-f 12" if alt else "abc")
         if isinstance(lo, int) and len(text) < lo:
             text = text + "a" * min(lo - len(text), 64)
         if isinstance(hi, int) and len(text) > hi >= 0:
@@ -101,6 +113,70 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         return int(value) if kind == "integer" and float(value).is_integer() else value
     if kind == "boolean":
         return True
+    return None
+
+
+def _given(schema: dict, kind: Any) -> Any:
+    """The schema's own example of a scalar value (its first `examples` member, else its
+    `default`) when it has the schema's type, else `_NONE`: the value outputs most likely
+    hold, and where a pattern or a format constrains a string, one that meets it."""
+    examples = schema.get("examples")
+    for value in ([examples[0]] if isinstance(examples, list) and examples else []) + [schema.get("default", _NONE)]:
+        if kind == "string" and isinstance(value, str) and len(value) <= 256:
+            return value
+        if kind in ("integer", "number") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+    return _NONE
+
+
+# A pattern's sample: the search gives up after this many steps (a pattern whose shortest
+# match is long or whose states branch widely gets no sample: the walk falls back to "abc")
+PATTERN_STEPS = 4096
+# Preferred characters of a class, best first: a sample reads like text a model writes
+_NICE = [(0x61, 0x7A), (0x30, 0x39), (0x41, 0x5A), (0x2D, 0x2E), (0x5F, 0x5F), (0x20, 0x7E), (0xA0, 0xD7FF)]
+
+
+def _pattern_text(pattern: str, least: Any) -> Optional[str]:
+    """A short text `pattern` (JSON Schema's search semantics) matches, at least `least`
+    characters long where that is an int <= 64: breadth first over the pattern's states
+    (regex.py's derivatives), stepping one representative character of each class of code
+    points the pattern's character sets do not tell apart (a lower-case letter, a digit, ...
+    where the class holds one). None when the pattern does not compile or PATTERN_STEPS
+    steps find no such text."""
+    least = least if isinstance(least, int) and 0 <= least <= 64 else 0
+    pool = RegexPool(max_terms=PATTERN_STEPS)
+    try:
+        start = compile_pattern(pool, pattern)
+        bounds = [0] + pool.charset_bounds()
+        reps = []
+        for lo, hi in zip(bounds, bounds[1:] + [MAX_CP + 1]):
+            if lo < hi:  # class [lo, hi): its nicest code point, ranked by _NICE
+                rank, cp = next(((k, max(lo, a)) for k, (a, b) in enumerate(_NICE) if max(lo, a) < min(hi, b + 1)),
+                                (len(_NICE), lo))
+                if not 0xD800 <= cp <= 0xDFFF:  # (a lone surrogate is no text)
+                    reps.append((rank, cp))
+        reps = [cp for _, cp in sorted(reps)]
+        seen = {(start, 0): None}
+        queue = [(start, 0)]
+        steps = 0
+        for node in queue:
+            state, n = node
+            if n >= least and pool.nullable(state):
+                out = []
+                while seen[node] is not None:
+                    node, ch = seen[node]
+                    out.append(ch)
+                return "".join(reversed(out))
+            for cp in reps:
+                steps += 1
+                if steps > PATTERN_STEPS:
+                    return None
+                nxt = (pool.step(state, cp), min(n + 1, least))
+                if nxt[0] != pool.NONE and nxt not in seen:
+                    seen[nxt] = (node, chr(cp))
+                    queue.append(nxt)
+    except (RegexError, RecursionError):
+        return None
     return None
 
 
