@@ -369,3 +369,23 @@ def test_rows_written_and_ored_equal_the_engine_mask(cfg, tokenizer):
     for _ in range(2 * cfg_mask.UNPACKED_ROWS):  # (past the LRU's size: old arrays freed)
         b = np.random.rand(n) < 0.5
         assert np.array_equal(cfg_mask._unpacked(np.packbits(b), n), b)
+
+
+@pytest.mark.parametrize("branches,checked", [
+    ([{"type": "string"}, {"type": "null"}], False),
+    ([{"type": "integer"}, {"type": "string", "maxLength": 3}, {"type": "array"}], False),
+    ([{"type": "integer"}, {"type": "number"}], True),  # 1 is both
+    ([{"type": "string"}, {"type": "string", "maxLength": 3}], True),
+    ([{"type": "string"}, {"anyOf": [{"type": "null"}, {"type": "boolean"}]}], True),  # (a choice: not looked into)
+])
+def test_one_of_disjoint_types_needs_no_whole_value_check(cfg, tokenizer, branches, checked):
+    """oneOf whose branches take no JSON type in common (integer counting as number) is
+    anyOf: at most one branch matches any value, so "exactly one" is not checked on the
+    complete value (which would make every mask inside it depend on its text)."""
+    from lmprog_runtime.constrained.cfg.backend import compile_machine
+    schema = {"oneOf": branches}
+    machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
+    assert (machine.root.residual is not None) == checked
+    for value in ["ab", "abcd", None, 1, 1.5, [1], True, {"a": 1}]:
+        want = jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert accepts(cfg, tokenizer, schema, json.dumps(value)) == want, value

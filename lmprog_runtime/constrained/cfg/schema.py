@@ -175,7 +175,7 @@ class SchemaCompiler:
         n.alts = tuple(a for a in alts if not a.never)
         if not n.alts:
             n.never = True
-        if combo == "oneOf" and len(n.alts) > 1:
+        if combo == "oneOf" and len(n.alts) > 1 and not _disjoint_types(n.alts):
             n.residual = s  # exactly one: decided on the complete value
 
     def _any_node(self) -> Node:
@@ -315,6 +315,22 @@ class SchemaCompiler:
         n.min_items = int(s.get("minItems", 0))
         n.max_items = int(s["maxItems"]) if "maxItems" in s else None
         n.unique = bool(s.get("uniqueItems"))
+
+
+def _disjoint_types(alts) -> bool:
+    """No JSON value is of a type two of the branches take (integer counting as number): at
+    most one branch then matches any value, so oneOf's "exactly one" is anyOf's "at least
+    one" and needs no check on the complete value (`{"oneOf": [{"type": "string"},
+    {"type": "null"}]}`, the usual nullable)."""
+    seen: set = set()
+    for a in alts:
+        if a.alts:
+            return False
+        kinds = {"number" if t == "integer" else t for t in a.types}
+        if kinds & seen:
+            return False
+        seen |= kinds
+    return True
 
 
 def _enum_as_choice(s: dict) -> Optional[dict]:
