@@ -132,8 +132,9 @@ def _given(schema: dict, kind: Any) -> Any:
 # A pattern's sample: the search gives up after this many steps (a pattern whose shortest
 # match is long or whose states branch widely gets no sample: the walk falls back to "abc")
 PATTERN_STEPS = 4096
-# Preferred characters of a class, best first: a sample reads like text a model writes
-_NICE = [(0x61, 0x7A), (0x30, 0x39), (0x41, 0x5A), (0x2D, 0x2E), (0x5F, 0x5F), (0x20, 0x7E), (0xA0, 0xD7FF)]
+# Preferred characters of a class, best first: digits (each is a token of its own, so the
+# walk meets every state of the pattern along its sample), then letters, then the rest
+_NICE = [(0x30, 0x39), (0x61, 0x7A), (0x41, 0x5A), (0x2D, 0x2E), (0x5F, 0x5F), (0x20, 0x7E), (0xA0, 0xD7FF)]
 
 
 def _pattern_text(pattern: str, least: Any) -> Optional[str]:
