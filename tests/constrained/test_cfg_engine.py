@@ -389,3 +389,37 @@ def test_one_of_disjoint_types_needs_no_whole_value_check(cfg, tokenizer, branch
     for value in ["ab", "abcd", None, 1, 1.5, [1], True, {"a": 1}]:
         want = jsonschema.Draft202012Validator(schema).is_valid(value)
         assert accepts(cfg, tokenizer, schema, json.dumps(value)) == want, value
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 4},
+    {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": {"type": "boolean"},
+     "maxItems": 3},
+    {"type": "array", "prefixItems": [{"type": "string"}], "items": False},
+    {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "integer"}}}, "minItems": 1},
+])
+def test_array_counts_are_kept_as_far_as_checks_tell_them_apart(cfg, tokenizer, schema):
+    """An array frame keeps its item count exactly up to the largest count that minItems,
+    maxItems or prefixItems tell apart, then that count: every later item is in the state of
+    the one before (masks shared), and lengths are still checked exactly."""
+    items = ["a", 1, True, False, {"a": 2}, True, {"a": 3}]
+    validator = jsonschema.Draft202012Validator(schema)
+    for n in range(7):
+        for value in (items[:n], [1] * n, [{"a": k} for k in range(n)], ["x", 2] + [True] * n):
+            assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), value
+
+
+@pytest.mark.parametrize("schema,cap", [({"type": "array", "items": {"type": "integer"}}, 0),
+                                        ({"type": "array", "items": {"type": "integer"}, "minItems": 2}, 2),
+                                        ({"type": "array", "prefixItems": [{"type": "integer"}], "maxItems": 3}, 3)])
+def test_array_items_past_the_counts_checked_share_one_state(cfg, schema, cap):
+    from lmprog_runtime.constrained.cfg.backend import compile_machine
+    machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
+    states = []
+    for n in range(cap + 3):
+        state = machine.initial()
+        for pos, b in enumerate(b"[" + b"1," * n):
+            state = machine.advance(state, b, pos, lambda a, b: b"")
+        states.append(state)
+    assert len(set(states[:cap + 1])) == cap + 1  # told apart up to the cap
+    assert all(states[cap + 1:]) == (cap < 3) and (cap == 3 or states[cap + 1] == states[cap + 2])

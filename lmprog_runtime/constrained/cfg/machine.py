@@ -8,7 +8,7 @@ token-trie walk branches without copying. Frames (first field = kind):
     ("V", node, ws)                            a value of `node` may start; ws: whitespace regex state
     ("O", node, phase, seen, key, ws)          object; phase 0 `{` 1 key 2 value 3 `,` 4 in value
                                                (key EXTRA only in mask-table states: canonical.py)
-    ("A", node, phase, count, seen, ws)        array; phase 0 `[` 2 item 3 `,` 4 in item
+    ("A", node, phase, count, seen, ws)        array; phase 0 `[` 2 item 3 `,` 4 in item (count: _counted)
     ("S", node, count, utf, esc, hs, pats, text)  string body: char count, UTF-8 (need, cp, lo, hi, raw) / escape
                                                decoder states, pending high surrogate, regex
                                                states, text (kept for keys and enums only)
@@ -233,7 +233,7 @@ class Machine(StringFrames):
                 if result in seen:
                     return []
                 seen = seen | {result}
-            return [(("A", top[1], 2, top[3] + 1, seen, self.ws0), rest[1])]
+            return [(("A", top[1], 2, _counted(top[1], top[3] + 1), seen, self.ws0), rest[1])]
         if kind == "O":
             node, phase, seen = top[1], top[2], top[3]
             if phase == 4:
@@ -331,6 +331,13 @@ class Machine(StringFrames):
         return out
 
     # ------------------------------------------------------------ strings
+def _counted(node: Node, count: int) -> int:
+    """An array's item count as its frame keeps it: exact up to the largest count any of its
+    checks tells apart (minItems, maxItems, the prefixItems), then that count, so that the
+    items past it (each of an unbounded array's) are in one state, not one per index."""
+    return min(count, max(node.min_items, len(node.prefix), node.max_items or 0))
+
+
 def _item(node: Node, i: int) -> Optional[Node]:
     return node.prefix[i] if i < len(node.prefix) else node.items
 
