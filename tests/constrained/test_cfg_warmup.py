@@ -66,6 +66,7 @@ def test_sample_follows_the_schema():
     assert set(v0) == set(SCHEMA["properties"]) and set(v0["home"]) == {"city", "zip"}
     assert len(v1["tags"]) == 2 and isinstance(v1["score"], float)
     assert warmup.sample(False) is warmup._NONE
+    assert set(warmup.sample(SCHEMA, required=True)) == {"name", "kind"}  # (outputs often hold just those)
 
 
 def test_warmup_is_bounded(cfg):

@@ -38,11 +38,13 @@ _FORMATS = {"date": "2020-01-31", "date-time": "2020-01-31T12:00:00Z", "time": "
 _NONE = object()  # no sample value
 
 
-def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: Optional[list] = None) -> Any:
+def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: Optional[list] = None,
+           required: bool = False) -> Any:
     """A small JSON value the schema likely accepts (every declared property, the first
     branch of a choice, a scalar's own `examples` / `default`, a pattern's shortest match,
     bounds' lower ends; `alt` 1: the last branch and enum member, two array items, longer
-    strings, a fraction), or `_NONE`. Best effort: the walk checks it.
+    strings, a fraction; `required`: of an object that lists required properties, only
+    those), or `_NONE`. Best effort: the walk checks it.
     At most MAX_VALUES values (`budget`: the count left, shared by the recursion)."""
     root = schema if root is None else root
     budget = [MAX_VALUES] if budget is None else budget
@@ -59,13 +61,13 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     if isinstance(ref, str) and ref.startswith("#"):
         target = _pointer(root, ref[1:])
         if target is not None:
-            return sample(target, root, depth + 1, alt, budget)
+            return sample(target, root, depth + 1, alt, budget, required)
     for key in ("allOf", "anyOf", "oneOf"):
         branches = schema.get(key)
         if isinstance(branches, list) and branches and isinstance(branches[-alt if key != "allOf" else 0], dict):
             merged = {k: v for k, v in schema.items() if k != key}
             merged.update(branches[-alt if key != "allOf" else 0])
-            return sample(merged, root, depth + 1, alt, budget)
+            return sample(merged, root, depth + 1, alt, budget, required)
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
@@ -74,18 +76,21 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     if kind == "object":
         out = {}
         props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        needed = schema.get("required")
+        if required and isinstance(needed, list) and needed:
+            props = {k: v for k, v in props.items() if k in needed}
         for name, sub in list(props.items())[:MAX_PROPERTIES]:
-            value = sample(sub, root, depth + 1, alt, budget)
+            value = sample(sub, root, depth + 1, alt, budget, required)
             if value is not _NONE:
                 out[name] = value
         return out
     if kind == "array":
         items = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else None
         if items:
-            vals = [sample(s, root, depth + 1, alt, budget) for s in items]
+            vals = [sample(s, root, depth + 1, alt, budget, required) for s in items]
         else:
             n = schema.get("minItems", 1 + alt)
-            one = sample(schema.get("items", {}), root, depth + 1, alt, budget)
+            one = sample(schema.get("items", {}), root, depth + 1, alt, budget, required)
             vals = [one] * (n if isinstance(n, int) and 0 <= n <= 4 else 1)
         return [v for v in vals if v is not _NONE]
     given = _given(schema, kind)
@@ -226,8 +231,8 @@ def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[st
     try:
         schema = json.loads(schema_text)
         texts = []
-        for alt, indent in ((0, None), (1, None), (0, 2)):
-            value = sample(schema, alt=alt)
+        for alt, indent, required in ((0, None, False), (1, None, False), (0, 2, False), (0, None, True)):
+            value = sample(schema, alt=alt, required=required)
             if value is not _NONE:
                 text = json.dumps(value, indent=indent, separators=(",", ": ") if indent else (",", ":"),
                                   ensure_ascii=False)
