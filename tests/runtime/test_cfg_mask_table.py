@@ -579,3 +579,39 @@ def test_keys_seen_are_cut_to_those_a_token_can_close_when_masks_are_shared(back
     assert near is not None and near[3] == frozenset()  # inside the key "na", "port" seen
     monkeypatch.setattr(vocab, "keys_stop_at_value", False)  # a token could reach past the value: no sharing
     assert g1._shared.engine._key_near(None, g1.state, None) is None
+
+
+def test_objects_keys_seen_are_read_as_their_checks_when_masks_are_shared(backend, monkeypatch):
+    """A value's masks are memoized with each object it is inside told by what a token can
+    still ask of its keys seen (may `,` follow, may `}`, are names left), so the same
+    property met after other keys shares them; every mask is still the Python walk's:
+    maxProperties, a closed object's last name, names left by propertyNames, required,
+    dependentRequired and nested objects closing (`}}`) where the keys seen differ."""
+    tok, be = backend
+    assert be.vocab.no_key_after_comma and be.vocab.comma_quote_ends  # SmolLM2: `,"` ends a token
+    inner = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+             "required": ["x"], "additionalProperties": False}
+    schemas = [
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": inner},
+         "required": ["a"], "dependentRequired": {"b": ["c"]}, "additionalProperties": False},
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "maxProperties": 2},
+        {"type": "object", "properties": {"c": inner, "d": {"type": "array", "items": inner}}, "minProperties": 2},
+        {"type": "object", "propertyNames": {"enum": ["p", "q"]}},  # open, but no name left after both
+    ]
+    texts = ['{"a":1,"b":"x","c":{"x":1}}', '{"b":"x","a":1}', '{"c":{"y":2,"x":1},"a":12}', '{"a":1,"c":{"x":3,"y":4}}',
+             '{"b":"q","c":{"x":1},"a":3}', '{"c":{"x":1},"d":[{"x":2},{"y":1,"x":3}]}', '{"d":[{"x":2}],"c":{"x":5}}',
+             '{"a":7,"b":"y","z":1}', '{"a":1,"b":"x","a":2}', '{"q":1,"p":2}', '{"p":2,"q":1,"p":3}']
+    for schema in schemas:
+        g0 = be.compile("json", json.dumps(schema))
+        eng = g0._shared.engine
+        shared = []
+        ctx_key = eng._ctx_key
+        monkeypatch.setattr(eng, "_ctx_key", lambda key, state, start: shared.append(1) or ctx_key(key, state, start))
+        oracle = MaskEngine(g0._shared.machine, be.vocab, use_c=False)
+        assert sum(_walk(tok, g0, oracle, text, schema) for text in texts) > 30
+        assert shared and any(k[0] == "ctx" for k in eng._memo), "no mask memoized by its objects' checks"
+    monkeypatch.setattr(be.vocab, "no_key_after_comma", False)  # a key could close after `,"`: nothing shared
+    g1 = be.compile("json", json.dumps(schemas[0]))
+    for tid in tok.encode('{"a":1,"b":"x', add_special_tokens=False):
+        g1.accept_token(tid)
+    assert g1._shared.engine._ctx_key(None, g1.state, None) is None

@@ -95,6 +95,13 @@ class VocabInfo:
         # no token closes a key and gets past its value's first byte (at most `":"` here):
         # masks inside a key then read the keys seen only where they begin with its text
         self.keys_stop_at_value = not any(_past_value_start(b) for b in table if b and b'"' in b)
+        # no token has a quote after a comma and a quote: after a value's `,"` no key closes
+        # within the token (so an object's keys seen are read there only by counts and
+        # required / dependentRequired checks and a closed object's names left: _ctx_key)
+        self.no_key_after_comma = not any(_key_after_comma(b) for b in table if b and b"," in b)
+        # ... nor any byte at all: then a closed object's names left are read only by the one
+        # byte of lookahead after `,"` (whether any is left)
+        self.comma_quote_ends = not any(_after_comma_quote(b) for b in table if b and b"," in b)
         # what tokens spell before their first quote: a key typed so far closes within one
         # token only where the rest of its text is one of these
         self.quote_heads = frozenset(b[:b.index(b'"')] for b in table if b and b'"' in b)
@@ -115,6 +122,44 @@ def _past_value_start(token: bytes) -> bool:
         if len(after) > 1 or after[:1].isdigit():
             return True
     return False
+
+
+_COMMA_QUOTE = re.compile(rb',[ \t\n\r]*"')
+
+
+def _key_after_comma(token: bytes) -> bool:
+    """Whether `token` has a quote after a comma and a quote (a key opened and closed)."""
+    return any(b'"' in token[m.end():] for m in _COMMA_QUOTE.finditer(token))
+
+
+def _after_comma_quote(token: bytes) -> bool:
+    """Whether `token` goes on after a comma and a quote (a key's first bytes)."""
+    return any(m.end() < len(token) for m in _COMMA_QUOTE.finditer(token))
+
+
+def _object_sig(frame: tuple, lookahead_only: bool) -> Optional[tuple]:
+    """MaskEngine._ctx_key's form of an object frame in a value (phase 4) or after one (2):
+    its node, phase, whitespace state and what its `,` and `}` and a closed object's next
+    key read of the keys seen (the value's key among them), or None (an abstracted key).
+    `lookahead_only`: no token spells a key's bytes after `,"`, so of the names left only
+    whether there are any is read (a key rule without patterns)."""
+    _, node, phase, seen, key, ws = frame
+    if phase == 4:
+        if type(key) is not str:
+            return None
+        seen = seen | {key}
+    if any(type(k) is not str for k in seen):
+        return None
+    n = len(seen)
+    comma = ((node.max_props is None or n < node.max_props)
+             and (node.additional is not None or bool(node.pattern_props) or n < len(node.props)))
+    close = (node.required <= seen and n >= node.min_props
+             and all(set(node.dep_required.get(k) or ()) <= seen for k in seen))
+    kn = node.key_node
+    left = frozenset(e for e in kn.enum if e not in seen) if kn.enum is not None else None
+    if left is not None and lookahead_only and not kn.patterns:
+        left = bool(left)
+    return ("O~", node, phase, ws, comma, close, left)
 
 
 def _escaped(text: str) -> bool:
@@ -284,7 +329,8 @@ class MaskEngine:
             return got
         canon = self._canon_key(key, state, start)
         near = self._key_near(key, state, start)
-        for other in (canon, near):
+        ctx = self._ctx_key(key, state, start) if near is None else None
+        for other in (canon, near, ctx):
             if other is not None:
                 with self._lock:
                     got = self._memo.get(other)
@@ -300,8 +346,9 @@ class MaskEngine:
             self._memo[memo_key] = out
             if canon is not None and not self._local.read_text:
                 self._memo[canon] = out
-            if near is not None:
-                self._memo[near] = out
+            for other in (near, ctx):
+                if other is not None:
+                    self._memo[other] = out
             while len(self._memo) > MEMO_STATES:
                 self._memo.popitem(last=False)
         return out
@@ -350,6 +397,28 @@ class MaskEngine:
                 count = top[2] if kn.max_len is not None else min(top[2], kn.min_len)
                 return ("key", key is not None, node, near, obj[5], count, _UNDECLARED)
         return ("key", key is not None, obj[1], near, obj[5]) + top[2:]  # (not the phase: 0 or 3, never read)
+
+    def _ctx_key(self, key, state: tuple, start) -> Optional[tuple]:
+        """The memo key of a state with each object it is inside (and an object whose value
+        just ended) told by what a token can still ask of its keys seen, not by them: whether
+        a `,` may follow (maxProperties, a closed object's names all seen), whether `}` may
+        (required, minProperties, dependentRequired) and, for a closed object, the names
+        left (a key a token starts after `,"`). No key closes within a token after a comma
+        (VocabInfo.no_key_after_comma), so nothing else reads them: the value of a property
+        met after other keys than the sample's, or in another order, shares its masks."""
+        if start is not None or not self._json or not self.vocab.no_key_after_comma or state[0] is None:
+            return None
+        frames, changed, st = [], False, state[0]
+        while st is not None:
+            fr = st[0]
+            if type(fr) is tuple and fr[0] == "O" and (fr[2] == 4 or (fr[2] == 2 and not frames)):
+                fr = _object_sig(fr, self.vocab.comma_quote_ends)
+                if fr is None:
+                    return None
+                changed = True
+            frames.append(fr)
+            st = st[1]
+        return ("ctx", key is not None, tuple(frames)) if changed else None
 
     def _plain_part(self, top) -> np.ndarray:
         """The plain tokens an S frame allows, packed: all (or those its patterns survive),
