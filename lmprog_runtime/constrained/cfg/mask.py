@@ -372,7 +372,8 @@ class MaskEngine:
         and which declared names may still follow that text, and never reaches the object's
         `,` / `}` or anything below it. So the masks at one key position are shared by every
         set of keys seen before it that agrees on keys with that prefix."""
-        if start is not None or not self._json or not self.vocab.keys_stop_at_value or state[0] is None:
+        if (start is not None or not self._json or not self.vocab.keys_stop_at_value or len(state) != 1
+                or state[0] is None):
             return None
         top, rest = state[0]
         if type(top) is not tuple or top[0] != "S" or type(top[7]) is not str or rest is None:
@@ -406,7 +407,8 @@ class MaskEngine:
         left (a key a token starts after `,"`). No key closes within a token after a comma
         (VocabInfo.no_key_after_comma), so nothing else reads them: the value of a property
         met after other keys than the sample's, or in another order, shares its masks."""
-        if start is not None or not self._json or not self.vocab.no_key_after_comma or state[0] is None:
+        if (start is not None or not self._json or not self.vocab.no_key_after_comma or len(state) != 1
+                or state[0] is None):
             return None
         frames, changed, st = [], False, state[0]
         while st is not None:
