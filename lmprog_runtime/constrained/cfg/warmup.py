@@ -2,7 +2,8 @@
 transition is new to its table: docs/constrained.md, "Where the time went next"), and a mask
 is on the critical path of a decode step, while compiling runs on the grammar queue's thread
 before the request is admitted. So a compiled grammar computes its root mask and, for a JSON
-Schema, walks one small instance of the schema (`sample`), token by token, as a request would:
+Schema, walks four small instances of the schema (`sample`: compact, its alternative branches,
+pretty-printed, required properties only), token by token, as a request would:
 the structural rows every output needs (the object's keys and their closes, `:` `,` `}`, each
 property's value starts and string bodies) are derived then, and the masks of those states
 are in the grammar's cache when the first request asks. A string with a `pattern` gets one
