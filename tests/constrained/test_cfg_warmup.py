@@ -142,3 +142,18 @@ def test_a_pattern_property_does_not_stop_the_walk(cfg, tokenizer, monkeypatch):
     monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
     g.write_mask(np.empty(cfg.vocab_size, np.bool_))
     assert not walked
+
+
+def test_pattern_samples_are_bounded(cfg, monkeypatch):
+    """Pattern texts are searched only until SAMPLE_S after a sample began (then patterns get
+    "abc"), so a schema of many patterns compiles in bounded time."""
+    schema = {"type": "object", "properties": {
+        f"p{i}": {"type": "string", "pattern": f"^(a|b){{{i % 40 + 1}}}[0-9]{{3}}x{i}$", "minLength": 1}
+        for i in range(300)}}
+    assert all(re.search(schema["properties"][k]["pattern"], v) for k, v in warmup.sample(schema).items())
+    warmup._pattern_text.cache_clear()
+    monkeypatch.setattr(warmup, "SAMPLE_S", 0.0)
+    assert set(warmup.sample(schema).values()) == {"abc"}
+    t0 = time.perf_counter()
+    cfg.compile("json", json.dumps(schema))
+    assert time.perf_counter() - t0 < 2.0 + warmup.WARMUP_S

@@ -17,6 +17,7 @@ token, keeping what was walked. Bounded by WARMUP_S of wall time and MAX_TOKENS 
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -29,6 +30,7 @@ from lmprog_runtime.constrained.cfg.regex import MAX_CP, RegexError, RegexPool
 from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
 
 WARMUP_S = 0.05      # wall time a compile may spend walking its sample
+SAMPLE_S = 0.02      # ... and making one sample's pattern texts (then patterns get "abc")
 MAX_TOKENS = 256     # tokens of the sample walked at most
 MAX_DEPTH = 6        # nesting of the sample (a recursive schema stops here)
 MAX_PROPERTIES = 24  # properties of one object in the sample
@@ -46,9 +48,10 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     bounds' lower ends; `alt` 1: the last branch and enum member, two array items, longer
     strings, a fraction; `required`: of an object that lists required properties, only
     those), or `_NONE`. Best effort: the walk checks it.
-    At most MAX_VALUES values (`budget`: the count left, shared by the recursion)."""
+    At most MAX_VALUES values (`budget`: the count left, shared by the recursion, and the
+    time.monotonic() past which patterns get no sample)."""
     root = schema if root is None else root
-    budget = [MAX_VALUES] if budget is None else budget
+    budget = [MAX_VALUES, time.monotonic() + SAMPLE_S] if budget is None else budget
     budget[0] -= 1
     if budget[0] < 0:
         return _NONE
@@ -100,7 +103,8 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     if kind == "string":
         lo, hi = schema.get("minLength"), schema.get("maxLength")
         pattern = schema.get("pattern")
-        text = _pattern_text(pattern, lo) if isinstance(pattern, str) else None
+        least = lo if isinstance(lo, int) and not isinstance(lo, bool) else None
+        text = _pattern_text(pattern, least) if isinstance(pattern, str) and time.monotonic() < budget[1] else None
         if text is not None:
             return text
         text = _FORMATS.get(schema.get("format"), "Abc de-f 12" if alt else "abc")
@@ -143,6 +147,7 @@ PATTERN_STEPS = 4096
 _NICE = [(0x30, 0x39), (0x61, 0x7A), (0x41, 0x5A), (0x2D, 0x2E), (0x5F, 0x5F), (0x20, 0x7E), (0xA0, 0xD7FF)]
 
 
+@functools.lru_cache(maxsize=256)
 def _pattern_text(pattern: str, least: Any) -> Optional[str]:
     """A short text `pattern` (JSON Schema's search semantics) matches, at least `least`
     characters long where that is an int <= 64: breadth first over the pattern's states
