@@ -152,7 +152,7 @@ def _pattern_text(pattern: str, least: Any) -> Optional[str]:
     """A short text `pattern` (JSON Schema's search semantics) matches, at least `least`
     characters long where that is an int <= 64: breadth first over the pattern's states
     (regex.py's derivatives), stepping one representative character of each class of code
-    points the pattern's character sets do not tell apart (a lower-case letter, a digit, ...
+    points the pattern's character sets do not tell apart (a digit, a lower-case letter, ...
     where the class holds one). None when the pattern does not compile or PATTERN_STEPS
     steps find no such text."""
     least = least if isinstance(least, int) and 0 <= least <= 64 else 0
