@@ -88,6 +88,20 @@ typedef float v8 __attribute__((vector_size(32)));
 typedef int v8i __attribute__((vector_size(32)));
 
 INL vf ldv(const float *p) { return *(const vfu *)p; }
+
+/* a * b + c. The vector loops' products and sums go through the FMA instruction as an
+ * intrinsic, which -fassociative-math leaves as written: left to contract and reassociate
+ * `c += a * b` itself, the compiler shapes the float32 and the bfloat16 instantiations of a loop
+ * differently (seen with AVX-512), and their sums would differ in the last bits. */
+INL vf fmadd(vf a, vf b, vf c) {
+#if VW == 16 && defined(__AVX512F__)
+    return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif VW == 8 && defined(__FMA__)
+    return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    return a * b + c;
+#endif
+}
 INL void stv(float *p, vf x) { *(vfu *)p = x; }
 INL vf splat(float x) { return (vf){0} + x; }
 
@@ -147,7 +161,8 @@ INL float kvf(const void *row, int d, const int bf16) {
 /* Scores of `nq` (1 to 3) query rows qs[] against the n keys kr[] (rows of float32 or, with
  * bf16, bfloat16 values) -> sc[r * TILE + j] (unscaled). Vector path: 4 keys x nq rows per
  * pass, each key row loaded (and widened) once for all the rows: 12 independent chains for 3
- * rows. A row's sums are the same whatever nq (the loops over r repeat its operations). */
+ * rows; the last n % 4 keys one at a time, the same way. A row's sums are the same whatever nq
+ * (the loops over r repeat its operations). */
 INL void tile_scores(const float *const *qs, const int nq, const void *const *kr, int n, const int D, float *sc,
                      const int bf16) {
     int j = 0;
@@ -159,10 +174,25 @@ INL void tile_scores(const float *const *qs, const int nq, const void *const *kr
                          k3 = ldkv(kr[j + 3], d, bf16);
                 for (int r = 0; r < nq; r++) {
                     const vf x = ldv(qs[r] + d);
-                    s[r][0] += x * k0, s[r][1] += x * k1, s[r][2] += x * k2, s[r][3] += x * k3;
+                    s[r][0] = fmadd(x, k0, s[r][0]), s[r][1] = fmadd(x, k1, s[r][1]),
+                    s[r][2] = fmadd(x, k2, s[r][2]), s[r][3] = fmadd(x, k3, s[r][3]);
                 }
             }
             for (int r = 0; r < nq; r++) sum4(s[r][0], s[r][1], s[r][2], s[r][3], sc + r * TILE + j);
+        }
+    if (D % VW == 0)  /* the last keys one at a time, in the same vector arithmetic: not a loop
+                       * the compiler vectorizes its own way per instantiation (bf16 or not) */
+        for (; j < n; j++) {
+            vf s[3] = {{0}};
+            for (int d = 0; d < D; d += VW) {
+                const vf k0 = ldkv(kr[j], d, bf16);
+                for (int r = 0; r < nq; r++) s[r] = fmadd(ldv(qs[r] + d), k0, s[r]);
+            }
+            for (int r = 0; r < nq; r++) {
+                float out[4];
+                sum4(s[r], splat(0.f), splat(0.f), splat(0.f), out);
+                sc[r * TILE + j] = out[0];
+            }
         }
     for (; j < n; j++)
         for (int r = 0; r < nq; r++) {
@@ -193,7 +223,7 @@ INL void tile_pv(float *const *acc, const int nq, const float *sc, const void *c
             for (int r = 0; r < nq; r++) p[r] = splat(sc[r * TILE + j]);
             for (int u = 0; u < nu; u++) {
                 const vf vv = ldkv(vr[j], d0 + u * VW, bf16);
-                for (int r = 0; r < nq; r++) a[r][u] += p[r] * vv;
+                for (int r = 0; r < nq; r++) a[r][u] = fmadd(p[r], vv, a[r][u]);
             }
         }
         for (int r = 0; r < nq; r++)
