@@ -3,14 +3,15 @@
 A format is (weights, kernel dtype): ("none", float32 | bfloat16) for dense weights, or
 ("int8" | "int4", float32 | bfloat16 | int8) for `QuantLinear` (int8: the integer-dot kernels,
 qdot.c, offered where they are built; never chosen by ISA, only when they time fastest, by
-QUANT_MARGIN over float activations). Which is fastest depends on the CPU
+QUANT_MARGIN over float32 activations). Which is fastest depends on the CPU
 (AVX2 vs AVX-512 vs AMX) and on the batch: torch's quantized CPU kernels win when a step is
 bound by reading weights (small batches) and can lose to the dense GEMM at large ones. So the
 probe times every allowed format at several batch sizes and returns
 - the dense dtype with the smallest summed time (the model's activation dtype, except beside
   quantized kernels that take float32, where it is only the kept dense copies' dtype),
 - the format with the fastest batch-1 step (a quantized one only when it beats the dense
-  weights by QUANT_MARGIN), and, when it is quantized, the first batch size
+  weights by QUANT_MARGIN; one on torch's kernels only when it beats lmprog's C kernels,
+  whose layers run fused, by FUSED_MARGIN), and, when it is quantized, the first batch size
   at which the dense weights are faster (`dense_rows`, None if never).
 Results are cached as JSON under CACHE_DIR keyed by CPU, torch, threads, shapes and candidates,
 so a warm start skips the ~1-3 s of timing.
@@ -40,9 +41,16 @@ PROBE_RETRIES = 2  # re-measurements when the machine was visibly busy during th
 PROBE_LAYERS = 4  # distinct weights per format: enough to overflow caches like the real model
 # A quantized format replaces the dense float32 weights only when its batch-1 step is at least
 # this much faster: near-ties flip with timing noise from one start to the next, and dense
-# float32 is the exact path. Likewise int8 activations replace float ones only by this margin
-# (they agree less with float32 greedy: bench/greedy_agreement.py).
+# float32 is the exact path. Likewise int8 activations replace float32 ones only by this margin
+# (they agree less with float32 greedy: bench/greedy_agreement.py; bfloat16 ones round too).
 QUANT_MARGIN = 0.10
+# The matmuls are not the whole step: on lmprog's C kernels (float32 or int8 activations) a
+# decode step's layers run as fused C calls (llama_layer.py), on torch's (bfloat16
+# activations) op by op, ~140 torch calls a layer that the matmul timings leave out. So a
+# torch-kernel format is chosen over a C-kernel one only when its matmuls are this much faster
+# (measured: SmolLM2 int4 on a 2-core AMX Xeon, matmuls 8.8 ms bfloat16 vs 8.6 ms int8
+# activations, whole steps 13.9 ms vs 8.3 ms).
+FUSED_MARGIN = 0.5
 DENSE_DROP = 2.0  # a dense format this many times slower than the best dense one is timed no further,
 DENSE_DROP_FROM = 16  # from this batch on (below it a step reads weights: bfloat16 halves them)
 Format = Tuple[str, str]  # (weights "none" | "int8" | "int4", kernel dtype name)
@@ -145,12 +153,23 @@ def measure(config, formats: List[Format], batches=PROBE_BATCHES, reps: int = 3)
     return timings
 
 
+def _on_c_kernels(f: Format) -> bool:
+    """A quantized format that runs on lmprog's C kernels (float32 or int8 activations), so
+    its decode step is the fused C layer (llama_layer.py), not torch ops one by one."""
+    return f[0] != "none" and f[1] in ("float32", "int8") and qgemm.available()
+
+
 def _best(timings: Dict[Format, Dict[int, float]], require_quant: bool) -> Format:
-    """The format `choose` picks: by batch-1 times alone."""
+    """The format `choose` picks: by batch-1 times alone, a torch-kernel format (bfloat16
+    activations) only when it beats the C-kernel ones by FUSED_MARGIN."""
     dense = {f: t for f, t in timings.items() if f[0] == "none"}
     pool = [f for f in timings if f[0] != "none"] if require_quant else list(timings)
     best = min(pool, key=lambda f: timings[f][1])
-    float_act = [f for f in pool if f[0] != "none" and f[1] != "int8"]
+    if best[0] != "none" and not _on_c_kernels(best):
+        fused = [f for f in pool if _on_c_kernels(f) and timings[f][1] <= (1 + FUSED_MARGIN) * timings[best][1]]
+        if fused:
+            best = min(fused, key=lambda f: timings[f][1])
+    float_act = [f for f in pool if f[0] != "none" and f[1] == "float32"]
     if best[1] == "int8" and float_act:  # int8 activations cost greedy agreement: only when clearly faster
         best_float = min(float_act, key=lambda f: timings[f][1])
         if timings[best][1] > (1 - QUANT_MARGIN) * timings[best_float][1]:
