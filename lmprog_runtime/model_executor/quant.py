@@ -151,7 +151,10 @@ class QuantLinear(nn.Module):
             packed, sz = (qgemm.pack_q4_f16 if f16 else qgemm.pack_q4)(*blocks)
             (self.scale_mins if f16 else self.scale_zeros).copy_(sz)
             self.qweight.copy_(packed)
-            stored = blocks[0].float() * _per_input(sz[..., 0]) + _per_input(sz[..., 1])
+            q = blocks[0]
+            if f16:  # (qdot's layout interleaves rows: its q and (s, m) read back row by row)
+                q, sz = qgemm.unpack_q4_f16(packed, sz)
+            stored = q.float() * _per_input(sz[..., 0]) + _per_input(sz[..., 1])
         else:
             q, scale, zero = int4 if int4 is not None else quantize_int4(w)
             self.qweight.copy_(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), INT4_INNER_K_TILES))

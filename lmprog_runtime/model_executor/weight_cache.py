@@ -21,7 +21,8 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 3  # bump when the module layout or the packing changes (3: qdot.c weights in groups of 8 rows)
+CACHE_VERSION = 4  # bump when the module layout or the packing changes (3: qdot.c weights in groups of 8 rows;
+# 4: the dense copies beside qdot.c's int4 weights were read in its interleaved row order)
 KEEP_FILES = 2  # converted-weight files kept per model file (most recently used first)
 
 

@@ -88,6 +88,20 @@ def test_dense_rows_switch_to_the_kept_dense_weight():
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.skipif(not qgemm.dot_available(), reason="qdot.c (int8 activations) is not built here")
+def test_dense_copy_is_the_int8_kernels_weight(fmt):
+    """qdot.c's weights interleave rows in groups of 8: the dense copy is still the weight each
+    row's kernel computes with (it was once read in the interleaved order: another model)."""
+    torch.manual_seed(3)
+    w, x = torch.randn(40, 64) * 0.1, torch.randn(3, 64)
+    lin = QuantLinear(fmt, 40, 64, torch.int8, dense_rows=2)
+    lin.set_weight(w)
+    kernel = lin(x[:1])  # 1 row: the kernel (int8 activations: ~1% of a row's scale)
+    dense = lin(x)[:1]  # 3 rows: the dense copy
+    assert ((kernel - dense).abs() <= 0.02 * (x[:1].abs() @ w.abs().t()) + 1e-3).all(), (kernel - dense).abs().max()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("act", [torch.float32, torch.bfloat16])
 def test_dense_copy_is_the_kernels_weight(fmt, act):
     """The dense path and the kernel compute with one weight: they differ by accumulation order
