@@ -31,7 +31,7 @@ import torch
 
 from lmprog_runtime import config, native
 from lmprog_runtime.model_executor import decode_ops, fused_ops, qgemm
-from lmprog_runtime.model_executor.quant import QuantLinear
+from lmprog_runtime.model_executor.quant import QuantLinear, choice_rows
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
@@ -153,6 +153,7 @@ class FusedLayers:
         self.H, self.KV, self.D = c.num_heads, c.num_kv_heads, c.head_dim
         self.hidden, self.I = c.hidden_size, c.intermediate_size
         self.max_rows = MAX_ROWS + 1  # steps of fewer rows run fused (and below every dense_rows: _bind)
+        self.dense_rows = MAX_ROWS + 1  # the least dense_rows of the projections (_bind)
         lib = _KERNEL.lib()
         self.head, self.tail, self.run_all = lib.lm_layer_head, lib.lm_layer_tail, lib.lm_layers_run
         self.attn = _Attn()  # the step's attention arguments when lm_layers_run makes the calls
@@ -197,8 +198,9 @@ class FusedLayers:
 
     def _bind(self, pool) -> None:
         self.layers = list(self.layer_list)
-        self.max_rows = min([MAX_ROWS + 1] + [m.dense_rows for layer in self.layers for m in _projections(layer)
-                                              if m.dense_rows is not None])
+        self.dense_rows = min([MAX_ROWS + 1] + [m.dense_rows for layer in self.layers for m in _projections(layer)
+                                                if m.dense_rows is not None])
+        self.max_rows = self.dense_rows
         self.structs = []
         for i, layer in enumerate(self.layers):
             s = _Layer(in_norm=layer.input_layernorm.weight.data_ptr(),
@@ -254,7 +256,7 @@ class FusedLayers:
                 self.final.head = _Gemm(fn=_addr(fn), status=int(head._c_kernel.endswith("x8")), K=K, N=N,
                                         q=q_ptr, s=s_ptr, bias=0 if bias is None else bias.data_ptr())
                 self.final.norm, self.final.eps = norm.weight.data_ptr(), norm.eps
-        if not fo[3] or (head.dense_rows is not None and T >= head.dense_rows):
+        if not fo[3] or (head.dense_rows is not None and choice_rows(T) >= head.dense_rows):
             return None
         return self.final_ptr
 
@@ -349,4 +351,6 @@ def plan(model, T: int) -> Optional[FusedLayers]:
     if not fused.bound(pool) and not fused.rebind(model, pool):
         model._fused_layers = False
         return None
-    return fused if T < fused.max_rows else None
+    # (under quant.decode_rows the projections' choice follows the request count: a verify
+    # step of up to MAX_ROWS rows runs fused where its requests' decode would)
+    return fused if T <= MAX_ROWS and choice_rows(T) < fused.dense_rows else None

@@ -21,6 +21,8 @@ call in blocks of 32 and keep the float32 kernels' weight buffers).
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -35,6 +37,29 @@ INT4_GROUP = 32  # GGUF's block length; torch's int4 kernel accepts 32, 64, 128 
 INT4_INNER_K_TILES = 1  # ignored by the CPU packer; kept for the op's signature
 
 # (q int32 [N, K] in 0..15, scale [N, K/32] float32, zero [N, K/32] float32), see the docstring
+
+_CHOICE = threading.local()  # decode_rows(): the row count that picks dense copy or kernel
+
+
+@contextlib.contextmanager
+def decode_rows(n: int):
+    """Within: a step's rows are n requests' decode-like positions (a verify step: each row is
+    what a one-token decode would compute there), so each layer picks its dense copy or its
+    kernel as for an n-row step, not by its row count. A verify row then runs the kernel the
+    decode it replaces runs, row by row alike (the kernels are batch-invariant), and greedy
+    speculation stays token-identical where a step of many rows would have crossed dense_rows."""
+    prev = getattr(_CHOICE, "rows", None)
+    _CHOICE.rows = n
+    try:
+        yield
+    finally:
+        _CHOICE.rows = prev
+
+
+def choice_rows(T: int) -> int:
+    """The row count a T-row step picks its kernels by (see decode_rows)."""
+    n = getattr(_CHOICE, "rows", None)
+    return T if n is None else n
 Int4Blocks = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -167,7 +192,7 @@ class QuantLinear(nn.Module):
             self.dense.copy_(stored)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dense_rows is not None and x.shape[0] >= self.dense_rows:  # dense exists iff dense_rows
+        if self.dense_rows is not None and choice_rows(x.shape[0]) >= self.dense_rows:  # dense exists iff dense_rows
             # the activations take the weight's dtype, never the weight the activations'
             y = nn.functional.linear(x.to(self.dense.dtype), self.dense).to(x.dtype)
             return y if self.bias is None else y + self.bias.to(x.dtype)

@@ -22,7 +22,7 @@ from torch import nn
 from lmprog_runtime.model_executor import decode_ops, fused_ops, llama_layer
 from lmprog_runtime.model_executor.forward_batch import ForwardBatch
 from lmprog_runtime.model_executor.loader import ModelConfig
-from lmprog_runtime.model_executor.quant import QuantLinear
+from lmprog_runtime.model_executor.quant import QuantLinear, decode_rows
 
 
 # -- rotary position embedding -------------------------------------------------------------------
@@ -215,6 +215,14 @@ class LlamaForCausalLM(nn.Module):
         # every row wants logits: decode and verify steps (the scheduler says so for its index list)
         all_rows = forward_batch.logits_all_rows if rows is not None else forward_batch.seq_lens.shape[0] == T
         final = (self.norm, self.quant_head) if all_rows and self.quant_head is not None else None
+        B = forward_batch.seq_lens.shape[0]
+        if all_rows and T > B and self.quant_head is not None:
+            # a verify step: each row computes as the decode it replaces would (quant.decode_rows)
+            with decode_rows(B):
+                return self._layers_and_logits(x, cos, sin, forward_batch, rope_table, final, rows, all_rows)
+        return self._layers_and_logits(x, cos, sin, forward_batch, rope_table, final, rows, all_rows)
+
+    def _layers_and_logits(self, x, cos, sin, forward_batch, rope_table, final, rows, all_rows):
         x, residual, logits = self.run_layers(x, cos, sin, forward_batch, self.attn_backend, rope_table, final)
         if logits is not None:  # the whole step in C made them (llama_layer.FusedLayers.run)
             return logits

@@ -362,3 +362,39 @@ def test_deterministic_int4_outputs_ignore_batch_speculation_and_cache(tiny_mode
     want = runs[False, "sequential"]
     for key, got in runs.items():
         assert got == want, key
+
+
+@pytest.mark.skipif(not qgemm.available(), reason="lmprog's C kernels are not built here")
+@pytest.mark.parametrize("kernel_act", ["float32", "int8"])
+def test_verify_rows_run_the_kernels_their_decodes_run(tiny_model_path, monkeypatch, kernel_act):
+    """A verify step (every row wants logits, more rows than requests) picks dense copy or
+    kernel by its request count: past dense_rows rows it would take the dense copy while the
+    decodes it replaces take the kernel, and their logits (so greedy tokens) would differ."""
+    from lmprog_runtime.model_executor.forward_batch import ForwardBatch
+
+    if kernel_act == "int8" and not qgemm.dot_available():
+        pytest.skip("qdot.c (int8 activations) is not built here")
+    monkeypatch.setattr(probe, "measure_cached", lambda config, formats: {  # kernel at 1-3 rows, dense from 4
+        f: {b: (0.5 if f[1] == kernel_act else 1.0) * (b if f[0] != "none" or b < 4 else 1) for b in probe.PROBE_BATCHES}
+        for f in formats})
+    runner = ModelRunner(ServerArgs(model_path=tiny_model_path, max_total_tokens=1024, max_running_requests=4,
+                                    quantization="int4", context_length=256))
+    assert runner.formats.dense_rows == 4 and runner.formats.act_dtype == getattr(torch, kernel_act)
+    table = runner.req_to_token_pool.table
+    i64 = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+    prompt, drafts = [5, 17, 33, 2, 90, 41], [7, 8, 9, 10, 11]
+
+    def step(row, ids, cached, all_rows):
+        pos = list(range(cached, cached + len(ids)))
+        fb = ForwardBatch(input_ids=i64(ids), positions=i64(pos), out_cache_loc=i64([100 * row + p for p in pos]),
+                          req_pool_indices=i64([row]), seq_lens=i64([cached + len(ids)]), extend_lens=i64([len(ids)]),
+                          req_to_token=table, seq_lens_cpu=[cached + len(ids)], extend_lens_cpu=[len(ids)],
+                          logits_indices=i64(list(range(len(ids)))) if all_rows else None, logits_all_rows=all_rows)
+        return runner.forward(fb)
+
+    for row in (1, 2):
+        table[row, :64] = torch.arange(100 * row, 100 * row + 64)
+        step(row, prompt, 0, False)
+    decodes = torch.cat([step(1, [t], len(prompt) + k, True) for k, t in enumerate(drafts)])
+    verify = step(2, drafts, len(prompt), True)
+    assert torch.equal(verify, decodes)
