@@ -36,7 +36,8 @@ from lmprog_runtime.model_executor.quant import QUANT_FORMATS, QuantLinear
 logger = logging.getLogger(__name__)
 
 PROBE_BATCHES = (1, 4, 16, 32, 64)
-PROBE_VERSION = 5  # bump when a format's kernel changes (cached timings then no longer hold)
+PROBE_VERSION = 6  # bump when a format's kernel or the choice rule changes (cached timings then no longer hold;
+# 6: FUSED_MARGIN, which changes the formats timed past batch 1)
 PROBE_RETRIES = 2  # re-measurements when the machine was visibly busy during the probe
 PROBE_LAYERS = 4  # distinct weights per format: enough to overflow caches like the real model
 # A quantized format replaces the dense float32 weights only when its batch-1 step is at least
