@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench import bench_serving  # noqa: E402
+from bench.baselines.llama_cpp_server import cpu_has_amx  # noqa: E402
 from bench.baselines.servers import LmprogServer, ManagedServer, default_gguf  # noqa: E402
 from bench.one_batch import cpu_flags  # noqa: E402
 from bench.workloads import Request, document_assistant_requests, random_requests, words  # noqa: E402
@@ -95,6 +96,8 @@ class LlamaServerBinary(ManagedServer):
         argv = [self.binary, "-m", default_gguf(), "--host", "127.0.0.1", "--port", str(self.port),
                 "-t", str(self.threads), "-np", str(self.parallel), "-c", str(self.ctx),
                 "--alias", "SmolLM2-135M-Instruct"]
+        if cpu_has_amx():  # its AMX weight buffers segfault at start-up (llama.cpp issue #20824): no repacking
+            argv.append("--no-repack")
         return argv + (["--kv-unified"] if self.parallel > 1 else [])
 
     @property
