@@ -144,6 +144,34 @@ def test_a_pattern_property_does_not_stop_the_walk(cfg, tokenizer, monkeypatch):
     assert not walked
 
 
+def test_sample_writes_undeclared_and_pattern_keys_where_allowed():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}},
+              "additionalProperties": {"type": "integer", "minimum": 5}}
+    assert warmup.sample(schema) == {"a": 1}
+    assert warmup.sample(schema, alt=1) == {"a": 1, "extra_key": 5}  # (alt 1 only: outputs mostly keep to the names)
+    assert warmup.sample({"type": "object"}, alt=1) == {"extra_key": "abc"}  # (a missing one allows any)
+    assert warmup.sample(dict(schema, additionalProperties=False), alt=1) == {"a": 1}
+    assert warmup.sample({"type": "object", "patternProperties": {"^x_[0-9]+$": {"type": "boolean"}},
+                          "additionalProperties": False}, alt=1) == {"x_0": True}
+    assert warmup.sample(schema, alt=1, required=True) == {"a": 1}
+
+
+def test_an_undeclared_key_is_walked(cfg, tokenizer, monkeypatch):
+    """An object open to other keys: the masks inside an undeclared key (shared by every such
+    key, MaskEngine._key_near) and at its value's start are cached when the first request asks."""
+    monkeypatch.setattr(warmup, "WARMUP_S", 10.0)  # (what is walked, not how fast)
+    schema = {"type": "object", "properties": {"tags": {"type": "object", "additionalProperties": {"type": "string"}}}}
+    g = cfg.compile("json", json.dumps(schema))
+    eng = g._shared.engine
+    walked = []
+    compute = eng._compute
+    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
+    for t in tokenizer.encode('{"tags":{"fb_user_id":"1234","sales', add_special_tokens=False):
+        g.write_mask(np.empty(cfg.vocab_size, np.bool_))
+        g.accept_token(t)
+    assert len(walked) <= 1, walked  # (the value's string body after its first character may be new)
+
+
 def test_pattern_samples_are_bounded(cfg, monkeypatch):
     """Pattern texts are searched only until SAMPLE_S after a sample began (then patterns get
     "abc"), so a schema of many patterns compiles in bounded time."""

@@ -2,7 +2,8 @@
 transition is new to its table: docs/constrained.md, "Where the time went next"), and a mask
 is on the critical path of a decode step, while compiling runs on the grammar queue's thread
 before the request is admitted. So a compiled grammar computes its root mask and, for a JSON
-Schema, walks four small instances of the schema (`sample`: compact, its alternative branches,
+Schema, walks four small instances of the schema (`sample`: compact, its alternative branches
+with a key of each pattern property and an undeclared key where the object allows one,
 pretty-printed, required properties only), token by token, as a request would:
 the structural rows every output needs (the object's keys and their closes, `:` `,` `}`, each
 property's value starts and string bodies) are derived then, and the masks of those states
@@ -87,6 +88,8 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
             value = sample(sub, root, depth + 1, alt, budget, required)
             if value is not _NONE:
                 out[name] = value
+        if alt and not required:
+            out.update(_extra_members(schema, root, depth, alt, budget, out))
         return out
     if kind == "array":
         items = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else None
@@ -124,6 +127,32 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     if kind == "boolean":
         return True
     return None
+
+
+def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, out: dict) -> dict:
+    """Members past the declared properties, as outputs write them: one key of each pattern
+    property (a shortest match of its pattern) and, where undeclared keys are allowed (a
+    missing additionalProperties allows any), one such key with a sample of its schema (any
+    value: a string). The walk then passes through an undeclared key's text and its value's
+    start, whose masks are shared by every such key (MaskEngine._key_near)."""
+    extra = {}
+    patterns = schema.get("patternProperties")
+    if isinstance(patterns, dict):
+        for pattern, sub in list(patterns.items())[:4]:
+            key = _pattern_text(pattern, 1) if isinstance(pattern, str) and time.monotonic() < budget[1] else None
+            if key is not None and key not in out:
+                value = sample(sub, root, depth + 1, alt, budget)
+                if value is not _NONE:
+                    extra[key] = value
+    more = schema.get("additionalProperties", True)
+    names = schema.get("propertyNames")
+    if more is not False and not extra and not isinstance(names, dict) and "unevaluatedProperties" not in schema:
+        key = "extra_key"
+        if key not in out:
+            value = sample(more, root, depth + 1, alt, budget) if isinstance(more, dict) and more else "abc"
+            if value is not _NONE:
+                extra[key] = value
+    return extra
 
 
 def _given(schema: dict, kind: Any) -> Any:
