@@ -342,6 +342,25 @@ def test_numbers_alike_but_for_their_digits_share_one_memoized_mask(backend, mon
     assert not [st for st in shared if machine.advance(st, 0x65, 0, lambda a, b: b"")], "shared across an exponent"
 
 
+def test_free_numbers_after_other_keys_share_one_memoized_mask(backend, monkeypatch):
+    """A free number's canonical form ("0") told with its objects by their checks (both
+    sharing rules at once): the same property's number met after other keys, with other
+    digits, is a memo hit; every mask is still the Python walk's."""
+    tok, be = backend
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                                               "n": {"type": "number"}}}
+    g0 = be.compile("json", json.dumps(schema))
+    eng = g0._shared.engine
+    oracle = MaskEngine(g0._shared.machine, eng.vocab, use_c=False)
+    _walk(tok, g0, oracle, '{"a":1,"n":12', "first", must_accept=True)
+    walked = []
+    compute = eng._compute
+    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
+    _walk(tok, g0, oracle, '{"b":2,"n":345}', "again", must_accept=True)
+    assert not [st for st in walked if st[0][0][0] == "N"], "a number's mask walked again"
+    assert any(k[0] == "cctx" for k in eng._memo)
+
+
 def test_string_steps_shared_across_nodes_keep_each_nodes_bounds(backend):
     """Strings of different nodes share their steps only where the steps agree: the same
     maxLength, and the same minLength (no maxLength: the canonical count is clamped at it)."""

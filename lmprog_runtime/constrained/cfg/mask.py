@@ -330,7 +330,11 @@ class MaskEngine:
         canon = self._canon_key(key, state, start)
         near = self._key_near(key, state, start)
         ctx = self._ctx_key(key, state, start) if near is None else None
-        for other in (canon, near, ctx):
+        # both at once: the canonical form's objects told by their checks (a free number's
+        # value in an object met after other keys than before: neither alone shares it)
+        cctx = self._ctx_key(key, canon[1], start) if canon is not None and near is None else None
+        cctx = ("cctx",) + cctx if cctx is not None else None
+        for other in (canon, near, ctx, cctx):
             if other is not None:
                 with self._lock:
                     got = self._memo.get(other)
@@ -346,6 +350,8 @@ class MaskEngine:
             self._memo[memo_key] = out
             if canon is not None and not self._local.read_text:
                 self._memo[canon] = out
+                if cctx is not None:
+                    self._memo[cctx] = out
             for other in (near, ctx):
                 if other is not None:
                     self._memo[other] = out
