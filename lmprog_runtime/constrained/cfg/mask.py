@@ -302,8 +302,15 @@ class MaskEngine:
         past the vocabulary, False), or ORed into it. A mask met again is copied from its
         unpacked row (the last UNPACKED_ROWS kept, process-wide), not unpacked again."""
         packed = self.mask_packed(state, hist)
-        n = min(self.vocab.n_slots, row.shape[0])
-        allowed = _unpacked(packed, self.vocab.n_slots)
+        n = self.vocab.n_slots
+        allowed = _unpacked(packed, n)
+        if row.shape[0] == n:  # (the common case: no views to make)
+            if overwrite:
+                np.copyto(row, allowed)
+            else:
+                np.logical_or(row, allowed, out=row)
+            return
+        n = min(n, row.shape[0])
         if overwrite:
             np.copyto(row[:n], allowed[:n])
             row[n:] = False
@@ -316,17 +323,17 @@ class MaskEngine:
         (some token completes the checked value; _BY_TEXT marks such states): the mask is
         otherwise the same for every text."""
         base_key = memo_key = key if key is not None else state
-        start = _capture_start(state)
         with self._lock:
             got = self._memo.get(base_key)
             if got is _BY_TEXT:
                 self._memo.move_to_end(base_key)
-                memo_key = (base_key, hist[start:])
+                memo_key = (base_key, hist[_capture_start(state):])
                 got = self._memo.get(memo_key)
             if got is not None:
                 self._memo.move_to_end(memo_key)
         if got is not None:
             return got
+        start = _capture_start(state)  # (read past a hit only: a state's stack may be deep)
         canon = self._canon_key(key, state, start)
         near = self._key_near(key, state, start)
         ctx = self._ctx_key(key, state, start) if near is None else None
