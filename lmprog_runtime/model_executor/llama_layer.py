@@ -152,8 +152,9 @@ class FusedLayers:
         self.layer_list, self.layers = model.layers, list(model.layers)
         self.H, self.KV, self.D = c.num_heads, c.num_kv_heads, c.head_dim
         self.hidden, self.I = c.hidden_size, c.intermediate_size
-        self.max_rows = MAX_ROWS + 1  # steps of fewer rows run fused (and below every dense_rows: _bind)
-        self.dense_rows = MAX_ROWS + 1  # the least dense_rows of the projections (_bind)
+        # steps of at most MAX_ROWS rows run fused, when their kernel choice is under this (_bind:
+        # the least dense_rows of the projections; plan)
+        self.dense_rows = MAX_ROWS + 1
         lib = _KERNEL.lib()
         self.head, self.tail, self.run_all = lib.lm_layer_head, lib.lm_layer_tail, lib.lm_layers_run
         self.attn = _Attn()  # the step's attention arguments when lm_layers_run makes the calls
@@ -200,7 +201,6 @@ class FusedLayers:
         self.layers = list(self.layer_list)
         self.dense_rows = min([MAX_ROWS + 1] + [m.dense_rows for layer in self.layers for m in _projections(layer)
                                                 if m.dense_rows is not None])
-        self.max_rows = self.dense_rows
         self.structs = []
         for i, layer in enumerate(self.layers):
             s = _Layer(in_norm=layer.input_layernorm.weight.data_ptr(),

@@ -37,6 +37,7 @@ INT4_GROUP = 32  # GGUF's block length; torch's int4 kernel accepts 32, 64, 128 
 INT4_INNER_K_TILES = 1  # ignored by the CPU packer; kept for the op's signature
 
 # (q int32 [N, K] in 0..15, scale [N, K/32] float32, zero [N, K/32] float32), see the docstring
+Int4Blocks = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 _CHOICE = threading.local()  # decode_rows(): the row count that picks dense copy or kernel
 
@@ -60,7 +61,6 @@ def choice_rows(T: int) -> int:
     """The row count a T-row step picks its kernels by (see decode_rows)."""
     n = getattr(_CHOICE, "rows", None)
     return T if n is None else n
-Int4Blocks = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 # -- quantizers ------------------------------------------------------------------------------------
