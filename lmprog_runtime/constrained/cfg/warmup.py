@@ -118,7 +118,8 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         return text
     if kind in ("integer", "number"):
         lo = schema.get("minimum", schema.get("exclusiveMinimum"))
-        value = lo if isinstance(lo, (int, float)) and not isinstance(lo, bool) else (0 if alt else 1)  # ("0" is a state of its own)
+        # (alt: 0, which is a number state of its own, and one outputs often write)
+        value = lo if isinstance(lo, (int, float)) and not isinstance(lo, bool) else (0 if alt else 1)
         if "exclusiveMinimum" in schema and value == schema["exclusiveMinimum"]:
             value = value + 1
         if alt and kind == "number" and float(value).is_integer():
