@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from lmprog_runtime.model_executor import qgemm
-from lmprog_runtime.model_executor.quant import QUANT_FORMATS, QuantLinear
+from lmprog_runtime.model_executor.quant import QUANT_FORMATS, QuantLinear, on_c_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -155,9 +155,9 @@ def measure(config, formats: List[Format], batches=PROBE_BATCHES, reps: int = 3)
 
 
 def _on_c_kernels(f: Format) -> bool:
-    """A quantized format that runs on lmprog's C kernels (float32 or int8 activations), so
-    its decode step is the fused C layer (llama_layer.py), not torch ops one by one."""
-    return f[0] != "none" and f[1] in ("float32", "int8") and qgemm.available()
+    """A quantized format on lmprog's C kernels (quant.on_c_kernels): its decode step is the
+    fused C layer, not torch ops one by one."""
+    return f[0] != "none" and on_c_kernels(_dtype(f[1]))
 
 
 def _best(timings: Dict[Format, Dict[int, float]], require_quant: bool) -> Format:

@@ -243,10 +243,16 @@ class QuantLinear(nn.Module):
                 f"dense_rows={self.dense_rows}")
 
 
+def on_c_kernels(act_dtype: torch.dtype) -> bool:
+    """Layers with this kernel dtype run lmprog's C kernels (float32 or int8 activations, where
+    qgemm.c is built), whose decode steps fuse (llama_layer.py); others run torch's."""
+    return act_dtype in (torch.float32, torch.int8) and qgemm.available()
+
+
 def _c_kernel_name(fmt: str, act_dtype: torch.dtype, in_features: int) -> Optional[str]:
     """qgemm.py's name of the C kernel a layer runs (None: torch's). int8 activations fall back
     to the float32 kernel (same buffers) where qdot.c is not built or K is no multiple of 32."""
-    if act_dtype not in (torch.float32, torch.int8) or not qgemm.available():
+    if not on_c_kernels(act_dtype):
         return None
     if act_dtype == torch.int8 and in_features % INT4_GROUP == 0 and qgemm.dot_available():
         return fmt + "x8"

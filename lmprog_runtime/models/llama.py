@@ -211,11 +211,10 @@ class LlamaForCausalLM(nn.Module):
             rope_table = None
             cos_sin = self.rope_table[forward_batch.positions].to(x.dtype)  # [T, 2, D]
             cos, sin = cos_sin[:, 0:1], cos_sin[:, 1:2]  # [T, 1, D]
-        rows, T = forward_batch.logits_indices, x.shape[0]
+        rows, T, B = forward_batch.logits_indices, x.shape[0], forward_batch.seq_lens.shape[0]
         # every row wants logits: decode and verify steps (the scheduler says so for its index list)
-        all_rows = forward_batch.logits_all_rows if rows is not None else forward_batch.seq_lens.shape[0] == T
+        all_rows = forward_batch.logits_all_rows if rows is not None else B == T
         final = (self.norm, self.quant_head) if all_rows and self.quant_head is not None else None
-        B = forward_batch.seq_lens.shape[0]
         if all_rows and T > B and self.quant_head is not None:
             # a verify step: each row computes as the decode it replaces would (quant.decode_rows)
             with decode_rows(B):
