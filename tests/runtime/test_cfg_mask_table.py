@@ -361,6 +361,73 @@ def test_free_numbers_after_other_keys_share_one_memoized_mask(backend, monkeypa
     assert any(k[0] == "cctx" for k in eng._memo)
 
 
+def _walked_again(tok, g0, monkeypatch, first: str, again: str) -> list:
+    """The states whose masks were walked (not memo hits) along `again`, after `first`;
+    every mask along both equal to the Python walk's."""
+    eng = g0._shared.engine
+    oracle = MaskEngine(g0._shared.machine, eng.vocab, use_c=False)
+    _walk(tok, g0, oracle, first, "first", must_accept=True)
+    walked = []
+    compute = eng._compute
+    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
+    _walk(tok, g0, oracle, again, "again", must_accept=True)
+    return walked
+
+
+def test_a_string_body_after_other_keys_shares_its_masks_at_every_length(backend, monkeypatch):
+    """A free string's body told as the fast path reads it (its count clamped) with its
+    objects told by their checks: the same property's string, met after other keys and at
+    other lengths than before, is a memo hit."""
+    tok, be = backend
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}}
+    g0 = be.compile("json", json.dumps(schema))
+    b = g0._shared.machine.root.props["b"]
+    walked = _walked_again(tok, g0, monkeypatch, '{"a":"x","b":"yz"}', '{"b":"the quick brown fox jumps over"}')
+    assert not [st for st in walked if st[0][0][0] == "S" and st[0][0][1] is b], "the string body walked again"
+
+
+def test_an_integer_past_its_minimum_is_a_free_integer(backend, monkeypatch):
+    """An integer bounded by a minimum alone, whose text meets it (no sign), takes the free
+    twin of its rule in the table's canonical form: its digits read no further, so longer
+    texts share one mask; a text short of the minimum keeps its own (and the masks stay
+    the Python walk's, also for an exclusive minimum met only past equality)."""
+    tok, be = backend
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 10},
+                                               "x": {"type": "integer", "exclusiveMinimum": 7}}}
+    g0 = be.compile("json", json.dumps(schema))
+    walked = _walked_again(tok, g0, monkeypatch, '{"n":123,"x":7', '{"n":45678,"x":8}')
+    texts = [st[0][0][2] for st in walked if st[0][0][0] == "N"]
+    assert not [t for t in texts if len(t) > 2], texts
+    assert _compare_texts(tok, be, schema, ['{"n":9,"x":7}', '{"n":10,"x":71}', '{"n":-10}', '{"n":10.0}']) > 20
+
+
+def test_after_an_undeclared_key_one_mask_for_every_such_key(backend, monkeypatch):
+    """The state right after a key's closing quote (phase 1) told by its value's rule and
+    the object's checks: undeclared keys whose last token ends at their quote share it,
+    after other keys seen too."""
+    tok, be = backend
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    g0 = be.compile("json", json.dumps(schema))
+    walked = _walked_again(tok, g0, monkeypatch, '{"a":1,"builtin ":"x"}', '{"feature ":"y","a":2}')
+    assert not [st for st in walked if st[0][0][0] == "O" and st[0][0][2] == 1], "after the key walked again"
+
+
+def test_pattern_property_keys_share_masks_by_their_pattern_states(backend, monkeypatch):
+    """Inside a key of patternProperties the text is read only by the patterns (their
+    states after it) and the names it may complete: other keys in the same pattern states
+    are memo hits; near a declared name the text is kept (the tokens that complete it
+    depend on it), and every mask is the Python walk's."""
+    tok, be = backend
+    schema = {"type": "object", "properties": {"fb_user": {"type": "integer"}},
+              "patternProperties": {"^[a-z_]+$": {"type": "string"}, "^x": {"type": "integer"}},
+              "additionalProperties": False}
+    g0 = be.compile("json", json.dumps(schema))
+    walked = _walked_again(tok, g0, monkeypatch, '{"fb_user_id":"1"}', '{"salesforce_customer_id":"2"}')
+    assert not [st for st in walked if st[0][0][0] == "S" and type(st[0][0][7]) is str], "a key walked again"
+    texts = ['{"fb_user":1,"fb_use":"a"}', '{"fb_user":"a"}', '{"xa":1,"xb":"a"}', '{"fb_user_x":"a","fb_user":2}']
+    assert _compare_texts(tok, be, schema, texts) > 40
+
+
 def test_string_steps_shared_across_nodes_keep_each_nodes_bounds(backend):
     """Strings of different nodes share their steps only where the steps agree: the same
     maxLength, and the same minLength (no maxLength: the canonical count is clamped at it)."""

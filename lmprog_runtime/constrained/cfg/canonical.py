@@ -4,11 +4,13 @@ lexeme's end abstracted away, so that states recur across masks; and the lexeme 
 """
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Optional
 
 import numpy as np
 
 from lmprog_runtime.constrained.cfg.machine import _NUM, MAX_NUMBER_CHARS
+from lmprog_runtime.constrained.cfg.nodes import Node
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 
 
@@ -19,7 +21,8 @@ def canonical(state: tuple) -> tuple:
     is ever read). The table's transitions from such a state are exact for every byte but
     that quote, which `_derive` leaves to the Python walk (PYTHON). An object's key whose
     member rule is additionalProperties becomes EXTRA (`_abstract_key`), and an unbounded
-    number's text "0" (`_free_number`)."""
+    number's text "0" (`_free_number`), as does that of an integer past its minimum, with
+    its rule's free twin (`_met_minimum`)."""
     out = None
     for k, st in enumerate(state):
         if st is None:
@@ -31,10 +34,12 @@ def canonical(state: tuple) -> tuple:
             out = list(state) if out is None else out
             out[k] = st = got
         top = st[0]
-        if type(top) is tuple and top[0] == "N" and _free_number(top):
-            out = list(state) if out is None else out
-            out[k] = (("N", top[1], "0", top[3]), st[1])
-            continue
+        if type(top) is tuple and top[0] == "N":
+            node = top[1] if _free_number(top) else _met_minimum(top)
+            if node is not None:
+                out = list(state) if out is None else out
+                out[k] = (("N", node, "0", top[3]), st[1])
+                continue
         if type(top) is not tuple or top[0] != "S":
             continue
         node, count, utf, text = top[1], top[2], top[3], top[7]
@@ -62,6 +67,35 @@ def _free_number(top) -> bool:
     return _free_node(node) and top[3] <= 5 and text != "0" and len(text) < MAX_NUMBER_CHARS - 257
 
 
+def _met_minimum(top):
+    """The free twin of an integer rule bounded by a minimum alone (`_free_twin`), where the
+    number's text already meets it and has no sign: every digit or zero fraction that
+    follows keeps it there (integers take no exponent), so the rule reads the rest of the
+    text no more than a free one does; else None."""
+    node, text = top[1], top[2]
+    if (node.lo is None or node.hi is not None or node.multiple_of is not None or node.num_enum is not None
+            or not node.integer_only() or not 2 <= top[3] <= 5 or len(text) >= MAX_NUMBER_CHARS - 257):
+        return None
+    value = Decimal(text.rstrip("."))  # (states 2-5: digits, then a fraction begun; no sign, no exponent)
+    if value < node.lo or (node.lo_excl and value == node.lo):
+        return None
+    return _free_twin(node)
+
+
+def _free_twin(node):
+    """`node` without its minimum (memoized on it)."""
+    got = node._child.get(_TWIN)
+    if got is None:
+        got = Node(node.schema)
+        for slot in Node.__slots__:
+            setattr(got, slot, getattr(node, slot))
+        got._child = {}
+        got.lo, got.lo_excl = None, False
+        node._child[_TWIN] = got
+    return got
+
+
+_TWIN = ("__free__",)  # (a tuple: no property name collides with it in Node._child)
 _CHAR_BYTE = np.zeros(256, dtype=np.bool_)  # one-byte characters of a string body (strings.py _char)
 _CHAR_BYTE[0x20:0x80] = True
 _CHAR_BYTE[[0x22, 0x5C]] = False

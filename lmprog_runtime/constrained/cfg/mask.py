@@ -21,6 +21,7 @@ import numpy as np
 
 from lmprog_runtime.constrained.cfg.classtable import ClassTable
 from lmprog_runtime.constrained.cfg.machine import Machine, utf8_start
+from lmprog_runtime.constrained.cfg.regex import RegexError
 from lmprog_runtime.constrained.cfg.table import TableWalker, c_table_walker
 from lmprog_runtime.constrained.trie_walk import TokenTrie
 
@@ -137,14 +138,15 @@ def _after_comma_quote(token: bytes) -> bool:
     return any(m.end() < len(token) for m in _COMMA_QUOTE.finditer(token))
 
 
-def _object_sig(frame: tuple, lookahead_only: bool) -> Optional[tuple]:
-    """MaskEngine._ctx_key's form of an object frame in a value (phase 4) or after one (2):
-    its node, phase, whitespace state and what its `,` and `}` and a closed object's next
-    key read of the keys seen (the value's key among them), or None (an abstracted key).
-    `lookahead_only`: no token spells a key's bytes after `,"`, so of the names left only
-    whether there are any is read (a key rule without patterns)."""
+def _object_sig(frame: tuple, lookahead_only: bool, child=None) -> Optional[tuple]:
+    """MaskEngine._ctx_key's form of an object frame in a value (phase 4), after one (2) or
+    after a key (1: `child` is that key's value rule): its node, phase, whitespace state and
+    what its `,` and `}` and a closed object's next key read of the keys seen (the value's
+    key among them), or None (an abstracted key). `lookahead_only`: no token spells a key's
+    bytes after `,"`, so of the names left only whether there are any is read (a key rule
+    without patterns)."""
     _, node, phase, seen, key, ws = frame
-    if phase == 4:
+    if phase in (1, 4):
         if type(key) is not str:
             return None
         seen = seen | {key}
@@ -159,7 +161,7 @@ def _object_sig(frame: tuple, lookahead_only: bool) -> Optional[tuple]:
     left = frozenset(e for e in kn.enum if e not in seen) if kn.enum is not None else None
     if left is not None and lookahead_only and not kn.patterns:
         left = bool(left)
-    return ("O~", node, phase, ws, comma, close, left)
+    return ("O~", node, phase, ws, comma, close, left, child)
 
 
 def _escaped(text: str) -> bool:
@@ -236,7 +238,14 @@ def _unpacked(packed: np.ndarray, n: int) -> np.ndarray:
     return row
 
 
-_UNDECLARED = object()  # _key_near: the text of a key that no declared property begins with
+_BY_STATES = object()  # _key_near: a key's text told by the names it may complete and its pattern states
+
+
+def _closable(name: str, typed: str, heads: frozenset) -> bool:
+    """A token may finish key `name` from `typed` (its prefix) and close it: the rest is
+    spelled before a quote by some token (VocabInfo.quote_heads), or needs an escape."""
+    rest = name[len(typed):]
+    return _escaped(rest) or rest.encode() in heads
 _BY_TEXT = object()  # memo marker: this state's masks read the captured text (keyed by it too)
 
 
@@ -268,6 +277,7 @@ class MaskEngine:
         self._unions: dict = {}  # (id(walked), id(plain part)) -> (walked, part, their union)
         self._local = threading.local()  # read_text: whether this thread's last walk read the text
         self._table: Optional[ClassTable] = None
+        self._pstates: dict = {}  # (pattern term, key text) -> its state (_pattern_state)
 
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
         """bool [n_slots]: the tokens allowed from `state` after the output `hist`."""
@@ -402,15 +412,41 @@ class MaskEngine:
             # an open key rule: the keys seen are read only by a close, so only those the
             # rest of whose text a token spells before its quote
             heads = self.vocab.quote_heads
-            near = frozenset(k for k in near if _escaped(k[len(typed):]) or k[len(typed):].encode() in heads)
+            near = frozenset(k for k in near if _closable(k, typed, heads))
             kn, node = top[1], obj[1]
-            if (not near and not top[6] and kn.residual is None and not node.pattern_props
-                    and not any(name.startswith(typed) for name in node.props)):
-                # an undeclared key (additionalProperties) whose text no check reads: every
-                # such text alike, but for how many characters it has where that is counted
-                count = top[2] if kn.max_len is not None else min(top[2], kn.min_len)
-                return ("key", key is not None, node, near, obj[5], count, _UNDECLARED)
+            if kn.residual is None:
+                # no propertyNames check reads the whole text: a close reads it only by the
+                # names it may complete (seen or declared: then the text is kept, as which
+                # tokens complete them depends on it) and by the patternProperties' patterns
+                # (their states after it), so every text that may complete no name shares
+                # the masks of those states (an undeclared key's text with no pattern: all
+                # alike), but for how many characters it has where that is counted
+                named = near or any(k.startswith(typed) and _closable(k, typed, heads) for k in node.props)
+                try:
+                    pats = tuple(self._pattern_state(term, typed) for term, _ in node.pattern_props)
+                except RegexError:
+                    pats = None
+                if pats is not None:
+                    count = top[2] if kn.max_len is not None else min(top[2], kn.min_len)
+                    return ("key", key is not None, node, near, obj[5], count, top[6], pats,
+                            typed if named else _BY_STATES)
         return ("key", key is not None, obj[1], near, obj[5]) + top[2:]  # (not the phase: 0 or 3, never read)
+
+    def _pattern_state(self, term: int, text: str) -> int:
+        """The state of pattern `term` after `text` (memoized: keys are typed a token at a time)."""
+        got = self._pstates.get((term, text))
+        if got is None:
+            pool = self.machine.pool
+            head = self._pstates.get((term, text[:-1])) if text else None
+            got, todo = (term, text) if head is None else (head, text[-1:])
+            for ch in todo:
+                if got == pool.NONE:
+                    break
+                got = pool.step(got, ord(ch))
+            if len(self._pstates) >= MEMO_STATES:
+                self._pstates.clear()
+            self._pstates[(term, text)] = got
+        return got
 
     def _ctx_key(self, key, state: tuple, start) -> Optional[tuple]:
         """The memo key of a state with each object it is inside (and an object whose value
@@ -419,15 +455,21 @@ class MaskEngine:
         (required, minProperties, dependentRequired) and, for a closed object, the names
         left (a key a token starts after `,"`). No key closes within a token after a comma
         (VocabInfo.no_key_after_comma), so nothing else reads them: the value of a property
-        met after other keys than the sample's, or in another order, shares its masks."""
+        met after other keys than the sample's, or in another order, shares its masks. An
+        object right after a key (phase 1, on top) is told so too, with its value's rule; a
+        string body on the fast path by its frame as `_fast_key` reads it."""
         if (start is not None or not self._json or not self.vocab.no_key_after_comma or len(state) != 1
                 or state[0] is None):
             return None
         frames, changed, st = [], False, state[0]
+        if key is not None:  # a string body on the fast path: its frame as _fast_key reads it (counts clamped)
+            frames.append(("fast",) + key[1][0][:5])
+            st = st[1]
         while st is not None:
             fr = st[0]
-            if type(fr) is tuple and fr[0] == "O" and (fr[2] == 4 or (fr[2] == 2 and not frames)):
-                fr = _object_sig(fr, self.vocab.comma_quote_ends)
+            if type(fr) is tuple and fr[0] == "O" and (fr[2] == 4 or (fr[2] in (1, 2) and not frames)):
+                child = self.machine._child_of(fr[1], fr[4]) if fr[2] == 1 and type(fr[4]) is str else None
+                fr = _object_sig(fr, self.vocab.comma_quote_ends, child)
                 if fr is None:
                     return None
                 changed = True
