@@ -149,11 +149,20 @@ def test_sample_writes_undeclared_and_pattern_keys_where_allowed():
               "additionalProperties": {"type": "integer", "minimum": 5}}
     assert warmup.sample(schema) == {"a": 1}
     assert warmup.sample(schema, alt=1) == {"a": 0, "extra_key": 5}  # (alt 1 only: outputs mostly keep to the names)
-    assert warmup.sample({"type": "object"}, alt=1) == {"extra_key": "abc"}  # (a missing one allows any)
+    # (a missing one allows any: a string, and a value whose start is a token of its own)
+    assert warmup.sample({"type": "object"}, alt=1) == {"extra_key": "abc", "extra_flag": True}
     assert warmup.sample(dict(schema, additionalProperties=False), alt=1) == {"a": 0}
     assert warmup.sample({"type": "object", "patternProperties": {"^x_[0-9]+$": {"type": "boolean"}},
                           "additionalProperties": False}, alt=1) == {"x_0": True}
     assert warmup.sample(schema, alt=1, required=True) == {"a": 0}
+
+
+def test_sample_enum_members_of_the_schemas_type():
+    """An enum member the schema's type refuses is no sample (a walk would stop there)."""
+    schema = {"type": "object", "properties": {"kind": {"enum": ["A", "B"], "type": "object"},
+                                               "n": {"enum": ["x", 2, 3.5], "type": "integer"}, "s": {"enum": ["p", 1]}}}
+    assert warmup.sample(schema) == {"n": 2, "s": "p"}
+    assert warmup.sample(schema, alt=1) == {"n": 2, "s": 1, "extra_key": "abc", "extra_flag": True}
 
 
 def test_an_undeclared_key_is_walked(cfg, tokenizer, monkeypatch):

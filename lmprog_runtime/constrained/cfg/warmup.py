@@ -61,7 +61,8 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     if "const" in schema:
         return schema["const"]
     if isinstance(schema.get("enum"), list) and schema["enum"]:
-        return schema["enum"][-alt]
+        members = [v for v in schema["enum"] if _has_type(v, schema.get("type"))]
+        return members[-alt] if members else _NONE
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#"):
         target = _pointer(root, ref[1:])
@@ -130,6 +131,25 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     return None
 
 
+_TYPES = {"null": type(None), "boolean": bool, "object": dict, "array": list, "string": str}
+
+
+def _has_type(value: Any, kind: Any) -> bool:
+    """`value` is of JSON Schema type `kind` (a name or a list of names; anything else: any
+    type), so that a sample does not take an enum member its type refuses."""
+    kinds = kind if isinstance(kind, list) else [kind] if isinstance(kind, str) else None
+    if kinds is None:
+        return True
+    for k in kinds:
+        if k in ("number", "integer"):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+                    k == "number" or float(value).is_integer()):
+                return True
+        elif isinstance(value, _TYPES.get(k, ())):
+            return True
+    return False
+
+
 def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, out: dict) -> dict:
     """Members past the declared properties, as outputs write them: one key of each pattern
     property (a shortest match of its pattern) and, where undeclared keys are allowed (a
@@ -153,6 +173,8 @@ def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, 
             value = sample(more, root, depth + 1, alt, budget) if isinstance(more, dict) and more else "abc"
             if value is not _NONE:
                 extra[key] = value
+            if not (isinstance(more, dict) and more) and "extra_flag" not in out:
+                extra["extra_flag"] = True  # (any value: one whose start is a token of its own, after `":`)
     return extra
 
 
