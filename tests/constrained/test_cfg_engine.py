@@ -366,6 +366,11 @@ def test_rows_written_and_ored_equal_the_engine_mask(cfg, tokenizer):
             assert np.array_equal(ored.numpy(), want)
             g.accept_token(t)
     n = eng.vocab.n_slots
+    for size in (n - 1, n, n + 7):  # (shorter: the vocabulary without the trie's sink slot; longer: padded)
+        row = np.ones(size, dtype=np.bool_)
+        eng.write_row(g.state, bytes(g._hist), row, True)
+        want = eng.mask(g.state, bytes(g._hist))
+        assert np.array_equal(row[:min(n, size)], want[:size]) and not row[n:].any()
     for _ in range(2 * cfg_mask.UNPACKED_ROWS):  # (past the LRU's size: old arrays freed)
         b = np.random.rand(n) < 0.5
         assert np.array_equal(cfg_mask._unpacked(np.packbits(b), n), b)

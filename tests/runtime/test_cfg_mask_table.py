@@ -428,6 +428,27 @@ def test_pattern_property_keys_share_masks_by_their_pattern_states(backend, monk
     assert _compare_texts(tok, be, schema, texts) > 40
 
 
+def test_a_string_bodys_tokens_look_its_mask_up_once(backend, monkeypatch):
+    """Along a string body the stack below it is one object: after its first token the
+    body's mask is found by that stack's identity (the entry holds the stack, so no other
+    takes its id), not by hashing and comparing the stack again; a body under a captured
+    value (a check reads its text) is never found so, and every mask is the Python walk's."""
+    tok, be = backend
+    schema = {"type": "object", "properties": {"s": {"type": "string"},
+                                               "u": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}}}
+    g0 = be.compile("json", json.dumps(schema))
+    eng = g0._shared.engine
+    looked = []
+    masked = eng._masked
+    monkeypatch.setattr(eng, "_masked", lambda key, state, hist: looked.append(state) or masked(key, state, hist))
+    oracle = MaskEngine(g0._shared.machine, eng.vocab, use_c=False)
+    text = '{"s":"the quick brown fox jumps over the lazy dog","u":["one two three four","one two three five"]}'
+    assert _walk(tok, g0, oracle, text, "body", must_accept=True) > 20
+    s = g0._shared.machine.root.props["s"]
+    assert len([st for st in looked if st[0][0][0] == "S" and st[0][0][1] is s]) == 1
+    assert len([st for st in looked if st[0][0][0] == "S" and st[0][1][0][0] == "U"]) > 6  # (by text there)
+
+
 def test_string_steps_shared_across_nodes_keep_each_nodes_bounds(backend):
     """Strings of different nodes share their steps only where the steps agree: the same
     maxLength, and the same minLength (no maxLength: the canonical count is clamped at it)."""

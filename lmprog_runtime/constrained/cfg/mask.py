@@ -12,6 +12,7 @@ cached by the state with its counters clamped to the longest token.
 """
 from __future__ import annotations
 
+import bisect
 import re
 import threading
 from collections import OrderedDict
@@ -166,7 +167,10 @@ def _object_sig(frame: tuple, lookahead_only: bool, child=None) -> Optional[tupl
 
 def _escaped(text: str) -> bool:
     """Whether JSON spells `text` with an escape (a quote, a backslash, a control character)."""
-    return any(c in '"\\' or c < " " for c in text)
+    return _ESCAPES.search(text) is not None
+
+
+_ESCAPES = re.compile(r'["\\\x00-\x1f]')  # (what _escaped looks for)
 
 
 def _lists(trie: TokenTrie):
@@ -225,11 +229,13 @@ def _unpacked(packed: np.ndarray, n: int) -> np.ndarray:
     """bool [n] of a packed mask, from the process-wide LRU where the same array (the memo's
     object: identity, not value; an entry holds its array, so no other takes its id) was
     unpacked lately."""
-    with _ROWS_LOCK:
-        got = _ROWS.get(id(packed))
-        if got is not None:
+    got = _ROWS.get(id(packed))  # (read without the lock: a dict read is atomic, the entry is checked)
+    if got is not None and got[0] is packed:
+        try:
             _ROWS.move_to_end(id(packed))
-            return got[1]
+        except KeyError:  # (evicted meanwhile by another thread)
+            pass
+        return got[1]
     row = np.unpackbits(packed, count=n).view(np.bool_)
     with _ROWS_LOCK:
         _ROWS[id(packed)] = (packed, row)
@@ -239,6 +245,22 @@ def _unpacked(packed: np.ndarray, n: int) -> np.ndarray:
 
 
 _BY_STATES = object()  # _key_near: a key's text told by the names it may complete and its pattern states
+
+
+def _names_from(node, typed: str) -> list:
+    """The declared property names of object `node` that begin with `typed` (by bisection
+    in the names sorted once per node)."""
+    names = node._child.get(_SORTED)
+    if names is None:
+        names = node._child[_SORTED] = sorted(node.props)
+    lo = bisect.bisect_left(names, typed)
+    hi = lo
+    while hi < len(names) and names[hi].startswith(typed):
+        hi += 1
+    return names[lo:hi]
+
+
+_SORTED = ("__sorted_names__",)  # (a tuple: no property name collides with it in Node._child)
 
 
 def _closable(name: str, typed: str, heads: frozenset) -> bool:
@@ -275,6 +297,7 @@ class MaskEngine:
         self._alive: dict[int, np.ndarray] = {}
         self._parts: dict = {}
         self._unions: dict = {}  # (id(walked), id(plain part)) -> (walked, part, their union)
+        self._bodies: dict = {}  # a string body's fast-key parts and id(stack below) -> (that stack, its mask)
         self._local = threading.local()  # read_text: whether this thread's last walk read the text
         self._table: Optional[ClassTable] = None
         self._pstates: dict = {}  # (pattern term, key text) -> its state (_pattern_state)
@@ -292,6 +315,12 @@ class MaskEngine:
                 out = out | self.mask_packed((st,), hist)
             return out
         key = self._fast_key(state)
+        body = None
+        if key is not None and state[0][0][0] == "S":  # a string body: the same stack below it along its tokens
+            body = key[1][0][:5] + (id(state[0][1]),)
+            got = self._bodies.get(body)  # (an entry holds that stack: its id is not reused meanwhile)
+            if got is not None:
+                return got[1]
         got = self._masked(key, state, hist)
         if key is None:
             return got
@@ -305,6 +334,11 @@ class MaskEngine:
                 if len(self._unions) >= MEMO_UNIONS:
                     self._unions.clear()
                 self._unions[pair] = done
+        if body is not None and _capture_start(state) is None:  # (a captured text may be read: never by id)
+            with self._lock:
+                if len(self._bodies) >= MEMO_UNIONS:
+                    self._bodies.clear()
+                self._bodies[body] = (state[0][1], done[2])
         return done[2]
 
     def write_row(self, state: tuple, hist: bytes, row: np.ndarray, overwrite: bool) -> None:
@@ -312,20 +346,20 @@ class MaskEngine:
         past the vocabulary, False), or ORed into it. A mask met again is copied from its
         unpacked row (the last UNPACKED_ROWS kept, process-wide), not unpacked again."""
         packed = self.mask_packed(state, hist)
-        n = self.vocab.n_slots
+        n, m = self.vocab.n_slots, row.shape[0]
         allowed = _unpacked(packed, n)
-        if row.shape[0] == n:  # (the common case: no views to make)
+        if m <= n:  # (the common case: the row is the vocabulary, the trie's sink slot past it)
+            src = allowed if m == n else allowed[:m]
             if overwrite:
-                np.copyto(row, allowed)
+                np.copyto(row, src)
             else:
-                np.logical_or(row, allowed, out=row)
+                np.logical_or(row, src, out=row)
             return
-        n = min(n, row.shape[0])
         if overwrite:
-            np.copyto(row[:n], allowed[:n])
+            np.copyto(row[:n], allowed)
             row[n:] = False
         else:
-            np.logical_or(row[:n], allowed[:n], out=row[:n])
+            np.logical_or(row[:n], allowed, out=row[:n])
 
     def _masked(self, key, state: tuple, hist: bytes) -> np.ndarray:
         """The walked part of the mask, memoized by `key` (or the state). Under a pending
@@ -344,20 +378,29 @@ class MaskEngine:
         if got is not None:
             return got
         start = _capture_start(state)  # (read past a hit only: a state's stack may be deep)
+        # the other keys of the state, each made only when the one before it was not met
         canon = self._canon_key(key, state, start)
+        got = self._recall(canon)
+        if got is not None:
+            return got
         near = self._key_near(key, state, start)
-        ctx = self._ctx_key(key, state, start) if near is None else None
-        # both at once: the canonical form's objects told by their checks (a free number's
-        # value in an object met after other keys than before: neither alone shares it)
-        cctx = self._ctx_key(key, canon[1], start) if canon is not None and near is None else None
-        cctx = ("cctx",) + cctx if cctx is not None else None
-        for other in (canon, near, ctx, cctx):
-            if other is not None:
-                with self._lock:
-                    got = self._memo.get(other)
-                    if got is not None:
-                        self._memo.move_to_end(other)
-                        return got
+        got = self._recall(near)
+        if got is not None:
+            return got
+        ctx = cctx = None
+        if near is None:
+            ctx = self._ctx_key(key, state, start)
+            got = self._recall(ctx)
+            if got is not None:
+                return got
+            if canon is not None:
+                # both at once: the canonical form's objects told by their checks (a free
+                # number's value in an object met after other keys: neither alone shares it)
+                cctx = self._ctx_key(key, canon[1], start)
+                cctx = ("cctx",) + cctx if cctx is not None else None
+                got = self._recall(cctx)
+                if got is not None:
+                    return got
         tracked = _Tracked(hist) if start is not None else hist
         out = np.packbits(self._compute(key, state, tracked))
         with self._lock:
@@ -375,6 +418,16 @@ class MaskEngine:
             while len(self._memo) > MEMO_STATES:
                 self._memo.popitem(last=False)
         return out
+
+    def _recall(self, key) -> Optional[np.ndarray]:
+        """The memoized mask under `key` (None: no key, or none stored)."""
+        if key is None:
+            return None
+        with self._lock:
+            got = self._memo.get(key)
+            if got is not None:
+                self._memo.move_to_end(key)
+        return got
 
     def _canon_key(self, key, state: tuple, start) -> Optional[tuple]:
         """The memo key of a state's canonical form (cfg/table.py: a free number's digits,
@@ -421,7 +474,7 @@ class MaskEngine:
                 # (their states after it), so every text that may complete no name shares
                 # the masks of those states (an undeclared key's text with no pattern: all
                 # alike), but for how many characters it has where that is counted
-                named = near or any(k.startswith(typed) and _closable(k, typed, heads) for k in node.props)
+                named = near or any(_closable(k, typed, heads) for k in _names_from(node, typed))
                 try:
                     pats = tuple(self._pattern_state(term, typed) for term, _ in node.pattern_props)
                 except RegexError:
