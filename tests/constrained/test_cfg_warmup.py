@@ -150,7 +150,7 @@ def test_sample_writes_undeclared_and_pattern_keys_where_allowed():
     assert warmup.sample(schema) == {"a": 1}
     assert warmup.sample(schema, alt=1) == {"a": 0, "extra_key": 5}  # (alt 1 only: outputs mostly keep to the names)
     # (a missing one allows any: a string, and a value whose start is a token of its own)
-    assert warmup.sample({"type": "object"}, alt=1) == {"extra_key": "abc", "extra_flag": True}
+    assert warmup.sample({"type": "object"}, alt=1) == {"extra_key": "abc", "extra_num": 1}
     assert warmup.sample(dict(schema, additionalProperties=False), alt=1) == {"a": 0}
     assert warmup.sample({"type": "object", "patternProperties": {"^x_[0-9]+$": {"type": "boolean"}},
                           "additionalProperties": False}, alt=1) == {"x_0": True}
@@ -162,7 +162,14 @@ def test_sample_enum_members_of_the_schemas_type():
     schema = {"type": "object", "properties": {"kind": {"enum": ["A", "B"], "type": "object"},
                                                "n": {"enum": ["x", 2, 3.5], "type": "integer"}, "s": {"enum": ["p", 1]}}}
     assert warmup.sample(schema) == {"n": 2, "s": "p"}
-    assert warmup.sample(schema, alt=1) == {"n": 2, "s": 1, "extra_key": "abc", "extra_flag": True}
+    assert warmup.sample(schema, alt=1) == {"n": 2, "s": 1, "extra_key": "abc", "extra_num": 1}
+
+
+def test_sample_negative_numbers_where_no_minimum_forbids_them():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number", "minimum": 2},
+                                               "c": {"type": "number", "default": 7}}}
+    assert warmup.sample(schema, negative=True) == {"a": -1, "b": 2, "c": 7}
+    assert warmup.sample(schema) == {"a": 1, "b": 2, "c": 7}
 
 
 def test_an_undeclared_key_is_walked(cfg, tokenizer, monkeypatch):

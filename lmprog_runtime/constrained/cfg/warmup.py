@@ -3,8 +3,8 @@ transition is new to its table: docs/constrained.md, "Where the time went next")
 is on the critical path of a decode step, while compiling runs on the grammar queue's thread
 before the request is admitted. So a compiled grammar computes its root mask and, for a JSON
 Schema, walks four small instances of the schema (`sample`: compact, its alternative branches
-with a key of each pattern property and an undeclared key where the object allows one,
-pretty-printed, required properties only), token by token, as a request would:
+with a key of each pattern property and undeclared keys where the object allows them,
+pretty-printed with numbers below zero, required properties only), token by token, as a request would:
 the structural rows every output needs (the object's keys and their closes, `:` `,` `}`, each
 property's value starts and string bodies) are derived then, and the masks of those states
 are in the grammar's cache when the first request asks. A string with a `pattern` gets one
@@ -43,12 +43,13 @@ _NONE = object()  # no sample value
 
 
 def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: Optional[list] = None,
-           required: bool = False) -> Any:
+           required: bool = False, negative: bool = False) -> Any:
     """A small JSON value the schema likely accepts (every declared property, the first
     branch of a choice, a scalar's own `examples` / `default`, a pattern's shortest match,
     bounds' lower ends; `alt` 1: the last branch and enum member, two array items, longer
     strings, a fraction; `required`: of an object that lists required properties, only
-    those), or `_NONE`. Best effort: the walk checks it.
+    those; `negative`: numbers below zero where no minimum forbids it), or `_NONE`. Best
+    effort: the walk checks it.
     At most MAX_VALUES values (`budget`: the count left, shared by the recursion, and the
     time.monotonic() past which patterns get no sample)."""
     root = schema if root is None else root
@@ -67,13 +68,13 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     if isinstance(ref, str) and ref.startswith("#"):
         target = _pointer(root, ref[1:])
         if target is not None:
-            return sample(target, root, depth + 1, alt, budget, required)
+            return sample(target, root, depth + 1, alt, budget, required, negative)
     for key in ("allOf", "anyOf", "oneOf"):
         branches = schema.get(key)
         if isinstance(branches, list) and branches and isinstance(branches[-alt if key != "allOf" else 0], dict):
             merged = {k: v for k, v in schema.items() if k != key}
             merged.update(branches[-alt if key != "allOf" else 0])
-            return sample(merged, root, depth + 1, alt, budget, required)
+            return sample(merged, root, depth + 1, alt, budget, required, negative)
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
@@ -86,19 +87,19 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         if required and isinstance(needed, list) and needed:
             props = {k: v for k, v in props.items() if k in needed}
         for name, sub in list(props.items())[:MAX_PROPERTIES]:
-            value = sample(sub, root, depth + 1, alt, budget, required)
+            value = sample(sub, root, depth + 1, alt, budget, required, negative)
             if value is not _NONE:
                 out[name] = value
         if alt and not required:
-            out.update(_extra_members(schema, root, depth, alt, budget, out))
+            out.update(_extra_members(schema, root, depth, alt, budget, out, negative))
         return out
     if kind == "array":
         items = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else None
         if items:
-            vals = [sample(s, root, depth + 1, alt, budget, required) for s in items]
+            vals = [sample(s, root, depth + 1, alt, budget, required, negative) for s in items]
         else:
             n = schema.get("minItems", 1 + alt)
-            one = sample(schema.get("items", {}), root, depth + 1, alt, budget, required)
+            one = sample(schema.get("items", {}), root, depth + 1, alt, budget, required, negative)
             vals = [one] * (n if isinstance(n, int) and 0 <= n <= 4 else 1)
         return [v for v in vals if v is not _NONE]
     given = _given(schema, kind)
@@ -121,6 +122,8 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         lo = schema.get("minimum", schema.get("exclusiveMinimum"))
         # (alt: 0, which is a number state of its own, and one outputs often write)
         value = lo if isinstance(lo, (int, float)) and not isinstance(lo, bool) else (0 if alt else 1)
+        if negative and not isinstance(lo, (int, float)):  # (a sign: its own state, outputs often write one)
+            value = -1
         if "exclusiveMinimum" in schema and value == schema["exclusiveMinimum"]:
             value = value + 1
         if alt and kind == "number" and float(value).is_integer():
@@ -150,7 +153,8 @@ def _has_type(value: Any, kind: Any) -> bool:
     return False
 
 
-def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, out: dict) -> dict:
+def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, out: dict,
+                   negative: bool = False) -> dict:
     """Members past the declared properties, as outputs write them: one key of each pattern
     property (a shortest match of its pattern) and, where undeclared keys are allowed (a
     missing additionalProperties allows any), one such key with a sample of its schema (any
@@ -162,7 +166,7 @@ def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, 
         for pattern, sub in list(patterns.items())[:4]:
             key = _pattern_text(pattern, 1) if isinstance(pattern, str) and time.monotonic() < budget[1] else None
             if key is not None and key not in out:
-                value = sample(sub, root, depth + 1, alt, budget)
+                value = sample(sub, root, depth + 1, alt, budget, negative=negative)
                 if value is not _NONE:
                     extra[key] = value
     more = schema.get("additionalProperties", True)
@@ -170,11 +174,12 @@ def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, 
     if more is not False and not extra and not isinstance(names, dict) and "unevaluatedProperties" not in schema:
         key = "extra_key"
         if key not in out:
-            value = sample(more, root, depth + 1, alt, budget) if isinstance(more, dict) and more else "abc"
+            free = not (isinstance(more, dict) and more)
+            value = "abc" if free else sample(more, root, depth + 1, alt, budget, negative=negative)
             if value is not _NONE:
                 extra[key] = value
-            if not (isinstance(more, dict) and more) and "extra_flag" not in out:
-                extra["extra_flag"] = True  # (any value: one whose start is a token of its own, after `":`)
+            if free and "extra_num" not in out:
+                extra["extra_num"] = 1  # (any value: one whose start is a token of its own, after `":`)
     return extra
 
 
@@ -290,7 +295,7 @@ def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[st
         schema = json.loads(schema_text)
         texts = []
         for alt, indent, required in ((0, None, False), (1, None, False), (0, 2, False), (0, None, True)):
-            value = sample(schema, alt=alt, required=required)
+            value = sample(schema, alt=alt, required=required, negative=indent is not None)
             if value is not _NONE:
                 text = json.dumps(value, indent=indent, separators=(",", ": ") if indent else (",", ":"),
                                   ensure_ascii=False)
