@@ -119,6 +119,7 @@ def bench_backend(name, tok, cases, timeout, remotes=(), python_walk=False, warm
     walk, the mask LRU emptied in between (states recur up to their canonical form, as for a
     server answering many requests of one schema)."""
     config = GrammarBackendConfig(schema_remotes=remotes)
+    gc.collect()  # (the backend before this one left its grammars: their collection is not this one's pause)
     be = create_grammar_backend(name, tok, len(tok), [tok.eos_token_id], config=config)
     r = {"schemas": len(cases), "compiled": 0, "fully_correct": 0, "valid": 0, "valid_ok": 0, "invalid": 0,
          "invalid_ok": 0, "timeouts": 0, "wrongly_accepted": [], "wrongly_rejected": []}

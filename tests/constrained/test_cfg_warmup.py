@@ -172,6 +172,21 @@ def test_sample_negative_numbers_where_no_minimum_forbids_them():
     assert warmup.sample(schema) == {"a": 1, "b": 2, "c": 7}
 
 
+def test_samples_write_dates_and_times_with_other_first_digits():
+    """The three samples' dates and times start their month, day and hour with other digits
+    (a date pattern's states differ by them), each a valid value of its format."""
+    from lmprog_runtime.constrained.cfg.backend import accepts_text, compile_machine
+    schema = {"type": "object", "properties": {"d": {"type": "string", "format": "date"},
+                                               "t": {"type": "string", "format": "date-time"},
+                                               "h": {"type": "string", "format": "time"}}}
+    got = [warmup.sample(schema), warmup.sample(schema, alt=1), warmup.sample(schema, negative=True)]
+    assert len({v["d"][5] + v["d"][8] for v in got}) == 3 and len({v["h"][0] for v in got}) == 3
+    machine = compile_machine("json", json.dumps(schema), "[ \t\n\r]*")
+    for v in got:
+        assert accepts_text(machine, json.dumps(v)), v
+    assert not accepts_text(machine, json.dumps({"t": "2021-10-05T25:59:59Z"}))  # (the formats are checked)
+
+
 def test_an_undeclared_key_is_walked(cfg, tokenizer, monkeypatch):
     """An object open to other keys: the masks inside an undeclared key (shared by every such
     key, MaskEngine._key_near) and at its value's start are cached when the first request asks."""

@@ -39,6 +39,11 @@ MAX_VALUES = 400     # values in one sample (nested objects multiply)
 _FORMATS = {"date": "2020-01-31", "date-time": "2020-01-31T12:00:00Z", "time": "12:00:00Z",
             "email": "ab@example.com", "uri": "https://example.com/a", "uuid": "123e4567-e89b-12d3-a456-426614174000",
             "ipv4": "10.0.0.1", "ipv6": "::1", "hostname": "example.com"}
+# dates and times of the other samples (alt 1, negative): other first digits of the month,
+# day and hour, each a state of the format's pattern of its own
+_TIMES = {"2020-01-31": ("2020-01-31", "2024-12-15", "2021-10-05"),
+          "2020-01-31T12:00:00Z": ("2020-01-31T12:00:00Z", "2024-12-15T09:30:45+01:00", "2021-10-05T23:59:59.5Z"),
+          "12:00:00Z": ("12:00:00Z", "09:30:45+01:00", "23:59:59.5Z")}
 _NONE = object()  # no sample value
 
 
@@ -113,6 +118,7 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         if text is not None:
             return text
         text = _FORMATS.get(schema.get("format"), "Abc de-f 12" if alt else "abc")
+        text = _TIMES.get(text, (text,) * 3)[2 if negative else alt]
         if isinstance(lo, int) and len(text) < lo:
             text = text + "a" * min(lo - len(text), 64)
         if isinstance(hi, int) and len(text) > hi >= 0:
