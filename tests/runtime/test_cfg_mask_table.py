@@ -6,6 +6,7 @@ capture text, uniqueItems items, patterns, bounded strings, anyOf alternatives).
 import json
 import pathlib
 import sys
+from decimal import Decimal
 
 import numpy as np
 import pytest
@@ -386,19 +387,41 @@ def test_a_string_body_after_other_keys_shares_its_masks_at_every_length(backend
     assert not [st for st in walked if st[0][0][0] == "S" and st[0][0][1] is b], "the string body walked again"
 
 
-def test_an_integer_past_its_minimum_is_a_free_integer(backend, monkeypatch):
-    """An integer bounded by a minimum alone, whose text meets it (no sign), takes the free
-    twin of its rule in the table's canonical form: its digits read no further, so longer
-    texts share one mask; a text short of the minimum keeps its own (and the masks stay
-    the Python walk's, also for an exclusive minimum met only past equality)."""
+def test_a_number_past_its_minimum_is_a_free_number(backend, monkeypatch):
+    """A number bounded by a minimum alone, whose text meets it (no sign), takes the free
+    twin of its rule in the table's canonical form: its mantissa reads no further, so
+    longer texts share one mask; a text short of the minimum keeps its own, and the masks
+    stay the Python walk's (an exclusive minimum met only past equality, `-0`, exponents
+    that take a number below its minimum)."""
     tok, be = backend
+    assert be.vocab.exponent_free  # (SmolLM2: no token writes an exponent's digit)
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 10},
-                                               "x": {"type": "integer", "exclusiveMinimum": 7}}}
+                                               "x": {"type": "integer", "exclusiveMinimum": 7},
+                                               "f": {"type": "number", "minimum": 1}}}
     g0 = be.compile("json", json.dumps(schema))
-    walked = _walked_again(tok, g0, monkeypatch, '{"n":123,"x":7', '{"n":45678,"x":8}')
+    walked = _walked_again(tok, g0, monkeypatch, '{"n":123,"x":71,"f":2.5', '{"n":45678,"x":8,"f":3.25}')
     texts = [st[0][0][2] for st in walked if st[0][0][0] == "N"]
     assert not [t for t in texts if len(t) > 2], texts
-    assert _compare_texts(tok, be, schema, ['{"n":9,"x":7}', '{"n":10,"x":71}', '{"n":-10}', '{"n":10.0}']) > 20
+    texts = ['{"n":9,"x":7}', '{"n":10,"x":71}', '{"n":-10}', '{"n":10.0}', '{"f":12.5}', '{"f":1.5e-3}',
+             '{"f":-0.5}', '{"f":0.99}', '{"f":5E2,"x":-0}', '{"f":1e0}']
+    assert _compare_texts(tok, be, schema, texts) > 40
+
+
+
+def test_a_vocabulary_with_exponent_digits_is_not_exponent_free():
+    """Where a token read from inside a number writes an exponent's digit (`5e3`, `e-2`),
+    a walk may complete a number's exponent, which reads the mantissa: no number but an
+    integer then takes a free twin past its minimum."""
+    from lmprog_runtime.constrained.cfg.mask import VocabInfo
+    from lmprog_runtime.constrained.cfg.nodes import Node
+    assert VocabInfo([b"a", b"e", b"E", b"1", b"-", b"ee", b"+.", b"x5e3"]).exponent_free
+    assert not VocabInfo([b"a", b"e", b"5e3"]).exponent_free
+    assert not VocabInfo([b"a", b"e-2"]).exponent_free
+    node = Node()
+    node.types, node.lo = frozenset(("number",)), Decimal(1)
+    state = ((("N", node, "25", 3), (("D", 0), None)),)
+    assert canonical(state) is state
+    assert canonical(state, exponent_free=True)[0][0][1:3] != (node, "25")
 
 
 def test_after_an_undeclared_key_one_mask_for_every_such_key(backend, monkeypatch):

@@ -14,7 +14,7 @@ from lmprog_runtime.constrained.cfg.nodes import Node
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 
 
-def canonical(state: tuple) -> tuple:
+def canonical(state: tuple, exponent_free: bool = False) -> tuple:
     """`state` with what no transition but a string's closing quote reads abstracted away:
     a string body's text (kept for keys; enum strings keep theirs) becomes FREE, and with
     no maxLength its character count is clamped at minLength (only `count < minLength`
@@ -22,7 +22,8 @@ def canonical(state: tuple) -> tuple:
     that quote, which `_derive` leaves to the Python walk (PYTHON). An object's key whose
     member rule is additionalProperties becomes EXTRA (`_abstract_key`), and an unbounded
     number's text "0" (`_free_number`), as does that of an integer past its minimum, with
-    its rule's free twin (`_met_minimum`)."""
+    its rule's free twin (`_met_minimum`; any number's where `exponent_free`: no token
+    writes an exponent's digit, VocabInfo.exponent_free)."""
     out = None
     for k, st in enumerate(state):
         if st is None:
@@ -35,7 +36,7 @@ def canonical(state: tuple) -> tuple:
             out[k] = st = got
         top = st[0]
         if type(top) is tuple and top[0] == "N":
-            node = top[1] if _free_number(top) else _met_minimum(top)
+            node = top[1] if _free_number(top) else _met_minimum(top, exponent_free)
             if node is not None:
                 out = list(state) if out is None else out
                 out[k] = (("N", node, "0", top[3]), st[1])
@@ -67,16 +68,20 @@ def _free_number(top) -> bool:
     return _free_node(node) and top[3] <= 5 and text != "0" and len(text) < MAX_NUMBER_CHARS - 257
 
 
-def _met_minimum(top):
-    """The free twin of an integer rule bounded by a minimum alone (`_free_twin`), where the
-    number's text already meets it and has no sign: every digit or zero fraction that
-    follows keeps it there (integers take no exponent), so the rule reads the rest of the
-    text no more than a free one does; else None."""
+def _met_minimum(top, exponent_free: bool):
+    """The free twin of a number rule bounded by a minimum alone (`_free_twin`), where the
+    number's text already meets it and has no sign: every digit or fraction that follows
+    keeps it there, so the rule reads the rest of the mantissa no more than a free one
+    does; else None. Integers take no exponent; another number's exponent is read from
+    the concrete state (`free_number_exponent`) and its mask below the `e` is that of every
+    mantissa only where no token writes an exponent's digit (`exponent_free`: it cannot
+    complete there, and its lookahead byte's prefix checks pass whatever the mantissa)."""
     node, text = top[1], top[2]
     if (node.lo is None or node.hi is not None or node.multiple_of is not None or node.num_enum is not None
-            or not node.integer_only() or not 2 <= top[3] <= 5 or len(text) >= MAX_NUMBER_CHARS - 257):
+            or not (exponent_free or node.integer_only()) or not 2 <= top[3] <= 5 or text[0] == "-"
+            or len(text) >= MAX_NUMBER_CHARS - 257):
         return None
-    value = Decimal(text.rstrip("."))  # (states 2-5: digits, then a fraction begun; no sign, no exponent)
+    value = Decimal(text.rstrip("."))  # (states 2-5: digits, then a fraction begun; no exponent)
     if value < node.lo or (node.lo_excl and value == node.lo):
         return None
     return _free_twin(node)

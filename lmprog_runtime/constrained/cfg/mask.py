@@ -31,6 +31,8 @@ MEMO_PARTS = 64     # cached string-body parts per grammar (bool rows)
 MEMO_UNIONS = 256   # cached string-body masks (walked part | plain part) per grammar, packed
 MAX_TABLE_CHARS = 32  # plain tokens up to this many characters go through the regex tables
 _DIGIT_RUN = re.compile(rb"[0-9]+")
+_NUMBER_RUN = re.compile(rb"[0-9.eE+-]*")  # a token's first bytes a number may take
+_EXPONENT_DIGIT = re.compile(rb"[eE][+-]?[0-9]")
 
 
 class VocabInfo:
@@ -94,6 +96,9 @@ class VocabInfo:
         self.max_chars = max((len(b) for b in table if b), default=1) + 1
         # the most ASCII digits in a row in one token (how long an exponent a walk can spell)
         self.max_digits = max((len(r) for b in table if b for r in _DIGIT_RUN.findall(b)), default=0)
+        # no token read from inside a number writes an exponent's digit: a walk never completes
+        # an exponent, so its mask below a number's `e` reads nothing of the mantissa (canonical.py)
+        self.exponent_free = not any(_EXPONENT_DIGIT.search(_NUMBER_RUN.match(b).group()) for b in table if b)
         # no token closes a key and gets past its value's first byte (at most `":"` here):
         # masks inside a key then read the keys seen only where they begin with its text
         self.keys_stop_at_value = not any(_past_value_start(b) for b in table if b and b'"' in b)

@@ -24,6 +24,7 @@ together are bounded by table_budget.py (the least recently walked emptied first
 from __future__ import annotations
 
 import ctypes
+import functools
 import pathlib
 import threading
 import weakref
@@ -73,6 +74,7 @@ class StateTable:
     def __init__(self, machine, lexemes: bool):
         """lexemes: share rows between states in the same lexeme (JSON machines only)."""
         self.machine, self.lexemes = machine, lexemes
+        self.canon = canonical  # (TableWalker sets its own: the vocabulary's)
         self.keys = KeyCloses()
         self.lexrows = LexRows()
         self.lock = threading.Lock()  # held while a walk uses the table (TableWalker sets the engine's)
@@ -227,7 +229,7 @@ class StateTable:
         t = int(self.trans[rep * 256 + b])
         if t == UNKNOWN:  # derived on the lexeme's first state, for every later one to share
             nxt = self.machine.advance(self.states[rep], b, 0, _no_ctx)
-            t = self.trans[rep * 256 + b] = self.intern(canonical(nxt)) if nxt else DEAD
+            t = self.trans[rep * 256 + b] = self.intern(self.canon(nxt)) if nxt else DEAD
         if t < 0:
             return t if t == DEAD else None
         nxt = self.states[t]
@@ -246,7 +248,11 @@ class TableWalker:
         self._json = isinstance(engine.machine, Machine)
         self.table = StateTable(engine.machine, self._json)
         self.table.lock = engine._walk_lock  # (the engine holds it around `walk`)
-        self._canon = canonical if self._json else (lambda state: state)
+        if self._json:  # (an integer past its minimum is free; any number's where tokens write no exponent digits)
+            self._canon = functools.partial(canonical, exponent_free=engine.vocab.exponent_free)
+        else:
+            self._canon = lambda state: state
+        self.table.canon = self._canon
         self._stack = np.zeros(257, dtype=np.int32)
         self._at = np.zeros(1, dtype=np.int32)
         self._path = np.zeros(258, dtype=np.uint8)  # the C walk's current path
