@@ -382,16 +382,28 @@ def test_rows_written_and_ored_equal_the_engine_mask(cfg, tokenizer):
     ([{"type": "integer"}, {"type": "number"}], True),  # 1 is both
     ([{"type": "string"}, {"type": "string", "maxLength": 3}], True),
     ([{"type": "string"}, {"anyOf": [{"type": "null"}, {"type": "boolean"}]}], True),  # (a choice: not looked into)
+    # objects told apart by a required property's strings (a discriminator)
+    ([{"type": "object", "properties": {"k": {"enum": ["a", "b"]}, "n": {"type": "integer"}}, "required": ["k"]},
+      {"type": "object", "properties": {"k": {"const": "c"}, "s": {"type": "string"}}, "required": ["k", "s"]},
+      {"type": "string"}], False),
+    ([{"type": "object", "properties": {"k": {"enum": ["a", "b"]}}, "required": ["k"]},
+      {"type": "object", "properties": {"k": {"enum": ["b", "c"]}}, "required": ["k"]}], True),  # ("b" is both)
+    ([{"type": "object", "properties": {"k": {"enum": ["a"]}}, "required": ["k"]},
+      {"type": "object", "properties": {"k": {"enum": ["c"]}}}], True),  # (the second needs no "k")
+    ([{"type": "object", "properties": {"k": {"enum": ["a", 1]}}, "required": ["k"]},
+      {"type": "object", "properties": {"k": {"enum": ["c", 1]}}, "required": ["k"]}], True),  # (1 is both)
 ])
-def test_one_of_disjoint_types_needs_no_whole_value_check(cfg, tokenizer, branches, checked):
-    """oneOf whose branches take no JSON type in common (integer counting as number) is
-    anyOf: at most one branch matches any value, so "exactly one" is not checked on the
-    complete value (which would make every mask inside it depend on its text)."""
+def test_one_of_exclusive_branches_need_no_whole_value_check(cfg, tokenizer, branches, checked):
+    """oneOf whose branches exclude each other (no JSON type in common, integer counting as
+    number; or objects whose required discriminator takes disjoint strings) is anyOf: at
+    most one branch matches any value, so "exactly one" is not checked on the complete
+    value (which would make every mask inside it depend on its text)."""
     from lmprog_runtime.constrained.cfg.backend import compile_machine
     schema = {"oneOf": branches}
     machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
     assert (machine.root.residual is not None) == checked
-    for value in ["ab", "abcd", None, 1, 1.5, [1], True, {"a": 1}]:
+    for value in ["ab", "abcd", None, 1, 1.5, [1], True, {"a": 1}, {"k": "a"}, {"k": "b"}, {"k": "c"},
+                  {"k": "c", "s": "x"}, {"k": "a", "n": 2}, {"k": 1}, {"k": "b", "s": "x", "n": 1}]:
         want = jsonschema.Draft202012Validator(schema).is_valid(value)
         assert accepts(cfg, tokenizer, schema, json.dumps(value)) == want, value
 

@@ -175,7 +175,7 @@ class SchemaCompiler:
         n.alts = tuple(a for a in alts if not a.never)
         if not n.alts:
             n.never = True
-        if combo == "oneOf" and len(n.alts) > 1 and not _disjoint_types(n.alts):
+        if combo == "oneOf" and len(n.alts) > 1 and not _exclusive(n.alts):
             n.residual = s  # exactly one: decided on the complete value
 
     def _any_node(self) -> Node:
@@ -317,20 +317,39 @@ class SchemaCompiler:
         n.unique = bool(s.get("uniqueItems"))
 
 
-def _disjoint_types(alts) -> bool:
-    """No JSON value is of a type two of the branches take (integer counting as number): at
-    most one branch then matches any value, so oneOf's "exactly one" is anyOf's "at least
-    one" and needs no check on the complete value (`{"oneOf": [{"type": "string"},
-    {"type": "null"}]}`, the usual nullable)."""
-    seen: set = set()
-    for a in alts:
-        if a.alts:
-            return False
-        kinds = {"number" if t == "integer" else t for t in a.types}
-        if kinds & seen:
-            return False
-        seen |= kinds
-    return True
+def _exclusive(alts) -> bool:
+    """No JSON value matches two of the branches: at most one then matches any value, so
+    oneOf's "exactly one" is anyOf's "at least one" and needs no check on the complete
+    value. Two branches exclude each other where no value is of a type both take (integer
+    counting as number: `{"oneOf": [{"type": "string"}, {"type": "null"}]}`, the usual
+    nullable), or where both are objects that require a property whose strings in one
+    share no member with those in the other (a discriminator: `{"type": {"enum": ["a"]}}`
+    against `{"type": {"const": "b"}}`)."""
+    if any(a.alts for a in alts):
+        return False
+    kinds = [{"number" if t == "integer" else t for t in a.types} for a in alts]
+    return all(not (kinds[i] & kinds[j]) or _discriminated(alts[i], alts[j])
+               for i in range(len(alts)) for j in range(i + 1, len(alts)))
+
+
+def _discriminated(a: Node, b: Node) -> bool:
+    """Objects `a` and `b` both require a property whose values are strings of an enum in
+    each, and the enums share none (a branch's checks only narrow its enum further)."""
+    if a.types != {"object"} or b.types != {"object"}:
+        return False
+    for name in a.required & b.required:
+        va, vb = a.props.get(name), b.props.get(name)
+        if (va is not None and vb is not None and _string_enum(va) is not None
+                and _string_enum(vb) is not None and not set(_string_enum(va)) & set(_string_enum(vb))):
+            return True
+    return False
+
+
+def _string_enum(v: Node) -> Optional[tuple]:
+    """The strings a value of `v` may be, where it may be nothing else (else None)."""
+    if v.alts is None and v.types == {"string"} and v.enum is not None:
+        return v.enum
+    return None
 
 
 def _enum_as_choice(s: dict) -> Optional[dict]:

@@ -257,6 +257,7 @@ class TableWalker:
         self._at = np.zeros(1, dtype=np.int32)
         self._path = np.zeros(258, dtype=np.uint8)  # the C walk's current path
         self._pend = np.zeros(258, dtype=np.int32)  # bytes to derive at a stop (count first)
+        self._args: dict = {}  # id(trie) -> (trie, the C walk's fixed arguments before `out`, after it)
         # False after a walk that read neither the output text nor a concrete state: its
         # mask is then that of the canonical root, whatever the text (MaskEngine memo)
         self.read_text = True
@@ -291,9 +292,13 @@ class TableWalker:
         stack, at = self._stack, self._at
         at[0] = 0
         tab.keys.set_head(root_key(state) if self._json else None, self._json and root_escaped(state))
-        args = (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data, at.ctypes.data, out.ctypes.data,
-                ctypes.addressof(tab.keys.struct), self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct),
-                self._pend.ctypes.data)
+        fixed = self._args.get(id(trie))  # (the trie's and this walker's buffers: their addresses, made once)
+        if fixed is None or fixed[0] is not trie:
+            fixed = self._args[id(trie)] = (trie, (trie.nodes.ctypes.data, trie.n_nodes, trie.sink, stack.ctypes.data,
+                                                   at.ctypes.data), (ctypes.addressof(tab.keys.struct),
+                                                   self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct),
+                                                   self._pend.ctypes.data))
+        args = fixed[1] + (out.ctypes.data,) + fixed[2]
         fn, count = self.lib.cfg_table_walk, tab.lexrows.n
         while True:
             code = fn(*tab.addr, *args)
