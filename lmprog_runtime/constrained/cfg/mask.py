@@ -407,7 +407,7 @@ class MaskEngine:
                 if got is not None:
                     return got
         tracked = _Tracked(hist) if start is not None else hist
-        out = np.packbits(self._compute(key, state, tracked))
+        out = self._compute(key, state, tracked)
         with self._lock:
             if start is not None and tracked.read and memo_key is base_key:
                 self._memo[base_key] = _BY_TEXT
@@ -568,7 +568,7 @@ class MaskEngine:
         return alive
 
     def _compute(self, key, state: tuple, hist: bytes) -> np.ndarray:
-        """The walked part of a mask (all of it off the fast path)."""
+        """The walked part of a mask (all of it off the fast path), packed."""
         return self._walk(state, hist, *self._trie_of(key, state))
 
     def _trie_of(self, key, state: tuple):
@@ -608,14 +608,14 @@ class MaskEngine:
         return self._tw
 
     def _walk(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
-        """The tokens of `trie` allowed from `state`: the C table walk where it is built."""
+        """The tokens of `trie` allowed from `state`, packed: the C table walk where it is built."""
         self._local.read_text = True
         if self._walker():
-            with self._walk_lock:
-                out = self._tw.walk(state, hist, trie, lists)
+            with self._walk_lock:  # (packed under the lock: the walker's row is its next walk's)
+                out = np.packbits(self._tw.walk(state, hist, trie, lists))
                 self._local.read_text = self._tw.read_text  # (read under the lock: this thread's walk)
             return out
-        return self._walk_py(state, hist, trie, lists)
+        return np.packbits(self._walk_py(state, hist, trie, lists))
 
     def _walk_py(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
         """The Python walk (the oracle of the C walk; its fallback): bool [n_slots]."""

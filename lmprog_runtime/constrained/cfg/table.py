@@ -258,12 +258,14 @@ class TableWalker:
         self._path = np.zeros(258, dtype=np.uint8)  # the C walk's current path
         self._pend = np.zeros(258, dtype=np.int32)  # bytes to derive at a stop (count first)
         self._args: dict = {}  # id(trie) -> (trie, the C walk's fixed arguments before `out`, after it)
+        self._out = np.zeros(engine.vocab.n_slots, dtype=np.uint8)  # the row a walk writes
         # False after a walk that read neither the output text nor a concrete state: its
         # mask is then that of the canonical root, whatever the text (MaskEngine memo)
         self.read_text = True
 
     def walk(self, state: tuple, hist: bytes, trie, lists) -> np.ndarray:
-        """bool [n_slots]: the tokens of `trie` allowed from `state` (the Python walk's result)."""
+        """bool [n_slots]: the tokens of `trie` allowed from `state` (the Python walk's result);
+        the walker's own row, valid until its next walk (the engine's walk lock held)."""
         eng, tab = self.engine, self.table
         if len(tab.states) > SOFT_STATES or len(tab.closes) > 4 * SOFT_STATES:
             tab.reset()
@@ -274,7 +276,8 @@ class TableWalker:
         if root == PYTHON:
             return eng._walk_py(state, hist, trie, lists)
         self.read_text = root_key(state) is not None  # (the C walk reads a key's text at its closes)
-        out = np.zeros(eng.vocab.n_slots, dtype=np.uint8)
+        out = self._out  # (one row per walker, cleared: the engine packs it before the next walk)
+        out.fill(0)
         self._stack[0] = root
         self._run(state, hist, trie, lists, out)
         return self._tokens(out, trie)
