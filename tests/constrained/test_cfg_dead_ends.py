@@ -5,6 +5,10 @@ completed to a valid instance, so sampling never wanders where nothing valid fol
   enum's numbers (any spelling JSON allows: `1.0`, `10e-1`, `0.1E1`); before, the enum was
   checked on the complete value only, and a model could write `441.000...` until its length
   ran out.
+- Numbers under bounds follow only digits after which a number within them can still be
+  written: a prefix's values are told exactly (`9` is 9 or 9.x, 90-99, ... never 10), where
+  before a closed interval let an integer in [10, 50] start with `9` and then offered
+  nothing at all.
 - Objects and arrays in an enum are their literal structure.
 - A string whose pattern takes no more characters refuses a backslash (an escape spells one
   more character); before, `\\` was allowed there and `\\u` led to an empty mask, which a
@@ -126,3 +130,46 @@ def test_no_escape_after_a_full_pattern(cfg, tokenizer):
     g.fill_mask(row)
     allowed = [tokenizer.decode([t]) for t in row.nonzero().view(-1).tolist()]
     assert allowed and all(a.startswith('"') for a in allowed), allowed[:20]  # only the closing quote
+
+
+_BOUNDS = [({"minimum": 10, "maximum": 50}, ""), ({"exclusiveMinimum": 10, "maximum": 50}, ""),
+           ({"minimum": 10, "exclusiveMaximum": 50}, ""), ({"minimum": -7.5, "maximum": 2.5}, ""),
+           ({"exclusiveMinimum": 0.5, "exclusiveMaximum": 1.5}, ""), ({"minimum": -50, "maximum": -10}, ""),
+           ({"minimum": 5}, ""), ({"maximum": -5}, ""), ({"minimum": 9.5, "maximum": 12}, "integer")]
+
+
+@pytest.mark.parametrize("bounds,kind", _BOUNDS)
+@pytest.mark.parametrize("number", ["integer", "number"])
+def test_bounded_number_prefixes_are_exactly_those_that_complete(bounds, kind, number):
+    """number_prefix_ok against brute force: a prefix (sign, digits, fraction) of up to three
+    characters passes iff some number within the bounds starts with it (bounds in halves
+    under 100: one of at most four characters does, where any does)."""
+    import itertools
+
+    from lmprog_runtime.constrained.cfg.backend import compile_machine
+    schema = dict(bounds, type=kind or number)
+    node = compile_machine("json", json.dumps(schema), "").root
+    whole = node.integer_only()
+
+    def complete(text: str) -> bool:
+        try:
+            value = Decimal(text)
+        except ArithmeticError:
+            return False
+        return (not text.endswith((".", "-")) and node.number_ok(text)
+                and (not whole or value == value.to_integral_value()))
+
+    alphabet = "0123456789.-"
+    texts = [p for n in range(1, 5) for p in map("".join, itertools.product(alphabet, repeat=n))
+             if _json_number_prefix(p)]
+    valid = [t for t in texts if complete(t)]
+    for p in texts:
+        if len(p) > 3 or (whole and "." in p and p.split(".")[1].strip("0")):
+            continue
+        assert node.number_prefix_ok(p) == any(v.startswith(p) for v in valid), (schema, p)
+
+
+def _json_number_prefix(text: str) -> bool:
+    """A prefix of a JSON number without exponent (`-`, `0`, `-0.`, `12.5`)."""
+    import re
+    return re.fullmatch(r"-?(0|[1-9][0-9]*)?(\.[0-9]*)?", text) is not None and not re.fullmatch(r"-?\..*", text)

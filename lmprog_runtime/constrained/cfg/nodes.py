@@ -13,7 +13,7 @@ so the combination accepts exactly the valid instances.
 """
 from __future__ import annotations
 
-from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
+from decimal import MAX_EMAX, MIN_EMIN, ROUND_CEILING, ROUND_FLOOR, Context, Decimal, localcontext
 from typing import Optional
 
 _EXACT = Context(prec=2000, Emax=MAX_EMAX, Emin=MIN_EMIN)  # number checks are exact on JSON-sized numbers
@@ -86,7 +86,8 @@ class Node:
                     return False
                 if self.lo is None and self.hi is None:
                     return True
-                return any(self._meets(a, b) for a, b in _reachable(text, self._bound_digits()))
+                whole = self.integer_only()
+                return any(self._meets(*span) for span in _reachable(text, self._bound_digits(), whole))
         except ArithmeticError:
             return True
 
@@ -104,9 +105,21 @@ class Node:
     def _bound_digits(self) -> int:
         return max(len(str(abs(int(x)))) for x in (self.lo, self.hi) if x is not None) + 1
 
-    def _meets(self, a: Decimal, b: Decimal) -> bool:
-        """[a, b] meets [lo, hi]."""
-        return (self.hi is None or a <= self.hi) and (self.lo is None or b >= self.lo)
+    def _meets(self, a: Decimal, b: Decimal, a_in: bool, b_in: bool) -> bool:
+        """The interval from a to b (each end in it where `a_in` / `b_in`) holds a value
+        within the bounds (an integer, for an integer rule): exactly, so that no digit is
+        offered after which no number within them can follow."""
+        lo, lo_in = a, a_in
+        if self.lo is not None and (self.lo > lo or (self.lo == lo and self.lo_excl)):
+            lo, lo_in = self.lo, not self.lo_excl
+        hi, hi_in = b, b_in
+        if self.hi is not None and (self.hi < hi or (self.hi == hi and self.hi_excl)):
+            hi, hi_in = self.hi, not self.hi_excl
+        if self.integer_only():
+            first = lo.to_integral_value(ROUND_CEILING) if lo_in else lo.to_integral_value(ROUND_FLOOR) + 1
+            last = hi.to_integral_value(ROUND_FLOOR) if hi_in else hi.to_integral_value(ROUND_CEILING) - 1
+            return first <= last
+        return lo < hi or (lo == hi and lo_in and hi_in)
 
     def _number_ok(self, value: Decimal) -> bool:
         if self.integer_only() and value != value.to_integral_value():
@@ -125,27 +138,29 @@ class Node:
         return f"Node({self.name or sorted(self.types)})"
 
 
-def _reachable(text: str, max_more: int):
-    """Closed intervals covering every value a number prefix (no exponent) can complete to."""
+def _reachable(text: str, max_more: int, whole: bool = False):
+    """Intervals (a, b, a in it, b in it) covering exactly the values a number prefix (no
+    exponent) can complete to: `12` to [12, 13) (its fraction) and [120, 130), [1200, 1300)
+    ... (more digits), `1.5` to [1.5, 1.6); `whole`: an integer rule's, whose fraction can
+    only be zeros (`12` is then 12 or [120, 129] ..., `12.` is 12)."""
     neg = text.startswith("-")
     body = text[1:] if neg else text
-    if not body:
-        yield (Decimal("-Infinity"), Decimal(0)) if neg else (Decimal(0), Decimal("Infinity"))
-        return
-    ip, dot, frac = body.partition(".")
+    inf = Decimal("Infinity")
     spans = []
-    if dot:
-        lo = Decimal(f"{ip}.{frac}" if frac else ip)
-        spans.append((lo, lo + Decimal(1).scaleb(-len(frac))))
-    elif ip == "0":
-        spans.append((Decimal(0), Decimal(1)))
+    if not body:
+        spans.append((Decimal(0), inf, True, False))
     else:
-        d = Decimal(ip)
-        for k in range(max_more + 1):
-            spans.append((d.scaleb(k), (d + 1).scaleb(k)))
-        spans.append((d.scaleb(max_more + 1), Decimal("Infinity")))
-    for a, b in spans:
-        yield (-b, -a) if neg else (a, b)
+        ip, dot, frac = body.partition(".")
+        if dot or ip == "0":
+            v = Decimal(f"{ip}.{frac}" if frac else ip)
+            spans.append((v, v, True, True) if whole else (v, v + Decimal(1).scaleb(-len(frac)), True, False))
+        else:
+            d = Decimal(ip)
+            for k in range(max_more + 1):
+                spans.append((d.scaleb(k), (d + 1).scaleb(k), True, False))
+            spans.append((d.scaleb(max_more + 1), inf, True, False))
+    for a, b, a_in, b_in in spans:
+        yield (-b, -a, b_in, a_in) if neg else (a, b, a_in, b_in)
 
 
 def _enum_mantissa_ok(text: str, v: Decimal, exponent: bool) -> bool:
