@@ -9,6 +9,9 @@ completed to a valid instance, so sampling never wanders where nothing valid fol
   written: a prefix's values are told exactly (`9` is 9 or 9.x, 90-99, ... never 10), where
   before a closed interval let an integer in [10, 50] start with `9` and then offered
   nothing at all.
+- A literal (`true`, `false`, `null`) whose value a pending check reads (a whole-value
+  check, a uniqueItems item) is refused at its first byte where the check fails on it: its
+  end is certain, so `nu` under `{"not": {"type": "null"}}` was a token with nothing after.
 - Objects and arrays in an enum are their literal structure.
 - A string whose pattern takes no more characters refuses a backslash (an escape spells one
   more character); before, `\\` was allowed there and `\\u` led to an empty mask, which a
@@ -173,3 +176,20 @@ def _json_number_prefix(text: str) -> bool:
     """A prefix of a JSON number without exponent (`-`, `0`, `-0.`, `12.5`)."""
     import re
     return re.fullmatch(r"-?(0|[1-9][0-9]*)?(\.[0-9]*)?", text) is not None and not re.fullmatch(r"-?\..*", text)
+
+
+@pytest.mark.parametrize("schema,prefix,refused,allowed", [
+    ({"not": {"type": "null"}}, "", ["n", "nu", "null"], ["t", "tr", "f", "1", '"', "{"]),
+    ({"type": "array", "uniqueItems": True}, "[true,false,", ["t", "tr", "true", "f", "fal"], ["n", "nu", "1"]),
+    ({"oneOf": [{"type": "boolean"}, {"const": True}]}, "", ["t", "tr", "true"], ["f", "fal"]),
+])
+def test_literals_a_check_refuses_are_refused_at_their_first_byte(cfg, tokenizer, schema, prefix, refused, allowed):
+    g = _grammar(cfg, schema).copy()
+    for t in tokenizer.encode(prefix, add_special_tokens=False):
+        g.accept_token(t)
+    row = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    g.fill_mask(row)
+    for text in refused + allowed:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert len(ids) == 1, text
+        assert bool(row[ids[0]]) == (text in allowed), (schema, prefix, text)

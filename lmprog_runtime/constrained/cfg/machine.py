@@ -182,6 +182,17 @@ class Machine(StringFrames):
             return self._regex(top, rest, b)
         return []  # D: nothing after the root value
 
+    def _literal_ends(self, lit: str, rest, pos: int, ctx: Ctx) -> bool:
+        """Literal `lit`, begun at byte `pos`, completes where a pending check (C / U frame
+        below it) lets it: the check read on the text with the literal's bytes to come."""
+        end = pos + len(lit)
+        tail = lit.encode()
+
+        def ahead(start: int, stop: int) -> bytes:
+            head = ctx(start, pos) if start < pos else b""
+            return head + tail[max(start - pos, 0):stop - pos]
+        return bool(self.finish(rest, None, end, ahead))
+
     def start_value(self, rest, node: Node, b: int, pos: int, ctx: Ctx) -> list:
         if node.never:
             return []
@@ -210,6 +221,8 @@ class Machine(StringFrames):
             return [(("N", node, chr(b), _NUM[0][b]), rest)]
         for lit in node.literals:
             if b == ord(lit[0]):
+                if len(lit) > 1 and _checked(rest) and not self._literal_ends(lit, rest, pos, ctx):
+                    return []  # (its end is certain: a check it fails there is a dead end now, not later)
                 return [(("L", lit, 1), rest)]
         return []
 
@@ -331,6 +344,11 @@ class Machine(StringFrames):
         return out
 
     # ------------------------------------------------------------ strings
+def _checked(rest) -> bool:
+    """A pending check (C / U frame) reads the value on top of `rest` when it completes."""
+    return rest is not None and rest[0][0] in ("C", "U")
+
+
 def _counted(node: Node, count: int) -> int:
     """An array's item count as its frame keeps it: exact up to the largest count any of its
     checks tells apart (minItems, maxItems, the prefixItems), then that count, so that the
