@@ -745,3 +745,50 @@ def test_objects_keys_seen_are_read_as_their_checks_when_masks_are_shared(backen
     for tid in tok.encode('{"a":1,"b":"x', add_special_tokens=False):
         g1.accept_token(tid)
     assert g1._shared.engine._ctx_key(None, g1.state, None) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("corpus", ["dev", "suite"])
+def test_no_dead_ends_along_corpus_instances(backend, corpus):
+    """No token a mask allows leads where nothing may follow: at every state of each valid
+    instance, eight allowed tokens (seeded) are each accepted and the next mask (EOS where
+    the output may end) is not empty (bounded numbers' prefixes, literals under checks)."""
+    import random
+
+    from bench_grammar import SUITE_REMOTES
+
+    from lmprog_runtime.constrained.base import GrammarBackendConfig
+    tok, _ = backend
+    be = CfgBackend(tok, len(tok), [tok.eos_token_id],
+                    config=GrammarBackendConfig(schema_remotes=SUITE_REMOTES if corpus == "suite" else ()))
+    rng = random.Random(0)
+    dead, n = [], 0
+    for case in load_cases(corpus):
+        try:
+            g0 = be.compile("json", json.dumps(case["schema"]))
+        except GrammarError:
+            continue
+        for t in case["tests"]:
+            if not t["valid"]:
+                continue
+            g = g0.copy()
+            for tid in tok.encode(compact(t["data"]), add_special_tokens=False):
+                row = np.zeros(len(tok), dtype=np.bool_)
+                g.write_mask(row)
+                for c in rng.sample(np.flatnonzero(row).tolist(), min(8, int(row.sum()))):
+                    if c == tok.eos_token_id:
+                        continue
+                    h = g.copy()
+                    h._states, h._hist, h._ends = list(g._states), bytearray(g._hist), list(g._ends)
+                    try:
+                        h.accept_token(c)
+                    except GrammarError:  # (the mask allowed a token the matcher refuses)
+                        dead.append((case["name"], bytes(g._hist)[-30:], tok.decode([c]), "refused"))
+                        continue
+                    nxt = np.zeros(len(tok), dtype=np.bool_)
+                    h.write_mask(nxt)
+                    n += 1
+                    if not nxt.any():
+                        dead.append((case["name"], bytes(g._hist)[-30:], tok.decode([c])))
+                g.accept_token(tid)
+    assert n > 10000 and not dead, dead[:10]
