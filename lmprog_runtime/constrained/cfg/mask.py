@@ -265,6 +265,7 @@ def _names_from(node, typed: str) -> list:
     return names[lo:hi]
 
 
+_TOKEN_CHARS = 32  # _pattern_state: how far back a key's previous text is looked for
 _SORTED = ("__sorted_names__",)  # (a tuple: no property name collides with it in Node._child)
 
 
@@ -491,12 +492,17 @@ class MaskEngine:
         return ("key", key is not None, obj[1], near, obj[5]) + top[2:]  # (not the phase: 0 or 3, never read)
 
     def _pattern_state(self, term: int, text: str) -> int:
-        """The state of pattern `term` after `text` (memoized: keys are typed a token at a time)."""
+        """The state of pattern `term` after `text` (memoized: keys are typed a token at a
+        time, so the state after a shorter prefix, up to a token's length back, is resumed)."""
         got = self._pstates.get((term, text))
         if got is None:
             pool = self.machine.pool
-            head = self._pstates.get((term, text[:-1])) if text else None
-            got, todo = (term, text) if head is None else (head, text[-1:])
+            got, todo = term, text
+            for k in range(1, min(len(text), _TOKEN_CHARS) + 1):
+                head = self._pstates.get((term, text[:-k]))
+                if head is not None:
+                    got, todo = head, text[-k:]
+                    break
             for ch in todo:
                 if got == pool.NONE:
                     break
