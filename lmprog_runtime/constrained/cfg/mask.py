@@ -274,6 +274,8 @@ def _closable(name: str, typed: str, heads: frozenset) -> bool:
     spelled before a quote by some token (VocabInfo.quote_heads), or needs an escape."""
     rest = name[len(typed):]
     return _escaped(rest) or rest.encode() in heads
+
+
 _BY_TEXT = object()  # memo marker: this state's masks read the captured text (keyed by it too)
 
 
