@@ -88,7 +88,8 @@ def _met_minimum(top, exponent_free: bool):
 
 
 def _free_twin(node):
-    """`node` without its minimum (memoized on it)."""
+    """`node` without its minimum (memoized on it: one twin per node, also when two
+    threads make it at once, so their canonical states are the same)."""
     got = node._child.get(_TWIN)
     if got is None:
         got = Node(node.schema)
@@ -96,7 +97,7 @@ def _free_twin(node):
             setattr(got, slot, getattr(node, slot))
         got._child = {}
         got.lo, got.lo_excl = None, False
-        node._child[_TWIN] = got
+        got = node._child.setdefault(_TWIN, got)
     return got
 
 
