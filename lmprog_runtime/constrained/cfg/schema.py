@@ -338,16 +338,15 @@ def _discriminated(a: Node, b: Node) -> bool:
     if a.types != {"object"} or b.types != {"object"}:
         return False
     for name in a.required & b.required:
-        va, vb = a.props.get(name), b.props.get(name)
-        if (va is not None and vb is not None and _string_enum(va) is not None
-                and _string_enum(vb) is not None and not set(_string_enum(va)) & set(_string_enum(vb))):
+        ea, eb = _string_enum(a.props.get(name)), _string_enum(b.props.get(name))
+        if ea is not None and eb is not None and not set(ea) & set(eb):
             return True
     return False
 
 
-def _string_enum(v: Node) -> Optional[tuple]:
+def _string_enum(v: Optional[Node]) -> Optional[tuple]:
     """The strings a value of `v` may be, where it may be nothing else (else None)."""
-    if v.alts is None and v.types == {"string"} and v.enum is not None:
+    if v is not None and v.alts is None and v.types == {"string"} and v.enum is not None:
         return v.enum
     return None
 

@@ -4,7 +4,8 @@ is on the critical path of a decode step, while compiling runs on the grammar qu
 before the request is admitted. So a compiled grammar computes its root mask and, for a JSON
 Schema, walks four small instances of the schema (`sample`: compact, its alternative branches
 with a key of each pattern property and undeclared keys where the object allows them,
-pretty-printed with numbers below zero, required properties only), token by token, as a request would:
+pretty-printed with numbers below zero, required properties only), token by token, as a
+request would:
 the structural rows every output needs (the object's keys and their closes, `:` `,` `}`, each
 property's value starts and string bodies) are derived then, and the masks of those states
 are in the grammar's cache when the first request asks. A string with a `pattern` gets one
@@ -27,6 +28,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from lmprog_runtime.constrained.base import GrammarError
+from lmprog_runtime.constrained.json_schema import _json_type
 from lmprog_runtime.constrained.cfg.regex import MAX_CP, RegexError, RegexPool
 from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
 
@@ -140,23 +142,11 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     return None
 
 
-_TYPES = {"null": type(None), "boolean": bool, "object": dict, "array": list, "string": str}
-
-
 def _has_type(value: Any, kind: Any) -> bool:
     """`value` is of JSON Schema type `kind` (a name or a list of names; anything else: any
     type), so that a sample does not take an enum member its type refuses."""
     kinds = kind if isinstance(kind, list) else [kind] if isinstance(kind, str) else None
-    if kinds is None:
-        return True
-    for k in kinds:
-        if k in ("number", "integer"):
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and (
-                    k == "number" or float(value).is_integer()):
-                return True
-        elif isinstance(value, _TYPES.get(k, ())):
-            return True
-    return False
+    return kinds is None or bool(_json_type(value) & set(kinds))
 
 
 def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, out: dict,
