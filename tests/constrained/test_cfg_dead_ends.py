@@ -193,3 +193,52 @@ def test_literals_a_check_refuses_are_refused_at_their_first_byte(cfg, tokenizer
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert len(ids) == 1, text
         assert bool(row[ids[0]]) == (text in allowed), (schema, prefix, text)
+
+
+@pytest.mark.parametrize("bounds,kind", _BOUNDS + [({"minimum": 0, "maximum": 99}, "integer"),
+                                                   ({"minimum": -127, "maximum": 128}, ""),
+                                                   ({"minimum": 60}, "integer")])
+@pytest.mark.parametrize("number", ["integer", "number"])
+def test_bounded_number_texts_of_one_class_have_one_future(bounds, kind, number):
+    """canonical._number_class against brute force: texts (sign, digits, fraction) of up to
+    three characters that it gives one representative are accepted alike after every
+    continuation of up to three digits or a point, and complete alike (the exponent is
+    stepped from the concrete state: canonical.class_exponent)."""
+    import itertools
+
+    from lmprog_runtime.constrained.cfg.backend import compile_machine
+    from lmprog_runtime.constrained.cfg.canonical import _number_class
+    machine = compile_machine("json", json.dumps(dict(bounds, type=kind or number)), "")
+
+    def after(text: str):
+        state = machine.initial()
+        for k, b in enumerate(text.encode()):
+            state = machine.advance(state, b, k, None)
+            if not state:
+                return None
+        return state
+
+    def future(state, pos: int, depth: int = 3) -> tuple:
+        """Acceptance at `state`, then each continuation's (a dead one's ends there)."""
+        if not state:
+            return ()
+        out = [machine.accepting(state, pos, None)]
+        if depth:
+            for b in b"0123456789.":
+                out.append(future(machine.advance(state, b, pos, None), pos + 1, depth - 1))
+        return tuple(out)
+
+    classes: dict = {}
+    for p in (p for n in range(1, 4) for p in map("".join, itertools.product("0123456789.-", repeat=n))):
+        state = after(p)
+        if state is None or len(state) != 1 or state[0][0][0] != "N":
+            continue
+        rep = _number_class(state[0][0], exponent_free=True)
+        if rep is not None:
+            classes.setdefault((state[0][0][3], rep), []).append(p)
+    if bounds == {"minimum": 0, "maximum": 99}:  # (texts do share: 1-9, 10-99 ...)
+        assert max(map(len, classes.values())) >= 90, classes
+    for texts in classes.values():
+        first = future(after(texts[0]), len(texts[0]))
+        for p in texts[1:5] + texts[-4:]:
+            assert future(after(p), len(p)) == first, (bounds, kind or number, texts[0], p)

@@ -662,7 +662,7 @@ def _audit_steps(machine, tab) -> int:
             if t == DEAD:
                 assert not nxt, (st, b)
             else:
-                assert shape(canonical(nxt)) == shape(tab.states[t]), (st, b)
+                assert shape(tab.canon(nxt)) == shape(tab.states[t]), (st, b)  # (the vocabulary's canonical)
             n += 1
     return n
 

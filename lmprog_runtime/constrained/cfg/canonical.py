@@ -4,13 +4,13 @@ lexeme's end abstracted away, so that states recur across masks; and the lexeme 
 """
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from typing import Optional
 
 import numpy as np
 
 from lmprog_runtime.constrained.cfg.machine import _NUM, MAX_NUMBER_CHARS
-from lmprog_runtime.constrained.cfg.nodes import Node
+from lmprog_runtime.constrained.cfg.nodes import _EXACT, Node, _reachable
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 
 
@@ -23,7 +23,8 @@ def canonical(state: tuple, exponent_free: bool = False) -> tuple:
     member rule is additionalProperties becomes EXTRA (`_abstract_key`), and an unbounded
     number's text "0" (`_free_number`), as does that of an integer past its minimum, with
     its rule's free twin (`_met_minimum`; any number's where `exponent_free`: no token
-    writes an exponent's digit, VocabInfo.exponent_free)."""
+    writes an exponent's digit, VocabInfo.exponent_free); a bounded number's text becomes
+    the first text met with the same future under its bounds (`_number_class`)."""
     out = None
     for k, st in enumerate(state):
         if st is None:
@@ -41,6 +42,11 @@ def canonical(state: tuple, exponent_free: bool = False) -> tuple:
                 out = list(state) if out is None else out
                 out[k] = (("N", node, "0", top[3]), st[1])
                 continue
+            text = _number_class(top, exponent_free)
+            if text is not None and text != top[2]:
+                out = list(state) if out is None else out
+                out[k] = (("N", top[1], text, top[3]), st[1])
+            continue
         if type(top) is not tuple or top[0] != "S":
             continue
         node, count, utf, text = top[1], top[2], top[3], top[7]
@@ -87,6 +93,54 @@ def _met_minimum(top, exponent_free: bool):
     return _free_twin(node)
 
 
+def _classed(node, exponent_free: bool) -> bool:
+    """A bounded number rule whose texts `_number_class` may stand for one another: bounds
+    alone (no multipleOf, no enum), and no exponent a token's digits could complete (an
+    integer takes none; another number's `e` is stepped from the concrete state:
+    `class_exponent`)."""
+    return ((node.lo is not None or node.hi is not None) and node.multiple_of is None and node.num_enum is None
+            and (exponent_free or node.integer_only()))
+
+
+def _number_class(top, exponent_free: bool) -> Optional[str]:
+    """The representative text of a bounded number's text (digits begun, no exponent): the
+    first text of its rule met with the same sign, DFA state and relation to the bounds of
+    every span of values its completions reach (nodes._reachable: [12, 13), [120, 130) ...
+    or [1.5, 1.6)), each wholly inside, wholly outside; None where one is partly inside
+    (the digits to come decide) or the rule is not `_classed`. Texts alike so have the
+    same future: each completion's value lies in the span of its level, which decides
+    `number_ok` and every prefix check (`number_prefix_ok`: any span of the longer text
+    meets the bounds; each lies within one of this text's), so the steps from either are
+    the same. Memoized on the rule."""
+    node, text, d = top[1], top[2], top[3]
+    if d not in (3, 4, 5) or len(text) >= MAX_NUMBER_CHARS - 257 or not _classed(node, exponent_free):
+        return None
+    whole = node.integer_only()
+    sig = [d, text[0] == "-"]
+    with localcontext(_EXACT):
+        for span in _reachable(text, node._bound_digits(), whole):
+            if not node._meets(*span):
+                sig.append(False)
+            elif _within(node, *span, whole):
+                sig.append(True)
+            else:
+                return None
+    return node._child.setdefault((_CLASS, tuple(sig)), text)
+
+
+def _within(node, a: Decimal, b: Decimal, a_in: bool, b_in: bool, whole: bool) -> bool:
+    """Every value of the span from a to b (each end in it where `a_in` / `b_in`; integers
+    only where `whole`) lies within the node's bounds (the span holds one: `_meets`)."""
+    if whole:  # (its first and last integers)
+        a, a_in = (a.to_integral_value(ROUND_CEILING) if a_in else a.to_integral_value(ROUND_FLOOR) + 1), True
+        b, b_in = (b.to_integral_value(ROUND_FLOOR) if b_in else b.to_integral_value(ROUND_CEILING) - 1), True
+    if node.lo is not None and (a < node.lo or (a == node.lo and a_in and node.lo_excl)):
+        return False
+    if node.hi is not None and (b > node.hi or (b == node.hi and b_in and node.hi_excl)):
+        return False
+    return True
+
+
 def _free_twin(node):
     """`node` without its minimum (memoized on it: one twin per node, also when two
     threads make it at once, so their canonical states are the same)."""
@@ -102,6 +156,7 @@ def _free_twin(node):
 
 
 _TWIN = ("__free__",)  # (a tuple: no property name collides with it in Node._child)
+_CLASS = "__class__"  # (Node._child keys (_CLASS, signature) -> a number class's first text)
 _CHAR_BYTE = np.zeros(256, dtype=np.bool_)  # one-byte characters of a string body (strings.py _char)
 _CHAR_BYTE[0x20:0x80] = True
 _CHAR_BYTE[[0x22, 0x5C]] = False
@@ -146,6 +201,18 @@ def free_number_exponent(state: tuple, b: int) -> bool:
         return False
     tops = [st[0] for st in state if st is not None]
     return any(type(top) is tuple and top[0] == "N" and top[2] == "0" for top in tops)
+
+
+def class_exponent(state: tuple, b: int, exponent_free: bool) -> bool:
+    """Byte b starts the exponent of a bounded number whose text may stand for others
+    (`_number_class`): the exponent's value is read with the mantissa's, so the `e` is
+    stepped from the concrete state; below it, where no token writes an exponent's digit,
+    a token's lookahead byte passes whatever the mantissa (no bound reads an unfinished
+    exponent), so the mask there is every mantissa's."""
+    if b not in (0x45, 0x65) or not exponent_free:
+        return False
+    return any(st is not None and type(st[0]) is tuple and st[0][0] == "N" and st[0][3] in (3, 5)
+               and _classed(st[0][1], True) for st in state)
 
 
 def extra_key(node, key) -> bool:

@@ -33,9 +33,9 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime import native
-from lmprog_runtime.constrained.cfg.canonical import (EXITS, alike_bytes, canonical, closes_free, exits, extra_key,
-                                                      free_number_exponent, key_parent, root_escaped,
-                                                      root_key)
+from lmprog_runtime.constrained.cfg.canonical import (EXITS, alike_bytes, canonical, class_exponent, closes_free,
+                                                      exits, extra_key, free_number_exponent, key_parent,
+                                                      root_escaped, root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
 from lmprog_runtime.constrained.cfg.lexrows import (LexRows, States, StrContext, WsContext, string_shape, ws_lexeme,
                                                     ws_of)
@@ -361,10 +361,13 @@ class TableWalker:
         the mask below it is the same for every mantissa, since a number's text is then
         read only by number_ok's exponent overflow (18 or more exponent digits, more than
         the digits in a row of any token here) and MAX_NUMBER_CHARS (unreachable from a
-        free mantissa within one walk: canonical._free_number)."""
-        b = int(self._path[d - 1])
-        return (self._json and self.engine.vocab.max_digits < 17
-                and free_number_exponent(self.table.states[int(self._stack[d - 1])], b))
+        free mantissa within one walk: canonical._free_number). Or the `e` of a bounded
+        number whose text stands for its class (canonical.class_exponent)."""
+        if not self._json:
+            return False
+        b, v = int(self._path[d - 1]), self.engine.vocab
+        st = self.table.states[int(self._stack[d - 1])]
+        return (v.max_digits < 17 and free_number_exponent(st, b)) or class_exponent(st, b, v.exponent_free)
 
     def _key_close(self, root: tuple, hist: bytes, trie, path: bytearray, i: int, d: int) -> Optional[int]:
         """The table id after node i when it is the quote closing a key whose text the path
@@ -407,7 +410,8 @@ class TableWalker:
     def _derive_byte(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
         tab = self.table
         st = tab.states[s]
-        if self._json and ((b == 0x22 and closes_free(st)) or free_number_exponent(st, b)):
+        if self._json and ((b == 0x22 and closes_free(st)) or free_number_exponent(st, b)
+                           or class_exponent(st, b, self.engine.vocab.exponent_free)):
             tab.trans[s * 256 + b] = PYTHON  # (a string's text or a number's digits were abstracted)
             return
         got = tab.inside_step(s, b)
