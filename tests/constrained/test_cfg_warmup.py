@@ -172,6 +172,20 @@ def test_sample_negative_numbers_where_no_minimum_forbids_them():
     assert warmup.sample(schema) == {"a": 1, "b": 2, "c": 7}
 
 
+def test_sample_numbers_between_bounds_and_any_values():
+    """The alternative sample writes a bounded number between its bounds with more digits
+    than the minimum (states most numbers within them share: canonical._number_class), and
+    a value of any kind is an object or an array of other kinds, not `null`."""
+    schema = {"type": "object", "properties": {"p": {"type": "integer", "minimum": 0, "maximum": 99},
+                                               "g": {"type": "number", "minimum": -127, "maximum": 128},
+                                               "x": {"description": "anything"}},
+              "additionalProperties": False}
+    assert warmup.sample(schema) == {"p": 0, "g": -127, "x": {"a": "abc", "b": 1}}
+    assert warmup.sample(schema, alt=1) == {"p": 59, "g": 26.5, "x": ["abc", 0.5, {"c": True}]}
+    assert warmup.sample(schema, negative=True)["x"] == {"a": -1, "b": [1, "x"]}
+    assert warmup.sample(schema, required=True)["x"] is None
+
+
 def test_samples_write_dates_and_times_with_other_first_digits():
     """The three samples' dates and times start their month, day and hour with other digits
     (a date pattern's states differ by them), each a valid value of its format."""

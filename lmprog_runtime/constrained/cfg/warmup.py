@@ -47,14 +47,17 @@ _TIMES = {"2020-01-31": ("2020-01-31", "2024-12-15", "2021-10-05"),
           "2020-01-31T12:00:00Z": ("2020-01-31T12:00:00Z", "2024-12-15T09:30:45+01:00", "2021-10-05T23:59:59.5Z"),
           "12:00:00Z": ("12:00:00Z", "09:30:45+01:00", "23:59:59.5Z")}
 _NONE = object()  # no sample value
+_ANNOTATIONS = frozenset(("title", "description", "$comment", "examples", "default", "deprecated", "readOnly",
+                          "writeOnly", "$id", "id", "$schema"))  # (a schema of these alone takes any value)
 
 
 def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: Optional[list] = None,
            required: bool = False, negative: bool = False) -> Any:
     """A small JSON value the schema likely accepts (every declared property, the first
     branch of a choice, a scalar's own `examples` / `default`, a pattern's shortest match,
-    bounds' lower ends; `alt` 1: the last branch and enum member, two array items, longer
-    strings, a fraction; `required`: of an object that lists required properties, only
+    bounds' lower ends, a value of any kind an object or an array of other kinds; `alt` 1:
+    the last branch and enum member, two array items, longer strings, a fraction, a number
+    between its bounds; `required`: of an object that lists required properties, only
     those; `negative`: numbers below zero where no minimum forbids it), or `_NONE`. Best
     effort: the walk checks it.
     At most MAX_VALUES values (`budget`: the count left, shared by the recursion, and the
@@ -109,6 +112,12 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
             one = sample(schema.get("items", {}), root, depth + 1, alt, budget, required, negative)
             vals = [one] * (n if isinstance(n, int) and 0 <= n <= 4 else 1)
         return [v for v in vals if v is not _NONE]
+    if kind is None and set(schema) <= _ANNOTATIONS and not required:
+        # any value (`{}`): as outputs write one, an object of a string and a number, an
+        # array of a string, a fraction and an object, numbers below zero in the pretty one
+        if negative:
+            return {"a": -1, "b": [1, "x"]}
+        return ["abc", 0.5, {"c": True}] if alt else {"a": "abc", "b": 1}
     given = _given(schema, kind)
     if given is not _NONE and not alt:
         return given
@@ -128,9 +137,14 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         return text
     if kind in ("integer", "number"):
         lo = schema.get("minimum", schema.get("exclusiveMinimum"))
+        hi = schema.get("maximum", schema.get("exclusiveMaximum"))
         # (alt: 0, which is a number state of its own, and one outputs often write)
-        value = lo if isinstance(lo, (int, float)) and not isinstance(lo, bool) else (0 if alt else 1)
-        if negative and not isinstance(lo, (int, float)):  # (a sign: its own state, outputs often write one)
+        value = lo if _is_number(lo) else (0 if alt else 1)
+        if alt and _is_number(lo) and _is_number(hi) and hi - lo >= 2:
+            # (between the bounds, more digits than the minimum: digits' states that most
+            # texts within the bounds share, canonical._number_class)
+            value = int(lo + (hi - lo) * 0.6)
+        if negative and not _is_number(lo):  # (a sign: its own state, outputs often write one)
             value = -1
         if "exclusiveMinimum" in schema and value == schema["exclusiveMinimum"]:
             value = value + 1
@@ -140,6 +154,10 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     if kind == "boolean":
         return True
     return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _has_type(value: Any, kind: Any) -> bool:
