@@ -792,3 +792,21 @@ def test_no_dead_ends_along_corpus_instances(backend, corpus):
                         dead.append((case["name"], bytes(g._hist)[-30:], tok.decode([c])))
                 g.accept_token(tid)
     assert n > 10000 and not dead, dead[:10]
+
+
+def test_compile_leaves_the_table_room_to_grow(backend):
+    """After the warm-up the table holds TABLE_HEADROOM times its states (growing copies
+    every array: a pause paid at compile time, not in a request's mask), and growing keeps
+    the states and transitions."""
+    from lmprog_runtime.constrained.cfg.backend import TABLE_HEADROOM
+    tok, be = backend
+    schema = {"type": "object", "properties": {f"p{k}": {"type": ["string", "integer"]} for k in range(12)}}
+    g0 = be.compile("json", json.dumps(schema))
+    tab = g0._shared.engine._tw.table
+    n = int(tab.lexrows.n[0])
+    assert n > 64 and len(tab.lives) >= n * TABLE_HEADROOM
+    trans = tab.trans[:n * 256].copy()
+    tab.reserve(4 * len(tab.lives))
+    assert len(tab.lives) >= 4 * n and (tab.trans[:n * 256] == trans).all() and int(tab.lexrows.n[0]) == n
+    oracle = MaskEngine(g0._shared.machine, g0._shared.engine.vocab, use_c=False)
+    assert _walk(tok, g0, oracle, compact({"p3": "abc", "p0": 7}), schema, must_accept=True) > 5

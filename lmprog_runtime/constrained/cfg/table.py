@@ -133,14 +133,7 @@ class StateTable:
         if n >= HARD_STATES:
             return PYTHON
         if n == len(self.lives):
-            self.trans = np.concatenate([self.trans, np.full(n * 256, UNKNOWN, dtype=np.int32)])
-            self.lives = np.concatenate([self.lives, np.zeros(n, dtype=np.uint8)])
-            self.inside = np.concatenate([self.inside, np.zeros(n, dtype=np.uint8)])
-            self.generic = np.concatenate([self.generic, np.full(n, UNKNOWN, dtype=np.int32)])
-            self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
-            self.keys.set_inside(self.inside, self.generic)
-            self.lexrows.grow(2 * n, self.inside, self.lives, HARD_STATES)
-            self.account()
+            self._grow(2 * n)
         self.ids[state] = n
         self.states.sync(n)
         self.states.append(state)
@@ -174,6 +167,26 @@ class StateTable:
             if first:  # every context's ws steps are read off this state's: derived now, not at walk stops
                 self._ws_steps(n, state[0])
         return n
+
+    def reserve(self, states: int) -> None:
+        """Room for `states` states at least (the capacity doubled until it holds them):
+        growing copies every array, a pause better paid at compile time than in a mask."""
+        cap = len(self.lives)
+        while cap < min(states, HARD_STATES):
+            cap *= 2
+        if cap > len(self.lives):
+            self._grow(cap)
+
+    def _grow(self, cap: int) -> None:
+        n = len(self.lives)
+        self.trans = np.concatenate([self.trans, np.full((cap - n) * 256, UNKNOWN, dtype=np.int32)])
+        self.lives = np.concatenate([self.lives, np.zeros(cap - n, dtype=np.uint8)])
+        self.inside = np.concatenate([self.inside, np.zeros(cap - n, dtype=np.uint8)])
+        self.generic = np.concatenate([self.generic, np.full(cap - n, UNKNOWN, dtype=np.int32)])
+        self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
+        self.keys.set_inside(self.inside, self.generic)
+        self.lexrows.grow(cap, self.inside, self.lives, HARD_STATES)
+        self.account()
 
     def _ws_steps(self, n: int, st) -> None:
         """Whitespace state n's steps on the ws bytes (Machine.step of a V / O / A frame on
