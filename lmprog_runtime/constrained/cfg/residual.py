@@ -28,7 +28,8 @@ class Residual:
         remote document whose subschemas may be checked (the compiler's, filled as it loads)."""
         cls = validator_for(root, default=Draft202012Validator) if isinstance(root, dict) else Draft202012Validator
         # an explicit registry: jsonschema's default one would fetch unknown URIs over the network
-        self._validator = cls(root, registry=registry.referencing() if registry is not None else Registry())
+        validator = cls(root, registry=registry.referencing() if registry is not None else Registry())
+        self._validator = validator.evolve(_resolver=_crawled(validator._resolver))
         self._spec = specification_with(cls.META_SCHEMA.get("$schema", ""), default=DRAFT202012)
         self._root = root
         self._scopes = {k: (None, v) for k, v in _lexical_scopes(root).items()}
@@ -36,6 +37,7 @@ class Residual:
         self._scanned: set = set()
         self._lock = threading.Lock()  # the referencing resolver is not documented as thread-safe
         self._memo: dict = {}  # (id(schema), text) -> valid_text (schemas live as long as the root)
+        self._resolvers: dict = {}  # id(schema) -> the resolver its check starts from
 
     def valid(self, value, schema) -> bool:
         """`value` satisfies `schema` (a subschema of the root, whose `$ref`s resolve from
@@ -44,13 +46,16 @@ class Residual:
             with self._lock:
                 if schema is self._root:
                     return self._validator.is_valid(value)
-                doc, chain = self._scope(schema)
-                resolver = self._validator._resolver
-                if doc is not None:
-                    resolver = resolver.lookup(doc).resolver
-                for scope in chain + (schema,):
-                    if isinstance(scope, dict):
-                        resolver = resolver.in_subresource(self._spec.create_resource(scope))
+                resolver = self._resolvers.get(id(schema))
+                if resolver is None:
+                    doc, chain = self._scope(schema)
+                    resolver = self._validator._resolver
+                    if doc is not None:
+                        resolver = _crawled(resolver.lookup(doc).resolver)
+                    for scope in chain + (schema,):
+                        if isinstance(scope, dict):
+                            resolver = resolver.in_subresource(self._spec.create_resource(scope))
+                    self._resolvers[id(schema)] = resolver
                 errors = self._validator.descend(value, schema, resolver=resolver)
                 return next(iter(errors), None) is None
         except Exception:  # noqa: BLE001 - an unresolvable reference: never accept what is unchecked
@@ -86,6 +91,13 @@ class Residual:
                     self._memo.clear()
                 self._memo[key] = got
         return got
+
+
+def _crawled(resolver):
+    """The resolver with its registry crawled (every `$id` and anchor of its documents
+    indexed): a registry is immutable, and a lookup in one not crawled crawls it again on
+    each check (`referencing` hands the crawled copy only to that lookup's descent)."""
+    return resolver._registry.crawl().resolver(base_uri=resolver._base_uri)
 
 
 def _lexical_scopes(root) -> dict:
