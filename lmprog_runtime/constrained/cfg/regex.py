@@ -13,6 +13,7 @@ boundaries, anchors other than at the ends of a top-level alternative.
 """
 from __future__ import annotations
 
+import bisect
 import threading
 import unicodedata
 from typing import Optional
@@ -96,6 +97,7 @@ class RegexPool:
         self._null: dict[int, bool] = {0: False, 1: True}
         self._deriv: dict[tuple[int, int], int] = {}
         self._first: dict[int, tuple] = {}
+        self._first_ends: dict[int, tuple] = {}  # state -> its first set's range starts and ends (can_start_in)
         self._lock = threading.Lock()
         self.max_terms = max_terms
         self._n_charsets = 0
@@ -240,8 +242,14 @@ class RegexPool:
         return got
 
     def can_start_in(self, t: int, lo: int, hi: int) -> bool:
-        """Some code point in [lo, hi] keeps state `t` alive."""
-        return any(a <= hi and lo <= b for a, b in self.first(t))
+        """Some code point in [lo, hi] keeps state `t` alive (by bisection: a Unicode
+        property's first set has hundreds of ranges)."""
+        got = self._first_ends.get(t)
+        if got is None:
+            ranges = normalize(self.first(t))
+            got = self._first_ends[t] = ([a for a, _ in ranges], [b for _, b in ranges])
+        k = bisect.bisect_left(got[1], lo)  # (the first range ending at lo or past it)
+        return k < len(got[0]) and got[0][k] <= hi
 
     def accepts(self, t: int, text: str) -> bool:
         for ch in text:
