@@ -14,12 +14,14 @@ and goes on to the properties after it, and the pattern's states along it are wa
 
 Only speed depends on this: masks come from the same engine either way, and a sample the
 grammar refuses (a pattern or a bound it does not meet) stops the walk at its first refused
-token, keeping what was walked. Bounded by WARMUP_S of wall time and MAX_TOKENS tokens.
+token, keeping what was walked. Bounded by WARMUP_S of wall time (garbage collections
+aside) and MAX_TOKENS tokens.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import threading
 import time
@@ -318,10 +320,30 @@ def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[st
     except (ValueError, TypeError, RecursionError):
         return
     encoded = [tokenizer.encode(text) for text in texts]  # (the first call makes the tokenizer)
-    deadline = time.monotonic() + WARMUP_S
+    deadline = _clock() + WARMUP_S
     for tokens in encoded:
         if tokens is None or not _walk(grammar, row, tokens, deadline):
             return
+
+
+def _clock() -> float:
+    """time.monotonic() less the seconds garbage collections took so far: a full collection
+    (a fifth of a second in a process holding many grammars) pauses the walk, whichever
+    thread ran it, and would otherwise end it, leaving the grammar's first masks to its
+    first request."""
+    return time.monotonic() - _GC[0]
+
+
+def _gc_time(phase: str, info: dict) -> None:
+    if phase == "start":
+        _GC[1] = time.monotonic()
+    elif _GC[1]:
+        _GC[0] += time.monotonic() - _GC[1]
+        _GC[1] = 0.0
+
+
+_GC = [0.0, 0.0]  # seconds in collections so far, the running one's start (collections hold the GIL)
+gc.callbacks.append(_gc_time)
 
 
 def _walk(grammar, row: np.ndarray, tokens, deadline: float) -> bool:
@@ -330,7 +352,7 @@ def _walk(grammar, row: np.ndarray, tokens, deadline: float) -> bool:
     walked = 0
     try:
         for t in tokens[:MAX_TOKENS]:
-            if time.monotonic() > deadline:
+            if _clock() > deadline:
                 return False
             if not row[t]:
                 break
