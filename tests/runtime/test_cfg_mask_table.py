@@ -795,16 +795,17 @@ def test_no_dead_ends_along_corpus_instances(backend, corpus):
 
 
 def test_compile_leaves_the_table_room_to_grow(backend):
-    """After the warm-up the table holds TABLE_HEADROOM times its states (growing copies
-    every array: a pause paid at compile time, not in a request's mask), and growing keeps
-    the states and transitions."""
-    from lmprog_runtime.constrained.cfg.backend import TABLE_HEADROOM
+    """After the warm-up the table holds TABLE_HEADROOM times its states, TABLE_LEAST at
+    least (growing copies every array: a pause paid at compile time, not in a request's
+    mask), and growing keeps the states and transitions."""
+    from lmprog_runtime.constrained.cfg.backend import TABLE_HEADROOM, TABLE_LEAST
     tok, be = backend
     schema = {"type": "object", "properties": {f"p{k}": {"type": ["string", "integer"]} for k in range(12)}}
     g0 = be.compile("json", json.dumps(schema))
     tab = g0._shared.engine._tw.table
     n = int(tab.lexrows.n[0])
-    assert n > 64 and len(tab.lives) >= n * TABLE_HEADROOM
+    assert n > 64 and len(tab.lives) >= max(n * TABLE_HEADROOM, TABLE_LEAST)
+    assert len(be.compile("json", '{"type": "integer"}')._shared.engine._tw.table.lives) >= TABLE_LEAST
     trans = tab.trans[:n * 256].copy()
     tab.reserve(4 * len(tab.lives))
     assert len(tab.lives) >= 4 * n and (tab.trans[:n * 256] == trans).all() and int(tab.lexrows.n[0]) == n

@@ -39,6 +39,7 @@ ANY_JSON = "$$ANY$$"  # SGLang's spelling of "any JSON value"
 MAX_FORCED_BYTES = 256
 MAX_REGEX_TERMS = 1_000_000  # lazily derived regex states per grammar (memory bound)
 TABLE_HEADROOM = 1.25  # mask table room after the warm-up, times its states (dev corpus: requests add <10%)
+TABLE_LEAST = 256     # ... and at least this many states (256 KB; a small schema's walks double its sample's)
 
 
 class _Compiled:
@@ -217,7 +218,7 @@ class CfgBackend(GrammarBackend):
             warm(CfgGrammar(shared), self.sample_tokenizer, spec if kind == "json" else None)
         except Exception:  # noqa: BLE001 - only speed depends on it; the request will meet the error itself
             logger.debug("grammar warm-up failed", exc_info=True)
-        shared.engine.reserve(TABLE_HEADROOM)
+        shared.engine.reserve(TABLE_HEADROOM, TABLE_LEAST)
         return CfgGrammar(shared)
 
 

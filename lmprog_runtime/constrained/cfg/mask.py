@@ -608,14 +608,15 @@ class MaskEngine:
             parts.append((node, left, deficit, top[6], top[7], rest))
         return ("fast", tuple(parts)) if parts else None
 
-    def reserve(self, headroom: float) -> None:
-        """Room in the C walk's table for `headroom` times the states it holds (called after
-        the compile-time warm-up: later walks add a few percent more, and growing the table
-        in a mask is a pause of a millisecond)."""
+    def reserve(self, headroom: float, least: int) -> None:
+        """Room in the C walk's table for `headroom` times the states it holds, and `least`
+        (called after the compile-time warm-up: later walks add a few percent more, a small
+        grammar's more than its few sampled states, and growing the table in a mask is a
+        pause of up to a millisecond)."""
         tw = self._tw
         if tw:
             with self._walk_lock:
-                tw.table.reserve(int(int(tw.table.lexrows.n[0]) * headroom) + 1)
+                tw.table.reserve(max(int(int(tw.table.lexrows.n[0]) * headroom) + 1, least))
 
     def _walker(self):
         """The TableWalker, False where the C walk is not used."""
