@@ -811,3 +811,22 @@ def test_compile_leaves_the_table_room_to_grow(backend):
     assert len(tab.lives) >= 4 * n and (tab.trans[:n * 256] == trans).all() and int(tab.lexrows.n[0]) == n
     oracle = MaskEngine(g0._shared.machine, g0._shared.engine.vocab, use_c=False)
     assert _walk(tok, g0, oracle, compact({"p3": "abc", "p0": 7}), schema, must_accept=True) > 5
+
+
+def test_a_closed_objects_key_start_is_the_union_of_its_names_left(backend, monkeypatch):
+    """At the first byte of a closed object's key, the mask is the union of each name left's
+    own tokens (MaskEngine._names_left, memoized per object and name): keys met in another
+    order walk nothing at their starts, and every mask is the Python walk's (a name that is
+    a prefix of another, a name that needs an escape, a value's first byte after `":`)."""
+    tok, be = backend
+    names = ["id", "idx", "name", "na\"me", "tags", "when"]
+    schema = {"type": "object", "additionalProperties": False,
+              "properties": {n: {"type": ["string", "integer", "array", "object"]} for n in names}}
+    g0 = be.compile("json", json.dumps(schema))
+    first = compact({"id": 1, "idx": "a", "name": [], "na\"me": {}, "tags": 2, "when": "x"})
+    again = compact({"when": "y", "tags": [1], "na\"me": 3, "idx": {}, "name": "z", "id": 7})
+    walked = _walked_again(tok, g0, monkeypatch, first, again)
+    starts = [st for st in walked if st[0][0][0] == "S" and st[0][0][7] == "" and st[0][0][1].enum is not None
+              and len(st[0][0][1].enum) > 1]
+    assert not starts, "a key start walked again"
+    assert len(g0._shared.engine._names) == len(names)

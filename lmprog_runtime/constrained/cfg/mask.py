@@ -22,6 +22,7 @@ import numpy as np
 
 from lmprog_runtime.constrained.cfg.classtable import ClassTable
 from lmprog_runtime.constrained.cfg.machine import Machine, utf8_start
+from lmprog_runtime.constrained.cfg.nodes import Node
 from lmprog_runtime.constrained.cfg.regex import RegexError
 from lmprog_runtime.constrained.cfg.table import TableWalker, c_table_walker
 from lmprog_runtime.constrained.trie_walk import TokenTrie
@@ -29,6 +30,7 @@ from lmprog_runtime.constrained.trie_walk import TokenTrie
 MEMO_STATES = 1024  # cached masks per compiled grammar (LRU), bit-packed: 6 KB each at 49k tokens
 MEMO_PARTS = 64     # cached string-body parts per grammar (bool rows)
 MEMO_UNIONS = 256   # cached string-body masks (walked part | plain part) per grammar, packed
+MAX_NAMES_LEFT = 64  # a closed object's key start is the union of its names' masks up to this many names
 MAX_TABLE_CHARS = 32  # plain tokens up to this many characters go through the regex tables
 _DIGIT_RUN = re.compile(rb"[0-9]+")
 _NUMBER_RUN = re.compile(rb"[0-9.eE+-]*")  # a token's first bytes a number may take
@@ -279,6 +281,21 @@ def _closable(name: str, typed: str, heads: frozenset) -> bool:
 _BY_TEXT = object()  # memo marker: this state's masks read the captured text (keyed by it too)
 
 
+def _one_name(node, name: str):
+    """The key rule of closed object `node` that allows `name` alone (memoized on it)."""
+    memo_key = ("__key__", name)
+    got = node._child.get(memo_key)
+    if got is None:
+        kn = node.key_node
+        got = Node(kn.schema)
+        for slot in Node.__slots__:
+            setattr(got, slot, getattr(kn, slot))
+        got._child = {}
+        got.enum = (name,)
+        got = node._child.setdefault(memo_key, got)
+    return got
+
+
 def _capture_start(state: tuple):
     """The first output byte a pending check (C / U frame) of `state` will read, or None."""
     start = None
@@ -309,6 +326,7 @@ class MaskEngine:
         self._local = threading.local()  # read_text: whether this thread's last walk read the text
         self._table: Optional[ClassTable] = None
         self._pstates: dict = {}  # (pattern term, key text) -> its state (_pattern_state)
+        self._names: dict = {}  # (object node, key name) -> that name's tokens at a key's first byte (_names_left)
 
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
         """bool [n_slots]: the tokens allowed from `state` after the output `hist`."""
@@ -410,7 +428,9 @@ class MaskEngine:
                 if got is not None:
                     return got
         tracked = _Tracked(hist) if start is not None else hist
-        out = self._compute(key, state, tracked)
+        out = self._names_left(key, state, start, hist)
+        if out is None:
+            out = self._compute(key, state, tracked)
         with self._lock:
             if start is not None and tracked.read and memo_key is base_key:
                 self._memo[base_key] = _BY_TEXT
@@ -425,6 +445,41 @@ class MaskEngine:
                     self._memo[other] = out
             while len(self._memo) > MEMO_STATES:
                 self._memo.popitem(last=False)
+        return out
+
+    def _names_left(self, key, state: tuple, start, hist: bytes) -> Optional[np.ndarray]:
+        """At the first byte of a closed object's key (its rule an enum: the names not yet
+        seen), the union of each such name's own mask there (memoized per object and name),
+        or None. A token there spells the start of a name, or closes it and gets at most to
+        its value's first byte (VocabInfo.keys_stop_at_value): it reads of the keys seen only
+        that its name is not among them, so a name's tokens are the same whatever else was
+        seen, and a key met after another set of keys costs an OR per name left, not a walk."""
+        if (key is not None or start is not None or not self._json or not self.vocab.keys_stop_at_value
+                or len(state) != 1 or state[0] is None):
+            return None
+        top, rest = state[0]
+        if (type(top) is not tuple or top[0] != "S" or type(top[7]) is not str or top[7] or top[2] or top[3]
+                or top[4] or top[5] or top[1].enum is None or not 0 < len(top[1].enum) <= MAX_NAMES_LEFT
+                or rest is None):
+            return None
+        obj = rest[0]
+        if type(obj) is not tuple or obj[0] != "O" or obj[4] is not None:
+            return None
+        node = obj[1]
+        if node.key_node is None or node.key_node.residual is not None:
+            return None
+        out = None
+        for name in top[1].enum:
+            got = self._names.get((node, name))
+            if got is None:  # (that name alone is the key rule: the walk spells its tokens)
+                one = _one_name(node, name)
+                got = self._compute(None, (((top[0], one) + top[2:], rest),), hist)
+                with self._lock:
+                    if len(self._names) >= MEMO_STATES:
+                        self._names.clear()
+                    self._names[(node, name)] = got
+            out = got.copy() if out is None else np.bitwise_or(out, got, out=out)
+        self._local.read_text = True  # (not stored under the canonical key: that one is the walk's)
         return out
 
     def _recall(self, key) -> Optional[np.ndarray]:
