@@ -148,7 +148,7 @@ def test_sample_writes_undeclared_and_pattern_keys_where_allowed():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}},
               "additionalProperties": {"type": "integer", "minimum": 5}}
     assert warmup.sample(schema) == {"a": 1}
-    assert warmup.sample(schema, alt=1) == {"a": 0, "extra_key": 5}  # (alt 1 only: outputs mostly keep to the names)
+    assert warmup.sample(schema, alt=1) == {"a": 0, "extra_key": 6}  # (alt 1 only: outputs mostly keep to the names)
     # (a missing one allows any: a string, and a value whose start is a token of its own)
     assert warmup.sample({"type": "object"}, alt=1) == {"extra_key": "abc", "extra_num": 1}
     assert warmup.sample(dict(schema, additionalProperties=False), alt=1) == {"a": 0}
@@ -174,7 +174,8 @@ def test_sample_negative_numbers_where_no_minimum_forbids_them():
 
 def test_sample_numbers_between_bounds_and_any_values():
     """The alternative sample writes a bounded number between its bounds with more digits
-    than the minimum (states most numbers within them share: canonical._number_class), and
+    than the minimum (states most numbers within them share: canonical._number_class) or
+    past a minimum alone (a free number's digits there: canonical._met_minimum), and
     a value of any kind is an object or an array of other kinds, not `null`."""
     schema = {"type": "object", "properties": {"p": {"type": "integer", "minimum": 0, "maximum": 99},
                                                "g": {"type": "number", "minimum": -127, "maximum": 128},
@@ -182,6 +183,7 @@ def test_sample_numbers_between_bounds_and_any_values():
               "additionalProperties": False}
     assert warmup.sample(schema) == {"p": 0, "g": -127, "x": {"a": "abc", "b": 1}}
     assert warmup.sample(schema, alt=1) == {"p": 59, "g": 26.5, "x": ["abc", 0.5, {"c": True}]}
+    assert warmup.sample({"type": "number", "minimum": 0}, alt=1) == 1.5  # (past a minimum alone)
     assert warmup.sample(schema, negative=True)["x"] == {"a": -1, "b": [1, "x"]}
     assert warmup.sample(schema, required=True)["x"] is None
 

@@ -59,7 +59,8 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     branch of a choice, a scalar's own `examples` / `default`, a pattern's shortest match,
     bounds' lower ends, a value of any kind an object or an array of other kinds; `alt` 1:
     the last branch and enum member, two array items, longer strings, a fraction, a number
-    between its bounds; `required`: of an object that lists required properties, only
+    between its bounds or past a minimum alone; `required`: of an object that lists
+    required properties, only
     those; `negative`: numbers below zero where no minimum forbids it), or `_NONE`. Best
     effort: the walk checks it.
     At most MAX_VALUES values (`budget`: the count left, shared by the recursion, and the
@@ -146,6 +147,8 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
             # (between the bounds, more digits than the minimum: digits' states that most
             # texts within the bounds share, canonical._number_class)
             value = int(lo + (hi - lo) * 0.6)
+        elif alt and _is_number(lo) and not _is_number(hi) and lo >= 0:
+            value = int(lo) + 1  # (past the minimum: one free digit's state, canonical._met_minimum)
         if negative and not _is_number(lo):  # (a sign: its own state, outputs often write one)
             value = -1
         if "exclusiveMinimum" in schema and value == schema["exclusiveMinimum"]:
