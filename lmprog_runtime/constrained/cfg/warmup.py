@@ -60,9 +60,8 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     bounds' lower ends, a value of any kind an object or an array of other kinds; `alt` 1:
     the last branch and enum member, two array items, longer strings, a fraction, a number
     between its bounds or past a minimum alone; `required`: of an object that lists
-    required properties, only
-    those; `negative`: numbers below zero where no minimum forbids it), or `_NONE`. Best
-    effort: the walk checks it.
+    required properties, only those; `negative`: numbers below zero where no minimum
+    forbids it), or `_NONE`. Best effort: the walk checks it.
     At most MAX_VALUES values (`budget`: the count left, shared by the recursion, and the
     time.monotonic() past which patterns get no sample)."""
     root = schema if root is None else root
