@@ -110,9 +110,14 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         if items:
             vals = [sample(s, root, depth + 1, alt, budget, required, negative) for s in items]
         else:
-            n = schema.get("minItems", 1 + alt)
+            # (alt: two items at least, where maxItems allows: the array's count past its
+            # checks is one state, that of every item after the first)
+            least, most = schema.get("minItems", 1), schema.get("maxItems")
+            n = least if _is_count(least) else 1
+            if alt and not (_is_count(most) and most < 2):
+                n = max(n, 2)
             one = sample(schema.get("items", {}), root, depth + 1, alt, budget, required, negative)
-            vals = [one] * (n if isinstance(n, int) and 0 <= n <= 4 else 1)
+            vals = [one] * (n if n <= 4 else 1)
         return [v for v in vals if v is not _NONE]
     if kind is None and set(schema) <= _ANNOTATIONS and not required:
         # any value (`{}`): as outputs write one, an object of a string and a number, an
@@ -158,6 +163,10 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     if kind == "boolean":
         return True
     return None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _is_number(value: Any) -> bool:
