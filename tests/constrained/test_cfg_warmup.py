@@ -179,7 +179,7 @@ def test_sample_numbers_between_bounds_and_any_values():
     a value of any kind is an object or an array of other kinds, not `null`."""
     schema = {"type": "object", "properties": {"p": {"type": "integer", "minimum": 0, "maximum": 99},
                                                "g": {"type": "number", "minimum": -127, "maximum": 128},
-                                               "x": {"description": "anything"}},
+                                               "x": {"description": "anything", "modes": {"type": "array"}}},
               "additionalProperties": False}
     assert warmup.sample(schema) == {"p": 0, "g": -127, "x": {"a": "abc", "b": 1}}
     assert warmup.sample(schema, alt=1) == {"p": 59, "g": 26.5, "x": ["abc", 0.5, {"c": True}]}
@@ -189,6 +189,7 @@ def test_sample_numbers_between_bounds_and_any_values():
     assert warmup.sample(dict(items, maxItems=1), alt=1) == [0] and warmup.sample(dict(items, minItems=0)) == []
     assert warmup.sample(schema, negative=True)["x"] == {"a": -1, "b": [1, "x"]}
     assert warmup.sample(schema, required=True)["x"] is None
+    assert warmup.sample({"type": "array", "items": True}) == [{"a": "abc", "b": 1}]
 
 
 def test_samples_write_dates_and_times_with_other_first_digits():

@@ -49,8 +49,15 @@ _TIMES = {"2020-01-31": ("2020-01-31", "2024-12-15", "2021-10-05"),
           "2020-01-31T12:00:00Z": ("2020-01-31T12:00:00Z", "2024-12-15T09:30:45+01:00", "2021-10-05T23:59:59.5Z"),
           "12:00:00Z": ("12:00:00Z", "09:30:45+01:00", "23:59:59.5Z")}
 _NONE = object()  # no sample value
-_ANNOTATIONS = frozenset(("title", "description", "$comment", "examples", "default", "deprecated", "readOnly",
-                          "writeOnly", "$id", "id", "$schema"))  # (a schema of these alone takes any value)
+# keywords that constrain a value (a schema with none of them, annotations and unknown
+# keywords aside, takes any value)
+_ASSERTIONS = frozenset((
+    "type", "enum", "const", "properties", "patternProperties", "additionalProperties", "items", "prefixItems",
+    "additionalItems", "contains", "minItems", "maxItems", "uniqueItems", "minContains", "maxContains", "required",
+    "dependentRequired", "dependentSchemas", "dependencies", "propertyNames", "minProperties", "maxProperties",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength", "pattern",
+    "format", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref", "$dynamicRef", "$recursiveRef",
+    "unevaluatedProperties", "unevaluatedItems"))
 
 
 def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: Optional[list] = None,
@@ -69,6 +76,8 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     budget[0] -= 1
     if budget[0] < 0:
         return _NONE
+    if schema is True and depth <= MAX_DEPTH:
+        schema = {}  # (any value)
     if not isinstance(schema, dict) or depth > MAX_DEPTH:
         return _NONE if schema is False else None
     if "const" in schema:
@@ -119,7 +128,7 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
             one = sample(schema.get("items", {}), root, depth + 1, alt, budget, required, negative)
             vals = [one] * (n if n <= 4 else 1)
         return [v for v in vals if v is not _NONE]
-    if kind is None and set(schema) <= _ANNOTATIONS and not required:
+    if kind is None and _ASSERTIONS.isdisjoint(schema) and not required:
         # any value (`{}`): as outputs write one, an object of a string and a number, an
         # array of a string, a fraction and an object, numbers below zero in the pretty one
         if negative:
