@@ -182,7 +182,7 @@ def test_sample_numbers_between_bounds_and_any_values():
                                                "x": {"description": "anything", "modes": {"type": "array"}}},
               "additionalProperties": False}
     assert warmup.sample(schema) == {"p": 0, "g": -127, "x": {"a": "abc", "b": 1}}
-    assert warmup.sample(schema, alt=1) == {"p": 59, "g": 26.5, "x": ["abc", 0.5, {"c": True}]}
+    assert warmup.sample(schema, alt=1) == {"p": 59, "g": 26.5, "x": ["abc", 0.5, {"c": "abc", "d": True}]}
     assert warmup.sample({"type": "number", "minimum": 0}, alt=1) == 1.5  # (past a minimum alone)
     items = {"type": "array", "minItems": 1, "items": {"type": "integer"}}  # (alt: a second item's state)
     assert warmup.sample(items) == [1] and warmup.sample(items, alt=1) == [0, 0]

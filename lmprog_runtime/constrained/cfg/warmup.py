@@ -133,7 +133,7 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         # array of a string, a fraction and an object, numbers below zero in the pretty one
         if negative:
             return {"a": -1, "b": [1, "x"]}
-        return ["abc", 0.5, {"c": True}] if alt else {"a": "abc", "b": 1}
+        return ["abc", 0.5, {"c": "abc", "d": True}] if alt else {"a": "abc", "b": 1}
     given = _given(schema, kind)
     if given is not _NONE and not alt:
         return given
