@@ -184,6 +184,9 @@ def test_sample_numbers_between_bounds_and_any_values():
     assert warmup.sample(schema) == {"p": 0, "g": -127, "x": {"a": "abc", "b": 1}}
     assert warmup.sample(schema, alt=1) == {"p": 59, "g": 26.5, "x": ["abc", 0.5, {"c": "abc", "d": True}]}
     assert warmup.sample({"type": "number", "minimum": 0}, alt=1) == 1.5  # (past a minimum alone)
+    counted = {"type": "string", "pattern": "^@(\\w){1,15}$"}  # (alt: a longer match, its count's states)
+    assert warmup.sample(counted) == "@0" and len(warmup.sample(counted, alt=1)) == warmup.ALT_PATTERN_CHARS
+    assert warmup.sample({"type": "string", "pattern": "^x{2}$"}, alt=1) == "xx"  # (none that long: the shortest)
     items = {"type": "array", "minItems": 1, "items": {"type": "integer"}}  # (alt: a second item's state)
     assert warmup.sample(items) == [1] and warmup.sample(items, alt=1) == [0, 0]
     assert warmup.sample(dict(items, maxItems=1), alt=1) == [0] and warmup.sample(dict(items, minItems=0)) == []

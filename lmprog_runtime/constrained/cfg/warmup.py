@@ -40,6 +40,7 @@ MAX_TOKENS = 256     # tokens of the sample walked at most
 MAX_DEPTH = 6        # nesting of the sample (a recursive schema stops here)
 MAX_PROPERTIES = 24  # properties of one object in the sample
 MAX_VALUES = 400     # values in one sample (nested objects multiply)
+ALT_PATTERN_CHARS = 12  # the alternative sample's pattern texts are this long at least, where one is found
 _FORMATS = {"date": "2020-01-31", "date-time": "2020-01-31T12:00:00Z", "time": "12:00:00Z",
             "email": "ab@example.com", "uri": "https://example.com/a", "uuid": "123e4567-e89b-12d3-a456-426614174000",
             "ipv4": "10.0.0.1", "ipv6": "::1", "hostname": "example.com"}
@@ -141,7 +142,12 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         lo, hi = schema.get("minLength"), schema.get("maxLength")
         pattern = schema.get("pattern")
         least = lo if isinstance(lo, int) and not isinstance(lo, bool) else None
-        text = _pattern_text(pattern, least) if isinstance(pattern, str) and time.monotonic() < budget[1] else None
+        text = None
+        if isinstance(pattern, str) and time.monotonic() < budget[1]:
+            if alt:  # (a longer match: the states of a counted repetition along it)
+                text = _pattern_text(pattern, max(least or 0, ALT_PATTERN_CHARS))
+            if text is None:
+                text = _pattern_text(pattern, least)
         if text is not None:
             return text
         text = _FORMATS.get(schema.get("format"), "Abc de-f 12" if alt else "abc")
