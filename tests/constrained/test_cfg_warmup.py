@@ -241,6 +241,13 @@ def test_pattern_samples_are_bounded(cfg, monkeypatch):
     assert time.perf_counter() - t0 < 2.0 + warmup.WARMUP_S
 
 
+def test_a_fifth_sample_turns_the_first():
+    """The first sample with its keys in reverse order and one-item arrays doubled (keys
+    in another order, later items: states of their own)."""
+    got = warmup._turned({"a": 1, "b": [{"c": 1, "d": "x"}], "e": [1, 2]})
+    assert json.dumps(got) == json.dumps({"e": [1, 2], "b": [{"d": "x", "c": 1}, {"d": "x", "c": 1}], "a": 1})
+
+
 def test_warmup_deadline_leaves_out_garbage_collections():
     """A full collection (in a process holding many grammars, a fifth of a second) does not
     count against WARMUP_S: it would otherwise end the walk and leave the masks to the

@@ -2,10 +2,10 @@
 transition is new to its table: docs/constrained.md, "Where the time went next"), and a mask
 is on the critical path of a decode step, while compiling runs on the grammar queue's thread
 before the request is admitted. So a compiled grammar computes its root mask and, for a JSON
-Schema, walks four small instances of the schema (`sample`: compact, its alternative branches
+Schema, walks five small instances of the schema (`sample`: compact, its alternative branches
 with a key of each pattern property and undeclared keys where the object allows them,
-pretty-printed with numbers below zero, required properties only), token by token, as a
-request would:
+pretty-printed with numbers below zero, required properties only, the first with its keys
+in reverse order: `_turned`), token by token, as a request would:
 the structural rows every output needs (the object's keys and their closes, `:` `,` `}`, each
 property's value starts and string bodies) are derived then, and the masks of those states
 are in the grammar's cache when the first request asks. A string with a `pattern` gets one
@@ -336,13 +336,18 @@ def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[st
     try:
         schema = json.loads(schema_text)
         texts = []
+        values = []
         for alt, indent, required in ((0, None, False), (1, None, False), (0, 2, False), (0, None, True)):
             value = sample(schema, alt=alt, required=required, negative=indent is not None)
             if value is not _NONE:
-                text = json.dumps(value, indent=indent, separators=(",", ": ") if indent else (",", ":"),
-                                  ensure_ascii=False)
-                if text not in texts:
-                    texts.append(text)
+                values.append((value, indent))
+        if values:
+            values.append((_turned(values[0][0]), None))
+        for value, indent in values:
+            text = json.dumps(value, indent=indent, separators=(",", ": ") if indent else (",", ":"),
+                              ensure_ascii=False)
+            if text not in texts:
+                texts.append(text)
     except (ValueError, TypeError, RecursionError):
         return
     encoded = [tokenizer.encode(text) for text in texts]  # (the first call makes the tokenizer)
@@ -350,6 +355,19 @@ def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[st
     for tokens in encoded:
         if tokens is None or not _walk(grammar, row, tokens, deadline):
             return
+
+
+def _turned(value: Any) -> Any:
+    """The sample with each object's members in reverse order and each one-item array's
+    item twice: outputs often write keys in another order than the schema's, and an
+    object met after other keys (or a later item) is in states of its own (an enclosing
+    object's required keys already seen, the array's later items' count)."""
+    if isinstance(value, dict):
+        return {k: _turned(v) for k, v in reversed(list(value.items()))}
+    if isinstance(value, list):
+        items = [_turned(v) for v in value]
+        return items * 2 if len(items) == 1 else items
+    return value
 
 
 def _clock() -> float:
