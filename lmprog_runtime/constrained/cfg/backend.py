@@ -215,7 +215,8 @@ class CfgBackend(GrammarBackend):
         shared = _Compiled(machine, MaskEngine(machine, self.vocab), self.table, self.eos_token_ids,
                            self.vocab_size)
         try:  # a matcher of its own walks the first masks into the shared caches (warmup.py)
-            warm(CfgGrammar(shared), self.sample_tokenizer, spec if kind == "json" else None)
+            with shared.engine.warming():
+                warm(CfgGrammar(shared), self.sample_tokenizer, spec if kind == "json" else None)
         except Exception:  # noqa: BLE001 - only speed depends on it; the request will meet the error itself
             logger.debug("grammar warm-up failed", exc_info=True)
         shared.engine.reserve(TABLE_HEADROOM, TABLE_LEAST)

@@ -13,6 +13,7 @@ cached by the state with its counters clamped to the longest token.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import re
 import threading
 from collections import OrderedDict
@@ -453,7 +454,9 @@ class MaskEngine:
         or None. A token there spells the start of a name, or closes it and gets at most to
         its value's first byte (VocabInfo.keys_stop_at_value): it reads of the keys seen only
         that its name is not among them, so a name's tokens are the same whatever else was
-        seen, and a key met after another set of keys costs an OR per name left, not a walk."""
+        seen, and a key met after another set of keys costs an OR per name left, not a walk.
+        The names' masks are made during the compile's warm-up (`warming`: a walk per name
+        costs more than one walk of them all); a name not met then leaves the key to a walk."""
         if (key is not None or start is not None or not self._json or not self.vocab.keys_stop_at_value
                 or len(state) != 1 or state[0] is None):
             return None
@@ -468,19 +471,32 @@ class MaskEngine:
         node = obj[1]
         if node.key_node is None or node.key_node.residual is not None:
             return None
+        names = self._names
+        if not getattr(self._local, "warming", False) and any((node, n) not in names for n in top[1].enum):
+            return None  # (a walk costs less than a walk per name: those are paid at compile)
         out = None
         for name in top[1].enum:
-            got = self._names.get((node, name))
+            got = names.get((node, name))
             if got is None:  # (that name alone is the key rule: the walk spells its tokens)
                 one = _one_name(node, name)
                 got = self._compute(None, (((top[0], one) + top[2:], rest),), hist)
                 with self._lock:
-                    if len(self._names) >= MEMO_STATES:
-                        self._names.clear()
-                    self._names[(node, name)] = got
+                    if len(names) >= MEMO_STATES:
+                        names.clear()
+                    names[(node, name)] = got
             out = got.copy() if out is None else np.bitwise_or(out, got, out=out)
         self._local.read_text = True  # (not stored under the canonical key: that one is the walk's)
         return out
+
+    @contextlib.contextmanager
+    def warming(self):
+        """This thread computes masks ahead of requests (cfg/warmup.py): a closed object's
+        key start then makes each name's own mask (`_names_left`)."""
+        self._local.warming = True
+        try:
+            yield
+        finally:
+            self._local.warming = False
 
     def _recall(self, key) -> Optional[np.ndarray]:
         """The memoized mask under `key` (None: no key, or none stored)."""
