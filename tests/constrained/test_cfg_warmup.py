@@ -241,6 +241,12 @@ def test_pattern_samples_are_bounded(cfg, monkeypatch):
     assert time.perf_counter() - t0 < 2.0 + warmup.WARMUP_S
 
 
+def test_sample_without_type_takes_the_kind_its_keywords_describe():
+    assert warmup.sample({"minimum": 5}) == 5 and warmup.sample({"maxLength": 2}) == "ab"
+    assert warmup.sample({"minItems": 1, "uniqueItems": True}) == [{"a": "abc", "b": 1}]
+    assert warmup.sample({"required": ["a"]}) == {} and warmup.sample({"not": {"type": "null"}}) is None
+
+
 def test_a_fifth_sample_turns_the_first():
     """The first sample with its keys in reverse order and one-item arrays doubled (keys
     in another order, later items: states of their own)."""

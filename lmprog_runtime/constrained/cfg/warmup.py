@@ -50,6 +50,15 @@ _TIMES = {"2020-01-31": ("2020-01-31", "2024-12-15", "2021-10-05"),
           "2020-01-31T12:00:00Z": ("2020-01-31T12:00:00Z", "2024-12-15T09:30:45+01:00", "2021-10-05T23:59:59.5Z"),
           "12:00:00Z": ("12:00:00Z", "09:30:45+01:00", "23:59:59.5Z")}
 _NONE = object()  # no sample value
+# the kind of value a schema without `type` most likely describes, by its keywords
+_KIND_WORDS = (
+    ("object", frozenset(("properties", "required", "patternProperties", "additionalProperties", "propertyNames",
+                          "minProperties", "maxProperties", "dependentRequired", "dependentSchemas",
+                          "dependencies", "unevaluatedProperties"))),
+    ("array", frozenset(("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
+                         "contains", "minContains", "maxContains", "unevaluatedItems"))),
+    ("string", frozenset(("minLength", "maxLength", "pattern", "format"))),
+    ("number", frozenset(("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"))))
 # keywords that constrain a value (a schema with none of them, annotations and unknown
 # keywords aside, takes any value)
 _ASSERTIONS = frozenset((
@@ -100,8 +109,8 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
-    if kind is None:
-        kind = "object" if "properties" in schema else "array" if "items" in schema else None
+    if kind is None:  # (the kind the schema's keywords apply to: e.g. a number under `minimum`)
+        kind = next((k for k, words in _KIND_WORDS if not words.isdisjoint(schema)), None)
     if kind == "object":
         out = {}
         props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
