@@ -266,3 +266,21 @@ def test_warmup_deadline_leaves_out_garbage_collections():
     wall, clock = time.monotonic() - wall, warmup._clock() - clock
     assert wall > 0.002 and clock < wall / 2, (wall, clock)
     del junk
+
+
+def test_a_schema_without_type_walks_a_value_of_each_kind(cfg, tokenizer, monkeypatch):
+    """`{"minimum": 1}` takes any string, object, array, boolean or null: the warm-up walks
+    one of each, so those values' first masks are cached."""
+    g0 = cfg.compile("json", json.dumps({"minimum": 1, "$comment": "kinds"}))
+    eng = g0._shared.engine
+    walked = []
+    compute = eng._compute
+    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
+    row = np.empty(cfg.vocab_size, np.bool_)
+    for text in ('"abc"', "12", "true", "null"):
+        g = g0.copy()
+        for t in tokenizer.encode(text, add_special_tokens=False):
+            g.write_mask(row)
+            assert row[t]
+            g.accept_token(t)
+    assert not walked

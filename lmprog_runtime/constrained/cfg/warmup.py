@@ -5,7 +5,8 @@ before the request is admitted. So a compiled grammar computes its root mask and
 Schema, walks five small instances of the schema (`sample`: compact, its alternative branches
 with a key of each pattern property and undeclared keys where the object allows them,
 pretty-printed with numbers below zero, required properties only, the first with its keys
-in reverse order: `_turned`), token by token, as a request would:
+in reverse order: `_turned`; and for a schema without `type`, a value of each kind), token
+by token, as a request would:
 the structural rows every output needs (the object's keys and their closes, `:` `,` `}`, each
 property's value starts and string bodies) are derived then, and the masks of those states
 are in the grammar's cache when the first request asks. A string with a `pattern` gets one
@@ -50,6 +51,8 @@ _TIMES = {"2020-01-31": ("2020-01-31", "2024-12-15", "2021-10-05"),
           "2020-01-31T12:00:00Z": ("2020-01-31T12:00:00Z", "2024-12-15T09:30:45+01:00", "2021-10-05T23:59:59.5Z"),
           "12:00:00Z": ("12:00:00Z", "09:30:45+01:00", "23:59:59.5Z")}
 _NONE = object()  # no sample value
+# values of every kind, walked (as far as the grammar takes each) for a schema without `type`
+_OTHER_KINDS = ("abc", 12, {"a": "abc"}, ["abc", 1], True, None)
 # the kind of value a schema without `type` most likely describes, by its keywords
 _KIND_WORDS = (
     ("object", frozenset(("properties", "required", "patternProperties", "additionalProperties", "propertyNames",
@@ -352,6 +355,8 @@ def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[st
                 values.append((value, indent))
         if values:
             values.append((_turned(values[0][0]), None))
+        if isinstance(schema, dict) and "type" not in schema:  # (its keywords leave other kinds free)
+            values.extend((v, None) for v in _OTHER_KINDS)
         for value, indent in values:
             text = json.dumps(value, indent=indent, separators=(",", ": ") if indent else (",", ":"),
                               ensure_ascii=False)
