@@ -272,6 +272,7 @@ class TableWalker:
         self._pend = np.zeros(258, dtype=np.int32)  # bytes to derive at a stop (count first)
         self._args: dict = {}  # id(trie) -> (trie, the C walk's fixed arguments before `out`, after it)
         self._out = np.zeros(engine.vocab.n_slots, dtype=np.uint8)  # the row a walk writes
+        self._replays: dict = {}  # this walk's concrete states by path (_replayed)
         # False after a walk that read neither the output text nor a concrete state: its
         # mask is then that of the canonical root, whatever the text (MaskEngine memo)
         self.read_text = True
@@ -291,6 +292,7 @@ class TableWalker:
         self.read_text = root_key(state) is not None  # (the C walk reads a key's text at its closes)
         out = self._out  # (one row per walker, cleared: the engine packs it before the next walk)
         out.fill(0)
+        self._replays.clear()
         self._stack[0] = root
         self._run(state, hist, trie, lists, out)
         return self._tokens(out, trie)
@@ -349,7 +351,7 @@ class TableWalker:
         if t is not None and t >= 0 and (tab.lives[t] in (1, 2) or lists[3][i] == trie.sink):
             state = tab.states[t]  # canonical: only its id and its table liveness are read
         else:
-            state = _replay(eng.machine, root, hist, bytes(path[:d]), ctx)
+            state = self._replayed(root, hist, bytes(path[:d]), ctx)
             if not state:
                 return lists[2][i]
         if step:
@@ -367,6 +369,24 @@ class TableWalker:
             if lives == 1:
                 out[tok] = 1
         return i + 1
+
+    def _replayed(self, root: tuple, hist: bytes, prefix: bytes, ctx) -> tuple:
+        """`_replay` of `prefix` from the walk's root, resumed from the longest prefix of it
+        this walk replayed before (the trie walk meets a subtree's concrete steps in order:
+        `{}`, `{}}`, `{}},` ... share their first bytes' states); () when it dies."""
+        memo = self._replays
+        got = memo.get(prefix)
+        if got is not None:
+            return got
+        k = len(prefix) - 1
+        while k > 0 and prefix[:k] not in memo:
+            k -= 1
+        state = memo[prefix[:k]] if k > 0 else root
+        machine, base = self.engine.machine, len(hist)
+        for j in range(k, len(prefix)):
+            state = machine.advance(state, prefix[j], base + j, ctx) if state else ()
+            memo[prefix[:j + 1]] = state
+        return state
 
     def _free_exponent(self, d: int) -> bool:
         """Node d's step is the `e` of a free number whose mantissa text canonical() made "0"
