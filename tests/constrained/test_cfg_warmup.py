@@ -190,6 +190,8 @@ def test_sample_numbers_between_bounds_and_any_values():
     items = {"type": "array", "minItems": 1, "items": {"type": "integer"}}  # (alt: a second item's state)
     assert warmup.sample(items) == [1] and warmup.sample(items, alt=1) == [0, 0]
     assert warmup.sample(dict(items, maxItems=1), alt=1) == [0] and warmup.sample(dict(items, minItems=0)) == []
+    members = {"type": "array", "items": {"enum": ["a", "b", 3, "c"], "type": "string"}, "maxItems": 2}
+    assert warmup.sample(members) == ["a"] and warmup.sample(members, alt=1) == ["a", "b"]  # (each member's states)
     assert warmup.sample(schema, negative=True)["x"] == {"a": -1, "b": [1, "x"]}
     assert warmup.sample(schema, required=True)["x"] is None
     assert warmup.sample({"type": "array", "items": True}) == [{"a": "abc", "b": 1}]

@@ -42,6 +42,7 @@ MAX_DEPTH = 6        # nesting of the sample (a recursive schema stops here)
 MAX_PROPERTIES = 24  # properties of one object in the sample
 MAX_VALUES = 400     # values in one sample (nested objects multiply)
 ALT_PATTERN_CHARS = 12  # the alternative sample's pattern texts are this long at least, where one is found
+ENUM_ITEMS = 8       # an array of enum members: the alternative sample's items are its first members, this many
 _FORMATS = {"date": "2020-01-31", "date-time": "2020-01-31T12:00:00Z", "time": "12:00:00Z",
             "email": "ab@example.com", "uri": "https://example.com/a", "uuid": "123e4567-e89b-12d3-a456-426614174000",
             "ipv4": "10.0.0.1", "ipv6": "::1", "hostname": "example.com"}
@@ -78,10 +79,10 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     """A small JSON value the schema likely accepts (every declared property, the first
     branch of a choice, a scalar's own `examples` / `default`, a pattern's shortest match,
     bounds' lower ends, a value of any kind an object or an array of other kinds; `alt` 1:
-    the last branch and enum member, two array items, longer strings, a fraction, a number
-    between its bounds or past a minimum alone; `required`: of an object that lists
-    required properties, only those; `negative`: numbers below zero where no minimum
-    forbids it), or `_NONE`. Best effort: the walk checks it.
+    the last branch and enum member, two array items (an enum's: its first members), longer
+    strings, a fraction, a number between its bounds or past a minimum alone; `required`:
+    of an object that lists required properties, only those; `negative`: numbers below zero
+    where no minimum forbids it), or `_NONE`. Best effort: the walk checks it.
     At most MAX_VALUES values (`budget`: the count left, shared by the recursion, and the
     time.monotonic() past which patterns get no sample)."""
     root = schema if root is None else root
@@ -138,8 +139,15 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
             n = least if _is_count(least) else 1
             if alt and not (_is_count(most) and most < 2):
                 n = max(n, 2)
-            one = sample(schema.get("items", {}), root, depth + 1, alt, budget, required, negative)
-            vals = [one] * (n if n <= 4 else 1)
+            item = schema.get("items", {})
+            members = item.get("enum") if isinstance(item, dict) else None
+            if alt and isinstance(members, list) and len(members) > 1 and not (_is_count(most) and most < 2):
+                # (an enum's items: its members one after another, each prefix a state of its own)
+                vals = [v for v in members if _has_type(v, item.get("type"))][:most if _is_count(most) else ENUM_ITEMS]
+                vals = vals[:ENUM_ITEMS]
+            else:
+                one = sample(item, root, depth + 1, alt, budget, required, negative)
+                vals = [one] * (n if n <= 4 else 1)
         return [v for v in vals if v is not _NONE]
     if kind is None and _ASSERTIONS.isdisjoint(schema) and not required:
         # any value (`{}`): as outputs write one, an object of a string and a number, an
