@@ -10,7 +10,7 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime.constrained.cfg.machine import _NUM, MAX_NUMBER_CHARS
-from lmprog_runtime.constrained.cfg.nodes import _EXACT, Node, _reachable
+from lmprog_runtime.constrained.cfg.nodes import _EXACT, _reachable
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 
 
@@ -146,12 +146,7 @@ def _free_twin(node):
     threads make it at once, so their canonical states are the same)."""
     got = node._child.get(_TWIN)
     if got is None:
-        got = Node(node.schema)
-        for slot in Node.__slots__:
-            setattr(got, slot, getattr(node, slot))
-        got._child = {}
-        got.lo, got.lo_excl = None, False
-        got = node._child.setdefault(_TWIN, got)
+        got = node._child.setdefault(_TWIN, node.variant(lo=None, lo_excl=False))
     return got
 
 

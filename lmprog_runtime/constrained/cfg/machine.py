@@ -369,11 +369,5 @@ def _key_rule(node: Node, seen: frozenset) -> Node:
     memo_key = ("__keys__", seen)
     got = node._child.get(memo_key)
     if got is None:
-        got = Node(kn.schema)
-        for slot in Node.__slots__:
-            if slot not in ("_child",):
-                setattr(got, slot, getattr(kn, slot))
-        got._child = {}
-        got.enum = tuple(k for k in kn.enum if k not in seen)
-        node._child[memo_key] = got
+        got = node._child[memo_key] = kn.variant(enum=tuple(k for k in kn.enum if k not in seen))
     return got

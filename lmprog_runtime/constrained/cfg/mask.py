@@ -23,7 +23,6 @@ import numpy as np
 
 from lmprog_runtime.constrained.cfg.classtable import ClassTable
 from lmprog_runtime.constrained.cfg.machine import Machine, utf8_start
-from lmprog_runtime.constrained.cfg.nodes import Node
 from lmprog_runtime.constrained.cfg.regex import RegexError
 from lmprog_runtime.constrained.cfg.table import TableWalker, c_table_walker
 from lmprog_runtime.constrained.trie_walk import TokenTrie
@@ -287,13 +286,7 @@ def _one_name(node, name: str):
     memo_key = ("__key__", name)
     got = node._child.get(memo_key)
     if got is None:
-        kn = node.key_node
-        got = Node(kn.schema)
-        for slot in Node.__slots__:
-            setattr(got, slot, getattr(kn, slot))
-        got._child = {}
-        got.enum = (name,)
-        got = node._child.setdefault(memo_key, got)
+        got = node._child.setdefault(memo_key, node.key_node.variant(enum=(name,)))
     return got
 
 

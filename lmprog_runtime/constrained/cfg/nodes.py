@@ -57,6 +57,16 @@ class Node:
         self._child: dict = {}
         self.name = ""
 
+    def variant(self, **changes) -> "Node":
+        """A copy of this rule with `changes` made, and a memo (`_child`) of its own."""
+        got = Node(self.schema)
+        for slot in Node.__slots__:
+            setattr(got, slot, getattr(self, slot))
+        got._child = {}
+        for name, value in changes.items():
+            setattr(got, name, value)
+        return got
+
     def allows_string(self) -> bool:
         return "string" in self.types
 
