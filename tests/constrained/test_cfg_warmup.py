@@ -149,8 +149,9 @@ def test_sample_writes_undeclared_and_pattern_keys_where_allowed():
               "additionalProperties": {"type": "integer", "minimum": 5}}
     assert warmup.sample(schema) == {"a": 1}
     assert warmup.sample(schema, alt=1) == {"a": 0, "extra_key": 6}  # (alt 1 only: outputs mostly keep to the names)
-    # (a missing one allows any: a string, and a value whose start is a token of its own)
-    assert warmup.sample({"type": "object"}, alt=1) == {"extra_key": "abc", "extra_num": 1}
+    # (a missing one allows any: a string, a value whose start is a token of its own, an object)
+    assert warmup.sample({"type": "object"}, alt=1) == {"extra_key": "abc", "extra_num": 1,
+                                                        "extra_obj": {"a": "abc", "b": True}}
     assert warmup.sample(dict(schema, additionalProperties=False), alt=1) == {"a": 0}
     assert warmup.sample({"type": "object", "patternProperties": {"^x_[0-9]+$": {"type": "boolean"}},
                           "additionalProperties": False}, alt=1) == {"x_0": True}
@@ -162,7 +163,20 @@ def test_sample_enum_members_of_the_schemas_type():
     schema = {"type": "object", "properties": {"kind": {"enum": ["A", "B"], "type": "object"},
                                                "n": {"enum": ["x", 2, 3.5], "type": "integer"}, "s": {"enum": ["p", 1]}}}
     assert warmup.sample(schema) == {"n": 2, "s": "p"}
-    assert warmup.sample(schema, alt=1) == {"n": 2, "s": 1, "extra_key": "abc", "extra_num": 1}
+    assert warmup.sample(schema, alt=1) == {"n": 2, "s": 1, "extra_key": "abc", "extra_num": 1,
+                                            "extra_obj": {"a": "abc", "b": True}}
+
+
+def test_sample_joins_all_of_branches_and_required_keys_not_declared():
+    """Every allOf branch holds, so the sample has each one's properties and required keys;
+    a required key no `properties` declares gets a value of additionalProperties' schema."""
+    schema = {"type": "object", "allOf": [{"properties": {"a": {"type": "integer"}}},
+                                          {"$ref": "#/$defs/b"}, {"required": ["c"]}],
+              "$defs": {"b": {"properties": {"b": {"type": "boolean"}}, "required": ["b"]}}}
+    assert warmup.sample(schema) == {"a": 1, "b": True, "c": {"a": "abc", "b": 1}}
+    assert warmup.sample(dict(schema, additionalProperties={"type": "string"})) == {"a": 1, "b": True, "c": "abc"}
+    assert warmup.sample(dict(schema, additionalProperties=False)) == {"a": 1, "b": True}
+    assert warmup.sample(schema, required=True) == {"b": True, "c": {"a": "abc", "b": 1}}
 
 
 def test_sample_negative_numbers_where_no_minimum_forbids_them():
@@ -246,7 +260,7 @@ def test_pattern_samples_are_bounded(cfg, monkeypatch):
 def test_sample_without_type_takes_the_kind_its_keywords_describe():
     assert warmup.sample({"minimum": 5}) == 5 and warmup.sample({"maxLength": 2}) == "ab"
     assert warmup.sample({"minItems": 1, "uniqueItems": True}) == [{"a": "abc", "b": 1}]
-    assert warmup.sample({"required": ["a"]}) == {} and warmup.sample({"not": {"type": "null"}}) is None
+    assert warmup.sample({"required": ["a"]}) == {"a": {"a": "abc", "b": 1}} and warmup.sample({"not": {"type": "null"}}) is None
 
 
 def test_a_fifth_sample_turns_the_first():

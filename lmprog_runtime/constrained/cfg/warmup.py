@@ -76,8 +76,9 @@ _ASSERTIONS = frozenset((
 
 def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: Optional[list] = None,
            required: bool = False, negative: bool = False) -> Any:
-    """A small JSON value the schema likely accepts (every declared property, the first
-    branch of a choice, a scalar's own `examples` / `default`, a pattern's shortest match,
+    """A small JSON value the schema likely accepts (every declared property and required
+    key, every allOf branch together, the first branch of a choice, a scalar's own
+    `examples` / `default`, a pattern's shortest match,
     bounds' lower ends, a value of any kind an object or an array of other kinds; `alt` 1:
     the last branch and enum member, two array items (an enum's: its first members), longer
     strings, a fraction, a number between its bounds or past a minimum alone; `required`:
@@ -104,11 +105,17 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         target = _pointer(root, ref[1:])
         if target is not None:
             return sample(target, root, depth + 1, alt, budget, required, negative)
-    for key in ("allOf", "anyOf", "oneOf"):
+    branches = schema.get("allOf")
+    if isinstance(branches, list) and branches and all(isinstance(b, dict) for b in branches):
+        merged = {k: v for k, v in schema.items() if k != "allOf"}
+        for branch in branches:  # (every branch holds: their properties and required keys together)
+            _merge(merged, _resolved(branch, root))
+        return sample(merged, root, depth + 1, alt, budget, required, negative)
+    for key in ("anyOf", "oneOf"):
         branches = schema.get(key)
-        if isinstance(branches, list) and branches and isinstance(branches[-alt if key != "allOf" else 0], dict):
+        if isinstance(branches, list) and branches and isinstance(branches[-alt], dict):
             merged = {k: v for k, v in schema.items() if k != key}
-            merged.update(branches[-alt if key != "allOf" else 0])
+            merged.update(branches[-alt])
             return sample(merged, root, depth + 1, alt, budget, required, negative)
     kind = schema.get("type")
     if isinstance(kind, list):
@@ -125,6 +132,13 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
             value = sample(sub, root, depth + 1, alt, budget, required, negative)
             if value is not _NONE:
                 out[name] = value
+        more = schema.get("additionalProperties", True)
+        for name in (needed if isinstance(needed, list) else [])[:MAX_PROPERTIES]:
+            if isinstance(name, str) and name not in out and name not in props and more is not False:
+                # (a required key no `properties` declares: a value of additionalProperties' schema)
+                value = sample(more if isinstance(more, dict) else {}, root, depth + 1, alt, budget, negative=negative)
+                if value is not _NONE:
+                    out[name] = value
         if alt and not required:
             out.update(_extra_members(schema, root, depth, alt, budget, out, negative))
         return out
@@ -200,6 +214,28 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     return None
 
 
+def _resolved(schema: dict, root: Any) -> dict:
+    """A local `$ref` schema's target (one hop), else the schema."""
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        target = _pointer(root, ref[1:])
+        if isinstance(target, dict):
+            return target
+    return schema
+
+
+def _merge(into: dict, branch: dict) -> None:
+    """allOf branch `branch` merged into the schema `into`: properties and required keys
+    joined, other keywords kept where `into` has none."""
+    for k, v in branch.items():
+        if k == "properties" and isinstance(v, dict) and isinstance(into.get(k), dict):
+            into[k] = {**into[k], **v}
+        elif k == "required" and isinstance(v, list) and isinstance(into.get(k), list):
+            into[k] = into[k] + [n for n in v if n not in into[k]]
+        else:
+            into.setdefault(k, v)
+
+
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -242,6 +278,8 @@ def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, 
                 extra[key] = value
             if free and "extra_num" not in out:
                 extra["extra_num"] = 1  # (any value: one whose start is a token of its own, after `":`)
+            if free and "extra_obj" not in out and depth < MAX_DEPTH:
+                extra["extra_obj"] = {"a": "abc", "b": True}  # (... and an object, its values any)
     return extra
 
 
