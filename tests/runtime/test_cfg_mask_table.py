@@ -472,6 +472,42 @@ def test_a_string_bodys_tokens_look_its_mask_up_once(backend, monkeypatch):
     assert len([st for st in looked if st[0][0][0] == "S" and st[0][1][0][0] == "U"]) > 6  # (by text there)
 
 
+BOUNDED_STRINGS = [
+    ({"type": "object", "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 12},
+                                       "b": {"type": "string", "maxLength": 5}}, "required": ["a"]},
+     ['{"a":"Jo\\u00e9 \\ud83d\\ude00 x","b":"x\\"y"}', '{"a":"ab\\"cdefghijk","b":""}',
+      '{"b":"12345","a":"\u00e9\u00e9\u00e9"}', '{"a":"abc\\n\\tdef", "b":"\\ud83d\\ude00"}']),
+    ({"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": 30}},
+     ['["My Load Balancer","x\\\\y","' + "a" * 30 + '"]', '["ab","\\u00e9\\u00e9"]']),
+    ({"type": "object", "additionalProperties": {"type": "string", "minLength": 20}},
+     ['{"k":"' + "abc def " * 4 + '","k2":"\\ud83d\\ude00' + "z" * 19 + '"}']),
+]
+
+
+@pytest.mark.parametrize("schema,texts", BOUNDED_STRINGS)
+def test_bounded_string_masks_equal_the_full_walk_at_every_length(backend, schema, texts):
+    """Inside strings with maxLength / minLength, at every byte (every count, escapes and
+    surrogate pairs half read), the mask equals the Python walk of the whole vocabulary:
+    a string body's cached mask is never that of another length (plain tokens longer than
+    any walked token's text count up to max_chars), and the walked part shared by every
+    length (MaskEngine._bounded) keeps each token's counters."""
+    tok, be = backend
+    g0 = be.compile("json", json.dumps(schema))
+    eng, machine = g0._shared.engine, g0._shared.machine
+    v, n = eng.vocab, 0
+    for text in texts:
+        data, state = text.encode(), machine.initial()
+        for k, b in enumerate(data):
+            hist = data[:k]
+            got = eng.mask(state, hist)
+            want = eng._walk_py(state, hist, v.trie, v.lists)
+            assert np.array_equal(got, want), (text, hist, np.nonzero(got != want)[0][:8])
+            state = machine.advance(state, b, k, lambda start, end: data[start:end])
+            assert state, (text, k)
+            n += 1
+    assert n > 60
+
+
 def test_string_steps_shared_across_nodes_keep_each_nodes_bounds(backend):
     """Strings of different nodes share their steps only where the steps agree: the same
     maxLength, and the same minLength (no maxLength: the canonical count is clamped at it)."""

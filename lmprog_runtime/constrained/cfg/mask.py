@@ -337,7 +337,9 @@ class MaskEngine:
         key = self._fast_key(state)
         body = None
         if key is not None and state[0][0][0] == "S":  # a string body: the same stack below it along its tokens
-            body = key[1][0][:5] + (id(state[0][1]),)
+            # (the plain part's characters left too: counted up to max_chars, the walked
+            # part's (the fast key's) up to max_special only)
+            body = key[1][0][:5] + (self._plain_left(state[0][0]), id(state[0][1]))
             got = self._bodies.get(body)  # (an entry holds that stack: its id is not reused meanwhile)
             if got is not None:
                 return got[1]
@@ -610,9 +612,12 @@ class MaskEngine:
     def _plain_part(self, top) -> np.ndarray:
         """The plain tokens an S frame allows, packed: all (or those its patterns survive),
         less those longer than the characters left (cached per patterns and characters left)."""
-        node, count = top[1], top[2]
-        left = None if node.max_len is None else min(node.max_len - count, self.vocab.max_chars)
-        return self._packed_part((top[6], left))
+        return self._packed_part((top[6], self._plain_left(top)))
+
+    def _plain_left(self, top) -> Optional[int]:
+        """The characters an S frame's plain tokens may still add (None: no maxLength)."""
+        node = top[1]
+        return None if node.max_len is None else min(node.max_len - top[2], self.vocab.max_chars)
 
     def _packed_part(self, key) -> np.ndarray:
         """Packed string-body part `key`: (patterns, characters left or None), or ("R",
