@@ -23,6 +23,7 @@ import numpy as np
 
 from lmprog_runtime.constrained.cfg.classtable import ClassTable
 from lmprog_runtime.constrained.cfg.machine import Machine, utf8_start
+from lmprog_runtime.constrained.cfg.nodes import Node
 from lmprog_runtime.constrained.cfg.regex import RegexError
 from lmprog_runtime.constrained.cfg.table import TableWalker, c_table_walker
 from lmprog_runtime.constrained.trie_walk import TokenTrie
@@ -32,6 +33,7 @@ MEMO_PARTS = 64     # cached string-body parts per grammar (bool rows)
 MEMO_UNIONS = 256   # cached string-body masks (walked part | plain part) per grammar, packed
 MAX_NAMES_LEFT = 64  # a closed object's key start is the union of its names' masks up to this many names
 MAX_TABLE_CHARS = 32  # plain tokens up to this many characters go through the regex tables
+_UNBOUNDED = ("__unbounded__",)  # (Node._child key: the rule less its length bounds, MaskEngine._bounded)
 _DIGIT_RUN = re.compile(rb"[0-9]+")
 _NUMBER_RUN = re.compile(rb"[0-9.eE+-]*")  # a token's first bytes a number may take
 _EXPONENT_DIGIT = re.compile(rb"[eE][+-]?[0-9]")
@@ -60,6 +62,9 @@ class VocabInfo:
         self.special = TokenTrie(special, use_c=False)
         # counters clamp at the most characters a walked token can add before it leaves the string
         self.max_special = max((b.find(b'"') if b'"' in b else len(b) for b in special if b), default=1) + 1
+        # what a plain string body's counters read of each walked token (MaskEngine._bounded)
+        self.str_need, self.str_chars = _string_profiles(special, self.n_slots, self.max_special)
+        self._in_string: dict = {}  # (characters left, deficit) -> packed tokens (in_string)
         # plain tokens that end on a character boundary, as code points (CSR by level), for
         # the vectorized regex walk; the others (a character cut by the token's end) are walked
         self.whole = np.zeros(self.n_slots, dtype=np.bool_)
@@ -117,6 +122,66 @@ class VocabInfo:
         self.lists = _lists(self.trie)
         self.special_lists = _lists(self.special)
         self.cut_lists = _lists(self.special_or_cut)
+
+
+    def in_string(self, left: int, deficit: int) -> np.ndarray:
+        """Packed: the walked tokens whose part inside a plain string body (no pattern, no
+        enum) passes its counters with `left` characters still allowed and `deficit` still
+        needed before the closing quote (memoized; at most (max_special + 1)^2 of them)."""
+        got = self._in_string.get((left, deficit))
+        if got is None:
+            ok = (self.str_need <= left) & ((self.str_chars < 0) | (self.str_chars >= deficit))
+            got = self._in_string[(left, deficit)] = np.packbits(ok)
+        return got
+
+
+def _string_profiles(special: Sequence[Optional[bytes]], n_slots: int, cap: int):
+    """For each token of the walked trie (int32 [n_slots] each): `need`, the fewest
+    characters a plain string body must still allow for the token's part inside it (up to
+    and including the closing quote, when it has one) to pass its counters (cap + 1: it never
+    passes), and `chars`, the characters counted at that closing quote (-1: none). Both
+    read off the matcher's own string steps (machine.py, strings.py): every counter check
+    compares the characters begun with maxLength (more room never refuses more) and the
+    closing quote compares those counted with minLength, so the part passes a body with
+    `left` characters allowed and `deficit` needed iff need <= left and, where it closes,
+    chars >= deficit. Its tokens have fewer than `cap` bytes before their first quote."""
+    need = np.full(n_slots, cap + 1, dtype=np.int32)
+    chars = np.full(n_slots, -1, dtype=np.int32)
+    machine = Machine(None, None, None, None, 0)  # (a plain body reads neither patterns nor checks)
+    bottom = (("D", 0), None)
+
+    def passes(data: bytes, most: Optional[int]):
+        node = Node()
+        node.max_len = most
+        st = [(("S", node, 0, 0, 0, 0, (), None), bottom)]
+        for b in data:
+            top = st[0][0]
+            if top[0] != "S":  # (closed: what follows is the stack below's)
+                break
+            closing = b == 0x22 and not top[3] and not top[4]
+            st = machine._string(top, st[0][1], b, 0, None)
+            if not st:
+                return False, -1
+            if closing:
+                return True, top[2]
+        return True, -1
+
+    for i, data in enumerate(special):
+        if not data:
+            continue
+        ok, counted = passes(data, None)
+        if not ok:
+            continue
+        lo, hi = 0, cap
+        while lo < hi:  # (the fewest: passing is monotone in the characters allowed)
+            mid = (lo + hi) // 2
+            if passes(data, mid)[0]:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo < cap or passes(data, cap)[0]:
+            need[i], chars[i] = lo, counted
+    return need, chars
 
 
 _KEY_CLOSE = re.compile(rb'"[ \t\n\r]*:[ \t\n\r]*')
@@ -315,7 +380,7 @@ class MaskEngine:
         self._lock = threading.Lock()
         self._alive: dict[int, np.ndarray] = {}
         self._parts: dict = {}
-        self._unions: dict = {}  # (id(walked), id(plain part)) -> (walked, part, their union)
+        self._unions: dict = {}  # (id(walked), id(plain part)) -> (walked, part, their union); _bounded's too
         self._bodies: dict = {}  # a string body's fast-key parts and id(stack below) -> (that stack, its mask)
         self._local = threading.local()  # read_text: whether this thread's last walk read the text
         self._table: Optional[ClassTable] = None
@@ -343,7 +408,9 @@ class MaskEngine:
             got = self._bodies.get(body)  # (an entry holds that stack: its id is not reused meanwhile)
             if got is not None:
                 return got[1]
-        got = self._masked(key, state, hist)
+        got = self._bounded(key, state, hist) if body is not None else None
+        if got is None:
+            got = self._masked(key, state, hist)
         if key is None:
             return got
         top = state[0][0]  # (the string body's plain tokens within its counters)
@@ -362,6 +429,36 @@ class MaskEngine:
                     self._bodies.clear()
                 self._bodies[body] = (state[0][1], done[2])
         return done[2]
+
+    def _bounded(self, key, state: tuple, hist: bytes) -> Optional[np.ndarray]:
+        """The walked part of a plain string value's body whose rule bounds its length
+        (no pattern, no enum, no check reading its text below), or None: that of the same
+        body without bounds (`_unbounded`: memoized for every length) ANDed with the tokens
+        whose part inside the string passes its counters (VocabInfo.in_string). The part
+        after a token's closing quote is read by the stack below alone (a value string's
+        close passes no text on), and the part before it by the counters alone, so a
+        string with maxLength / minLength walks once per context, not once per length."""
+        top, rest = state[0]
+        node = top[1]
+        if top[6] or top[7] is not None or (node.max_len is None and not node.min_len):
+            return None
+        if _capture_start(state) is not None:
+            return None
+        twin = node._child.get(_UNBOUNDED)
+        if twin is None:
+            twin = node._child.setdefault(_UNBOUNDED, node.variant(min_len=0, max_len=None))
+        free = ((("S", twin, 0) + top[3:], rest),)
+        base = self._masked(self._fast_key(free), free, hist)
+        _, left, deficit = key[1][0][:3]
+        pair = (id(base), left, deficit)
+        done = self._unions.get(pair)  # (an entry holds the array: its id is not reused meanwhile)
+        if done is None:
+            done = (base, base & self.vocab.in_string(left, deficit))
+            with self._lock:
+                if len(self._unions) >= MEMO_UNIONS:
+                    self._unions.clear()
+                self._unions[pair] = done
+        return done[1]
 
     def write_row(self, state: tuple, hist: bytes, row: np.ndarray, overwrite: bool) -> None:
         """The allowed tokens of `state` written into the numpy bool row (the rest of it,
