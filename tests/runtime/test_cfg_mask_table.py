@@ -789,6 +789,34 @@ def test_objects_keys_seen_are_read_as_their_checks_when_masks_are_shared(backen
     assert g1._shared.engine._ctx_key(None, g1.state, None) is None
 
 
+def test_below_an_object_that_cannot_close_nothing_is_read_when_masks_are_shared(backend):
+    """Inside an object whose required keys are not all seen, no token reaches its `}`, so
+    the objects below it (whatever keys they have seen) do not tell its values' masks
+    apart: the second record's value masks are memoized ones, and each is the Python
+    walk's (an object that may close keeps the stack below it in the key)."""
+    tok, be = backend
+    inner = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+             "required": ["x", "y"]}
+    schema = {"type": "object", "properties": {"p": inner, "q": inner, "r": {"type": "string"}}, "required": ["r"]}
+    g0 = be.compile("json", json.dumps(schema))
+    eng = g0._shared.engine
+    oracle = MaskEngine(g0._shared.machine, be.vocab, use_c=False)
+    assert _walk(tok, g0, oracle, '{"p":{"x":12,"y":3},"r":"a"}', "p", must_accept=True) > 8
+    walked = []
+    compute = eng._compute
+    eng._compute = lambda key, state, hist: walked.append(bytes(hist)) or compute(key, state, hist)
+    try:  # (q after p and r: the root may close there, but no token gets past q's value `x`)
+        assert _walk(tok, g0, oracle, '{"r":"a","p":{"x":12,"y":3},"q":{"x":12,"y":3}}', "q", must_accept=True) > 8
+    finally:
+        del eng._compute
+    assert not [h for h in walked if h.endswith((b'"q":{"x":', b'"q":{"x":1'))], walked
+    g = g0.copy()
+    for tid in tok.encode('{"r":"a","q":{"x":12', add_special_tokens=False):
+        g.accept_token(tid)
+    key = eng._ctx_key(None, g.state, None)
+    assert key[2][-1] == ("unreached",) and len(key[2]) == 3  # (the number, q's object, then nothing)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("corpus", ["dev", "suite"])
 def test_no_dead_ends_along_corpus_instances(backend, corpus):

@@ -33,6 +33,7 @@ MEMO_PARTS = 64     # cached string-body parts per grammar (bool rows)
 MEMO_UNIONS = 256   # cached string-body masks (walked part | plain part) per grammar, packed
 MAX_NAMES_LEFT = 64  # a closed object's key start is the union of its names' masks up to this many names
 MAX_TABLE_CHARS = 32  # plain tokens up to this many characters go through the regex tables
+_UNREACHED = ("unreached",)  # (MaskEngine._ctx_key: the stack below an object that cannot close yet)
 _UNBOUNDED = ("__unbounded__",)  # (Node._child key: the rule less its length bounds, MaskEngine._bounded)
 _DIGIT_RUN = re.compile(rb"[0-9]+")
 _NUMBER_RUN = re.compile(rb"[0-9.eE+-]*")  # a token's first bytes a number may take
@@ -686,7 +687,9 @@ class MaskEngine:
         (VocabInfo.no_key_after_comma), so nothing else reads them: the value of a property
         met after other keys than the sample's, or in another order, shares its masks. An
         object right after a key (phase 1, on top) is told so too, with its value's rule; a
-        string body on the fast path by its frame as `_fast_key` reads it."""
+        string body on the fast path by its frame as `_fast_key` reads it. Below an object
+        that may not close (a required key not seen), nothing: no token gets past its `}`
+        (its keys seen do not change within a token), so no step reads that stack."""
         if (start is not None or not self._json or not self.vocab.no_key_after_comma or len(state) != 1
                 or state[0] is None):
             return None
@@ -702,6 +705,10 @@ class MaskEngine:
                 if fr is None:
                     return None
                 changed = True
+                if not fr[5]:  # (it cannot close within a token: nothing below it is read)
+                    frames.append(fr)
+                    frames.append(_UNREACHED)
+                    break
             frames.append(fr)
             st = st[1]
         return ("ctx", key is not None, tuple(frames)) if changed else None
