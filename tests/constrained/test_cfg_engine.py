@@ -440,3 +440,21 @@ def test_array_items_past_the_counts_checked_share_one_state(cfg, schema, cap):
         states.append(state)
     assert len(set(states[:cap + 1])) == cap + 1  # told apart up to the cap
     assert all(states[cap + 1:]) == (cap < 3) and (cap == 3 or states[cap + 1] == states[cap + 2])
+
+
+def test_subschemas_of_one_scalar_rule_share_one_node(cfg, tokenizer):
+    """Properties whose schemas compile to the same scalar rule (annotations aside) are one
+    node, so their values share matcher states and masks; rules that differ in anything
+    the matcher reads, or that carry a check, stay apart, and every instance is decided
+    as before."""
+    from lmprog_runtime.constrained.cfg.backend import compile_machine
+    schema = {"type": "object", "properties": {
+        "w": {"type": "number", "description": "width"}, "h": {"type": "number", "title": "height"},
+        "d": {"type": "number", "minimum": 0}, "n": {"type": "integer"}, "s": {"type": "string", "maxLength": 3},
+        "t": {"type": "string", "maxLength": 3, "examples": ["ab"]}, "u": {"type": "string", "not": {"const": "x"}},
+        "v": {"type": "string", "not": {"const": "y"}}, "o": {"type": "object"}, "p": {"type": "object"}}}
+    props = compile_machine("json", json.dumps(schema), cfg.whitespace).root.props
+    assert props["w"] is props["h"] and props["s"] is props["t"]
+    assert len({id(props[k]) for k in "wdn"}) == 3 and props["u"] is not props["v"] and props["o"] is not props["p"]
+    check(cfg, tokenizer, schema, [{"w": 1.5, "h": -2, "d": 0, "n": 3, "s": "abc", "t": "", "u": "y", "v": "x"}],
+          [{"d": -1}, {"n": 1.5}, {"t": "abcd"}, {"u": "x"}, {"v": "y"}, {"h": "1"}])

@@ -50,6 +50,7 @@ class SchemaCompiler:
         self._origin: dict[int, object] = {}  # id(made schema) -> the schema it stands for
         self.any = self._any_node()
         self.n_nodes = 0
+        self._scalars: dict = {}  # _scalar_signature -> the first node compiled with it
 
     def compile(self) -> Node:
         root = self.node(self.root)
@@ -117,6 +118,13 @@ class SchemaCompiler:
             n.residual = self._origin.get(id(n.residual), n.residual)
         if self.refs.dynamic:
             n.residual = None  # the whole value is checked instead (compile)
+        if n.alts is None and n.residual is None and not n.never and not n.types & _CONTAINERS:
+            # a scalar rule: one node for every subschema that compiles to the same rule (the
+            # properties of one type share their states, table rows and masks)
+            same = self._scalars.setdefault(_scalar_signature(n), n)
+            if same is not n:
+                self._memo[key] = same
+                return same
         return n
 
     def _fill(self, n: Node, s: dict) -> None:
@@ -315,6 +323,16 @@ class SchemaCompiler:
         n.min_items = int(s.get("minItems", 0))
         n.max_items = int(s["maxItems"]) if "maxItems" in s else None
         n.unique = bool(s.get("uniqueItems"))
+
+
+_CONTAINERS = frozenset(("object", "array"))
+
+
+def _scalar_signature(n: Node) -> tuple:
+    """What the matcher reads of a rule whose values are scalars (no object, no array, no
+    choice, no check): nodes alike in all of it accept the same texts the same way."""
+    return (n.types, n.literals, n.min_len, n.max_len, n.patterns, n.enum, n.lo, n.lo_excl, n.hi, n.hi_excl,
+            n.multiple_of, n.integer, n.num_enum)
 
 
 def _exclusive(alts) -> bool:
