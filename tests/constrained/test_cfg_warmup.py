@@ -153,8 +153,13 @@ def test_sample_writes_undeclared_and_pattern_keys_where_allowed():
     assert warmup.sample({"type": "object"}, alt=1) == {"extra_key": "abc", "extra_num": 1,
                                                         "extra_obj": {"a": "abc", "b": True}}
     assert warmup.sample(dict(schema, additionalProperties=False), alt=1) == {"a": 0}
+    # (a pattern key of 12 characters where one matches, else 6, else the shortest)
     assert warmup.sample({"type": "object", "patternProperties": {"^x_[0-9]+$": {"type": "boolean"}},
-                          "additionalProperties": False}, alt=1) == {"x_0": True}
+                          "additionalProperties": False}, alt=1) == {"x_0000000000": True}
+    assert warmup.sample({"type": "object", "patternProperties": {"^[a-z]{1,8}$": {"type": "boolean"}},
+                          "additionalProperties": False}, alt=1) == {"aaaaaa": True}
+    assert warmup.sample({"type": "object", "patternProperties": {"^[a-z]{1,8}$": {"type": "boolean"}},
+                          "additionalProperties": False}) == {}
     assert warmup.sample(schema, alt=1, required=True) == {"a": 0}
 
 

@@ -262,7 +262,13 @@ def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, 
     patterns = schema.get("patternProperties")
     if isinstance(patterns, dict):
         for pattern, sub in list(patterns.items())[:4]:
-            key = _pattern_text(pattern, 1) if isinstance(pattern, str) and time.monotonic() < budget[1] else None
+            key = None
+            if isinstance(pattern, str) and time.monotonic() < budget[1]:
+                # (alt: a longer key, where one matches: a counted repetition's states along it)
+                for least in ((ALT_PATTERN_CHARS, ALT_PATTERN_CHARS // 2) if alt else ()) + (1,):
+                    key = _pattern_text(pattern, least)
+                    if key is not None:
+                        break
             if key is not None and key not in out:
                 value = sample(sub, root, depth + 1, alt, budget, negative=negative)
                 if value is not _NONE:
