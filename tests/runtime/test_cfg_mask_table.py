@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from lmprog_runtime.constrained.base import GrammarError
-from lmprog_runtime.constrained.cfg.backend import CfgBackend
+from lmprog_runtime.constrained.cfg.backend import CfgBackend, compile_machine
 from lmprog_runtime.constrained.cfg.mask import MaskEngine, _past_value_start
 from lmprog_runtime.constrained.cfg.canonical import canonical
 from lmprog_runtime.constrained.cfg.table import DEAD, _NeedsText, _no_ctx, c_table_walker
@@ -341,6 +341,26 @@ def test_numbers_alike_but_for_their_digits_share_one_memoized_mask(backend, mon
     machine = g1._shared.machine
     shared = [k[1] for k in g1._shared.engine._memo if k[0] == "canon" and k[1][0][0][0] == "N"]
     assert not [st for st in shared if machine.advance(st, 0x65, 0, lambda a, b: b"")], "shared across an exponent"
+
+
+def test_a_number_class_first_met_as_itself_serves_the_others(backend, monkeypatch):
+    """A bounded number's text stands for its class (the first text of the class met): the
+    mask of that very text is memoized under the canonical key too, so another text of its
+    class met later (in [0, 99]: 1-9 alike) is a memo hit, and each mask is the Python
+    walk's."""
+    tok, be = backend
+    machine = compile_machine("json", json.dumps({"type": "array", "items": {"type": "integer", "minimum": 0,
+                                                                              "maximum": 99}}), be.whitespace)
+    eng, oracle = MaskEngine(machine, be.vocab), MaskEngine(machine, be.vocab, use_c=False)  # (no warm-up)
+    walked = []
+    compute = eng._compute
+    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(hist) or compute(key, state, hist))
+    for text in (b"[5", b"[7", b"[5,3"):
+        state = machine.initial()
+        for k, b in enumerate(text):
+            state = machine.advance(state, b, k, lambda start, end: text[start:end])
+        assert np.array_equal(eng.mask(state, text), oracle.mask(state, text)), text
+    assert walked == [b"[5"]  # (7 and 3: the class 5 stands for, its mask memoized under it)
 
 
 def test_free_numbers_after_other_keys_share_one_memoized_mask(backend, monkeypatch):

@@ -516,7 +516,7 @@ class MaskEngine:
             if canon is not None:
                 # both at once: the canonical form's objects told by their checks (a free
                 # number's value in an object met after other keys: neither alone shares it)
-                cctx = self._ctx_key(key, canon[1], start)
+                cctx = ctx if canon[1] is state else self._ctx_key(key, canon[1], start)
                 cctx = ("cctx",) + cctx if cctx is not None else None
                 got = self._recall(cctx)
                 if got is not None:
@@ -603,13 +603,13 @@ class MaskEngine:
 
     def _canon_key(self, key, state: tuple, start) -> Optional[tuple]:
         """The memo key of a state's canonical form (cfg/table.py: a free number's digits,
-        a key of additionalProperties abstracted), where it differs from the state and the
-        C walk runs: a walk that read no text (TableWalker.read_text) is stored under it
-        too, so states alike but for what canonical() drops share one walk."""
+        a key of additionalProperties abstracted, a bounded number's text its class's),
+        where the C walk runs: a walk that read no text (TableWalker.read_text) is stored
+        under it too, so states alike but for what canonical() drops share one walk (a
+        state already canonical, too: the first of its class met may be either)."""
         if key is not None or start is not None or not self._walker():
             return None
-        canon = self._tw._canon(state)
-        return None if canon is state else ("canon", canon)
+        return ("canon", self._tw._canon(state))
 
     def _key_near(self, key, state: tuple, start) -> Optional[tuple]:
         """The memo key of a state inside an object key (its one stack: the key's string
