@@ -187,7 +187,13 @@ def test_sample_joins_all_of_branches_and_required_keys_not_declared():
 def test_sample_negative_numbers_where_no_minimum_forbids_them():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number", "minimum": 2},
                                                "c": {"type": "number", "default": 7}}}
-    assert warmup.sample(schema, negative=True) == {"a": -1, "b": 2, "c": 7}
+    # (no sign where a minimum forbids it: a 1 and more digits than the minimum has)
+    assert warmup.sample(schema, negative=True) == {"a": -1, "b": 12, "c": 7}
+    assert warmup.sample({"type": "integer", "minimum": 60, "maximum": 100}, negative=True) == 60
+    assert warmup.sample({"type": "integer", "minimum": 60}, negative=True) == 122
+    # (the alternative's 0 is 1 where the schema's own value, the first sample's, is 0)
+    assert warmup.sample({"type": "number", "default": 0}, alt=1) == 1.5
+    assert warmup.sample({"type": "number", "default": 3}, alt=1) == 0.5
     assert warmup.sample(schema) == {"a": 1, "b": 2, "c": 7}
 
 

@@ -194,8 +194,9 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     if kind in ("integer", "number"):
         lo = schema.get("minimum", schema.get("exclusiveMinimum"))
         hi = schema.get("maximum", schema.get("exclusiveMaximum"))
-        # (alt: 0, which is a number state of its own, and one outputs often write)
-        value = lo if _is_number(lo) else (0 if alt else 1)
+        # (alt: 0, which is a number state of its own, and one outputs often write; 1 where
+        # the schema's own value, which the first sample takes, is 0)
+        value = lo if _is_number(lo) else (0 if alt and given != 0 else 1)
         if alt and _is_number(lo) and _is_number(hi) and hi - lo >= 2:
             # (between the bounds, more digits than the minimum: digits' states that most
             # texts within the bounds share, canonical._number_class)
@@ -204,6 +205,12 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
             value = int(lo) + 1  # (past the minimum: one free digit's state, canonical._met_minimum)
         if negative and not _is_number(lo):  # (a sign: its own state, outputs often write one)
             value = -1
+        elif negative and lo >= 0:
+            # (no sign allowed: a 1 and more digits than the minimum has, a class of texts of
+            # its own under a minimum alone: canonical._number_class)
+            wide = int("1" + "2" * len(str(int(lo))))
+            if not _is_number(hi) or wide <= hi:
+                value = wide
         if "exclusiveMinimum" in schema and value == schema["exclusiveMinimum"]:
             value = value + 1
         if alt and kind == "number" and float(value).is_integer():
