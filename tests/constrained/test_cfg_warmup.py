@@ -184,6 +184,13 @@ def test_sample_joins_all_of_branches_and_required_keys_not_declared():
     assert warmup.sample(schema, required=True) == {"b": True, "c": {"a": "abc", "b": 1}}
 
 
+def test_samples_take_several_enum_members():
+    schema = {"type": "object", "properties": {"d": {"enum": ["N", "E", "S", "W"]}}}
+    assert [warmup.sample(schema, alt=1)["d"], warmup.sample(schema)["d"], warmup.sample(schema, negative=True)["d"],
+            warmup.sample(schema, required=True)["d"]] == ["W", "N", "E", "S"]
+    assert warmup.sample({"enum": ["N", "E", "S", "W"]}, required=True) == "S"
+
+
 def test_sample_negative_numbers_where_no_minimum_forbids_them():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number", "minimum": 2},
                                                "c": {"type": "number", "default": 7}}}
