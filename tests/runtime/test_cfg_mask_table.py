@@ -655,6 +655,28 @@ def test_masks_under_a_pending_check_are_keyed_by_text_only_where_read(backend):
         assert sum(_walk(tok, g0, oracle, text, schema) for text in reversed(texts)) > 40
 
 
+def test_masks_under_a_pending_check_are_shared_where_no_text_was_read(backend, monkeypatch):
+    """Under the root's check (a C frame: its start is read only with the text), a mask
+    whose walk read no text is memoized under its canonical and context keys too, so the
+    same place after other keys (an item of `a` after `c` was seen) is a memo hit; a
+    mask that read the text (a token may end the checked object) is not shared, and
+    every mask is the Python walk's."""
+    tok, be = backend
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
+                                               "b": {"type": "integer"}, "c": {"type": "integer"}},
+              "not": {"required": ["bad"]}}
+    g0 = be.compile("json", json.dumps(schema))
+    eng = g0._shared.engine
+    oracle = MaskEngine(g0._shared.machine, eng.vocab, use_c=False)
+    _walk(tok, g0, oracle, '{"a":[1,2],"b":3}', "first", must_accept=True)
+    walked = []
+    compute = eng._compute
+    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(bytes(hist)) or compute(key, state, hist))
+    _walk(tok, g0, oracle, '{"c":3,"a":[1,2]}', "again", must_accept=True)  # (no sample has c then a)
+    assert b'{"c":3,"a":[1,' not in walked, walked  # (after `,` no token ends the object)
+    assert b'{"c":3,"a":[1,2' in walked, "a mask that read the text was shared"  # (`]}` may)
+
+
 def test_steps_filled_without_a_derivation_per_byte_match_python_walk(backend):
     """Table steps that are not derived byte by byte: bytes no string pattern takes are dead
     when the state is interned (strings.py string_bytes), and one derived step is copied to

@@ -485,7 +485,8 @@ class MaskEngine:
         """The walked part of the mask, memoized by `key` (or the state). Under a pending
         check (C / U frame) the captured text is part of the key only when the walk read it
         (some token completes the checked value; _BY_TEXT marks such states): the mask is
-        otherwise the same for every text."""
+        otherwise the same for every text, and for every state alike under the canonical
+        and context keys (the checks' starts unplaced), where it is stored too."""
         base_key = memo_key = key if key is not None else state
         with self._lock:
             got = self._memo.get(base_key)
@@ -534,9 +535,10 @@ class MaskEngine:
                 self._memo[canon] = out
                 if cctx is not None:
                     self._memo[cctx] = out
-            for other in (near, ctx):
-                if other is not None:
-                    self._memo[other] = out
+            if start is None or not (self._local.read_text or tracked.read):  # (under a pending check:
+                for other in (near, ctx):                                     # where its text was not read)
+                    if other is not None:
+                        self._memo[other] = out
             while len(self._memo) > MEMO_STATES:
                 self._memo.popitem(last=False)
         return out
@@ -607,7 +609,7 @@ class MaskEngine:
         where the C walk runs: a walk that read no text (TableWalker.read_text) is stored
         under it too, so states alike but for what canonical() drops share one walk (a
         state already canonical, too: the first of its class met may be either)."""
-        if key is not None or start is not None or not self._walker():
+        if key is not None or not self._walker():
             return None
         return ("canon", self._tw._canon(state))
 
@@ -689,9 +691,10 @@ class MaskEngine:
         object right after a key (phase 1, on top) is told so too, with its value's rule; a
         string body on the fast path by its frame as `_fast_key` reads it. Below an object
         that may not close (a required key not seen), nothing: no token gets past its `}`
-        (its keys seen do not change within a token), so no step reads that stack."""
-        if (start is not None or not self._json or not self.vocab.no_key_after_comma or len(state) != 1
-                or state[0] is None):
+        (its keys seen do not change within a token), so no step reads that stack. Under a
+        pending check its start is left out (read only with the text: `_masked` stores such
+        a key only where the walk read none)."""
+        if not self._json or not self.vocab.no_key_after_comma or len(state) != 1 or state[0] is None:
             return None
         frames, changed, st = [], False, state[0]
         if key is not None:  # a string body on the fast path: its frame as _fast_key reads it (counts clamped)
@@ -699,6 +702,8 @@ class MaskEngine:
             st = st[1]
         while st is not None:
             fr = st[0]
+            if start is not None and type(fr) is tuple and fr[0] in ("C", "U"):
+                fr = ("C", fr[1], -1) if fr[0] == "C" else ("U", -1)  # (read only with the text)
             if type(fr) is tuple and fr[0] == "O" and (fr[2] == 4 or (fr[2] in (1, 2) and not frames)):
                 child = self.machine._child_of(fr[1], fr[4]) if fr[2] == 1 and type(fr[4]) is str else None
                 fr = _object_sig(fr, self.vocab.comma_quote_ends, child)
