@@ -675,6 +675,10 @@ def test_masks_under_a_pending_check_are_shared_where_no_text_was_read(backend, 
     _walk(tok, g0, oracle, '{"c":3,"a":[1,2]}', "again", must_accept=True)  # (no sample has c then a)
     assert b'{"c":3,"a":[1,' not in walked, walked  # (after `,` no token ends the object)
     assert b'{"c":3,"a":[1,2' in walked, "a mask that read the text was shared"  # (`]}` may)
+    walked.clear()  # (inside a key no token gets past the value's first byte: its text is never read)
+    _walk(tok, g0, oracle, '{"a":[1],"bad":1}', "key", must_accept=False)
+    _walk(tok, g0, oracle, '{"b":2,"bad":1}', "key again", must_accept=False)
+    assert not [h for h in walked if h.endswith(b'"bad')], walked  # (the keys seen differ: its near key does not)
 
 
 def test_steps_filled_without_a_derivation_per_byte_match_python_walk(backend):

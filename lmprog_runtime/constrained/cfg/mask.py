@@ -535,8 +535,8 @@ class MaskEngine:
                 self._memo[canon] = out
                 if cctx is not None:
                     self._memo[cctx] = out
-            if start is None or not (self._local.read_text or tracked.read):  # (under a pending check:
-                for other in (near, ctx):                                     # where its text was not read)
+            if start is None or not tracked.read:  # (under a pending check: where its text was not read)
+                for other in (near, ctx):
                     if other is not None:
                         self._memo[other] = out
             while len(self._memo) > MEMO_STATES:
@@ -621,9 +621,10 @@ class MaskEngine:
         only to ask whether the key it closes is new (a key with that text as its prefix)
         and which declared names may still follow that text, and never reaches the object's
         `,` / `}` or anything below it. So the masks at one key position are shared by every
-        set of keys seen before it that agrees on keys with that prefix."""
-        if (start is not None or not self._json or not self.vocab.keys_stop_at_value or len(state) != 1
-                or state[0] is None):
+        set of keys seen before it that agrees on keys with that prefix (under a pending
+        check too: no token inside a key completes the checked value, and `_masked` stores
+        the key only where the walk read no captured text)."""
+        if not self._json or not self.vocab.keys_stop_at_value or len(state) != 1 or state[0] is None:
             return None
         top, rest = state[0]
         if type(top) is not tuple or top[0] != "S" or type(top[7]) is not str or rest is None:
