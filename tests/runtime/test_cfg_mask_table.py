@@ -75,6 +75,15 @@ def _compare(tok, be, schema, instances) -> int:
     return n
 
 
+def _walked(monkeypatch, eng, of=lambda state, hist: state) -> list:
+    """What `eng` walks from now on (no memoized mask): `of(state, hist)` of each walk."""
+    walked = []
+    compute = eng._compute
+    monkeypatch.setattr(eng, "_compute",
+                        lambda key, state, hist: walked.append(of(state, hist)) or compute(key, state, hist))
+    return walked
+
+
 @pytest.mark.parametrize("corpus,limit", [("dev", 24), ("suite", 60)])
 def test_table_walk_masks_equal_python_walk_on_corpora(backend, corpus, limit):
     tok, be = backend
@@ -330,9 +339,7 @@ def test_numbers_alike_but_for_their_digits_share_one_memoized_mask(backend, mon
     _walk(tok, g0, oracle, "[12,345,6.55", "first", must_accept=True)
     numbers = [k[1] for k in eng._memo if k[0] == "canon" and k[1][0][0][0] == "N"]
     assert [st for st in numbers if g0._shared.machine.advance(st, 0x65, 0, lambda a, b: b"")]
-    walked = []
-    compute = eng._compute
-    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
+    walked = _walked(monkeypatch, eng)
     _walk(tok, g0, oracle, "[98,761,3.25", "again", must_accept=True)
     assert not [st for st in walked if st[0][0][0] == "N"], "a number's mask walked again"
     monkeypatch.setattr(eng.vocab, "max_digits", 20)
@@ -352,9 +359,7 @@ def test_a_number_class_first_met_as_itself_serves_the_others(backend, monkeypat
     machine = compile_machine("json", json.dumps({"type": "array", "items": {"type": "integer", "minimum": 0,
                                                                               "maximum": 99}}), be.whitespace)
     eng, oracle = MaskEngine(machine, be.vocab), MaskEngine(machine, be.vocab, use_c=False)  # (no warm-up)
-    walked = []
-    compute = eng._compute
-    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(hist) or compute(key, state, hist))
+    walked = _walked(monkeypatch, eng, lambda state, hist: hist)
     for text in (b"[5", b"[7", b"[5,3"):
         state = machine.initial()
         for k, b in enumerate(text):
@@ -374,9 +379,7 @@ def test_free_numbers_after_other_keys_share_one_memoized_mask(backend, monkeypa
     eng = g0._shared.engine
     oracle = MaskEngine(g0._shared.machine, eng.vocab, use_c=False)
     _walk(tok, g0, oracle, '{"a":1,"n":12', "first", must_accept=True)
-    walked = []
-    compute = eng._compute
-    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
+    walked = _walked(monkeypatch, eng)
     _walk(tok, g0, oracle, '{"b":2,"n":345}', "again", must_accept=True)
     assert not [st for st in walked if st[0][0][0] == "N"], "a number's mask walked again"
     assert any(k[0] == "cctx" for k in eng._memo)
@@ -388,9 +391,7 @@ def _walked_again(tok, g0, monkeypatch, first: str, again: str) -> list:
     eng = g0._shared.engine
     oracle = MaskEngine(g0._shared.machine, eng.vocab, use_c=False)
     _walk(tok, g0, oracle, first, "first", must_accept=True)
-    walked = []
-    compute = eng._compute
-    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
+    walked = _walked(monkeypatch, eng)
     _walk(tok, g0, oracle, again, "again", must_accept=True)
     return walked
 
@@ -515,9 +516,7 @@ def test_bounded_string_masks_equal_the_full_walk_at_every_length(backend, schem
     g0 = be.compile("json", json.dumps(schema))
     eng, machine = g0._shared.engine, g0._shared.machine
     v, n = eng.vocab, 0
-    walked = []
-    compute = eng._compute
-    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
+    walked = _walked(monkeypatch, eng)
     for text in texts:
         data, state = text.encode(), machine.initial()
         for k, b in enumerate(data):
@@ -669,16 +668,14 @@ def test_masks_under_a_pending_check_are_shared_where_no_text_was_read(backend, 
     eng = g0._shared.engine
     oracle = MaskEngine(g0._shared.machine, eng.vocab, use_c=False)
     _walk(tok, g0, oracle, '{"a":[1,2],"b":3}', "first", must_accept=True)
-    walked = []
-    compute = eng._compute
-    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(bytes(hist)) or compute(key, state, hist))
+    walked = _walked(monkeypatch, eng, lambda state, hist: bytes(hist))
     _walk(tok, g0, oracle, '{"c":3,"a":[1,2]}', "again", must_accept=True)  # (no sample has c then a)
     assert b'{"c":3,"a":[1,' not in walked, walked  # (after `,` no token ends the object)
     assert b'{"c":3,"a":[1,2' in walked, "a mask that read the text was shared"  # (`]}` may)
     walked.clear()  # (inside a key no token gets past the value's first byte: its text is never read)
     _walk(tok, g0, oracle, '{"a":[1],"bad":1}', "key", must_accept=False)
     _walk(tok, g0, oracle, '{"b":2,"bad":1}', "key again", must_accept=False)
-    assert not [h for h in walked if h.endswith(b'"bad')], walked  # (the keys seen differ: its near key does not)
+    assert not [h for h in walked if h.endswith(b'"bad')], walked  # (keys seen differ, its near key does not)
 
 
 def test_steps_filled_without_a_derivation_per_byte_match_python_walk(backend):
@@ -778,9 +775,7 @@ def test_keys_seen_are_cut_to_those_a_token_can_close_when_masks_are_shared(back
         g0 = be.compile("json", json.dumps(schema))
         eng = g0._shared.engine
         oracle = MaskEngine(g0._shared.machine, vocab, use_c=False)
-        walked = []
-        compute = eng._compute
-        monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
+        walked = _walked(monkeypatch, eng)
         assert sum(_walk(tok, g0, oracle, text, schema) for text in texts) > (60 if schema is open_obj else 40)
         keys = [(st[0][0][7], st[0][1][0][3]) for st in walked if st[0] is not None and st[0][0][0] == "S"
                 and st[0][1] is not None and st[0][1][0][0] == "O" and st[0][1][0][4] is None]
@@ -835,7 +830,7 @@ def test_objects_keys_seen_are_read_as_their_checks_when_masks_are_shared(backen
     assert g1._shared.engine._ctx_key(None, g1.state, None) is None
 
 
-def test_below_an_object_that_cannot_close_nothing_is_read_when_masks_are_shared(backend):
+def test_below_an_object_that_cannot_close_nothing_is_read_when_masks_are_shared(backend, monkeypatch):
     """Inside an object whose required keys are not all seen, no token reaches its `}`, so
     the objects below it (whatever keys they have seen) do not tell its values' masks
     apart: the second record's value masks are memoized ones, and each is the Python
@@ -848,13 +843,9 @@ def test_below_an_object_that_cannot_close_nothing_is_read_when_masks_are_shared
     eng = g0._shared.engine
     oracle = MaskEngine(g0._shared.machine, be.vocab, use_c=False)
     assert _walk(tok, g0, oracle, '{"p":{"x":12,"y":3},"r":"a"}', "p", must_accept=True) > 8
-    walked = []
-    compute = eng._compute
-    eng._compute = lambda key, state, hist: walked.append(bytes(hist)) or compute(key, state, hist)
-    try:  # (q after p and r: the root may close there, but no token gets past q's value `x`)
-        assert _walk(tok, g0, oracle, '{"r":"a","p":{"x":12,"y":3},"q":{"x":12,"y":3}}', "q", must_accept=True) > 8
-    finally:
-        del eng._compute
+    walked = _walked(monkeypatch, eng, lambda state, hist: bytes(hist))
+    # (q after p and r: the root may close there, but no token gets past q's value `x`)
+    assert _walk(tok, g0, oracle, '{"r":"a","p":{"x":12,"y":3},"q":{"x":12,"y":3}}', "q", must_accept=True) > 8
     assert not [h for h in walked if h.endswith((b'"q":{"x":', b'"q":{"x":1'))], walked
     g = g0.copy()
     for tid in tok.encode('{"r":"a","q":{"x":12', add_special_tokens=False):
