@@ -124,7 +124,6 @@ class VocabInfo:
         self.special_lists = _lists(self.special)
         self.cut_lists = _lists(self.special_or_cut)
 
-
     def in_string(self, left: int, deficit: int) -> np.ndarray:
         """Packed: the walked tokens whose part inside a plain string body (no pattern, no
         enum) passes its counters with `left` characters still allowed and `deficit` still
@@ -434,11 +433,12 @@ class MaskEngine:
     def _bounded(self, key, state: tuple, hist: bytes) -> Optional[np.ndarray]:
         """The walked part of a plain string value's body whose rule bounds its length
         (no pattern, no enum, no check reading its text below), or None: that of the same
-        body without bounds (`_unbounded`: memoized for every length) ANDed with the tokens
-        whose part inside the string passes its counters (VocabInfo.in_string). The part
-        after a token's closing quote is read by the stack below alone (a value string's
-        close passes no text on), and the part before it by the counters alone, so a
-        string with maxLength / minLength walks once per context, not once per length."""
+        body under its rule less the bounds (one twin per rule: memoized for every length),
+        ANDed with the tokens whose part inside the string passes its counters
+        (VocabInfo.in_string). The part after a token's closing quote is read by the stack
+        below alone (a value string's close passes no text on), and the part before it by
+        the counters alone, so a string with maxLength / minLength walks once per context,
+        not once per length."""
         top, rest = state[0]
         node = top[1]
         if top[6] or top[7] is not None or (node.max_len is None and not node.min_len):

@@ -78,9 +78,9 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
            required: bool = False, negative: bool = False) -> Any:
     """A small JSON value the schema likely accepts (every declared property and required
     key, every allOf branch together, the first branch of a choice, a scalar's own
-    `examples` / `default`, a pattern's shortest match,
-    bounds' lower ends, a value of any kind an object or an array of other kinds, an enum's
-    first member (the second where `negative`, the middle one where `required`); `alt` 1:
+    `examples` / `default`, a pattern's shortest match, bounds' lower ends, a value of any
+    kind an object or an array of other kinds, an enum's first member (the second where
+    `negative`, the middle one where `required`); `alt` 1:
     the last branch and enum member, two array items (an enum's: its first members), longer
     strings, a fraction, a number between its bounds or past a minimum alone; `required`:
     of an object that lists required properties, only those; `negative`: numbers below zero
@@ -104,7 +104,9 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
             return _NONE
         # (the first member, the last (alt), the second (negative), the middle one (required):
         # each member's text is states of its own)
-        return members[-alt if not (negative or required) else 1 % len(members) if negative else len(members) // 2]
+        if negative or required:
+            return members[1 % len(members)] if negative else members[len(members) // 2]
+        return members[-alt]
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#"):
         target = _pointer(root, ref[1:])
