@@ -11,7 +11,7 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
-from lmprog_runtime.constrained.base import GrammarError
+from lmprog_runtime.constrained.base import GrammarBackendConfig, GrammarError
 from lmprog_runtime.constrained.cfg.backend import CfgBackend, compile_machine
 from lmprog_runtime.constrained.cfg.mask import MaskEngine, _past_value_start
 from lmprog_runtime.constrained.cfg.canonical import canonical
@@ -20,7 +20,7 @@ from tiny_model import smollm2_tokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_grammar import compact, load_cases  # noqa: E402
+from bench_grammar import SUITE_REMOTES, compact, load_cases  # noqa: E402
 
 HANDWRITTEN = [
     ({"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
@@ -89,6 +89,38 @@ def test_table_walk_masks_equal_python_walk_on_corpora(backend, corpus, limit):
     tok, be = backend
     n = sum(_compare(tok, be, case["schema"], [t["data"] for t in case["tests"]])
             for case in load_cases(corpus)[:limit])
+    assert n > 200
+
+
+@pytest.mark.parametrize("corpus,cases", [("dev", slice(0, 252, 21)), ("suite", slice(0, 383, 16))])
+def test_memoized_masks_equal_python_walk_along_random_walks(backend, corpus, cases):
+    """Off the instances' paths too: after each schema's instances fill its memo (masks
+    shared by canonical, near and context keys, under pending checks too), random walks
+    (each token drawn from the mask, seeded) meet memoized masks at states no instance
+    reaches, and each equals the memo-free Python walk."""
+    tok, be = backend
+    rng, n = np.random.default_rng(7), 0
+    remotes = CfgBackend(tok, len(tok), [tok.eos_token_id], GrammarBackendConfig(schema_remotes=SUITE_REMOTES))
+    for case in load_cases(corpus)[cases]:
+        try:
+            g0 = (remotes if corpus == "suite" else be).compile("json", json.dumps(case["schema"]))
+        except GrammarError:
+            continue
+        oracle = MaskEngine(g0._shared.machine, g0._shared.engine.vocab, use_c=False)
+        for t in case["tests"][:2]:
+            _walk(tok, g0, oracle, compact(t["data"]), case["name"])
+        for _ in range(2):
+            g = g0.copy()
+            for _ in range(16):
+                hist = bytes(g._hist)
+                oracle._memo.clear()
+                got, want = g0._shared.engine.mask(g.state, hist), oracle.mask(g.state, hist)
+                assert np.array_equal(got, want), (case["name"], hist, np.nonzero(got != want)[0][:8])
+                n += 1
+                allowed = np.nonzero(want)[0]
+                if not len(allowed):
+                    break
+                g.accept_token(int(rng.choice(allowed)))
     assert n > 200
 
 
