@@ -458,3 +458,30 @@ def test_subschemas_of_one_scalar_rule_share_one_node(cfg, tokenizer):
     assert len({id(props[k]) for k in "wdn"}) == 3 and props["u"] is not props["v"] and props["o"] is not props["p"]
     check(cfg, tokenizer, schema, [{"w": 1.5, "h": -2, "d": 0, "n": 3, "s": "abc", "t": "", "u": "y", "v": "x"}],
           [{"d": -1}, {"n": 1.5}, {"t": "abcd"}, {"u": "x"}, {"v": "y"}, {"h": "1"}])
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "patternProperties": {"^x": {"type": "string"}},
+     "unevaluatedProperties": False},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": {"type": "boolean"}},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "integer"},
+     "unevaluatedProperties": False},
+    {"type": "array", "prefixItems": [{"type": "string"}], "unevaluatedItems": {"type": "integer"}},
+    {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "boolean"}, "unevaluatedItems": False},
+    {"type": "array", "contains": {"type": "string"}, "unevaluatedItems": {"type": "integer"}},
+    {"type": "object", "allOf": [{"properties": {"b": True}}], "properties": {"a": True},
+     "unevaluatedProperties": False},
+])
+def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tokenizer, schema):
+    """unevaluatedProperties / unevaluatedItems beside no in-place applicator are the
+    structure they stand for (additionalProperties / items where those are absent, nothing
+    where present: no check on the complete value); beside one (allOf, contains) they stay
+    checks. Either way every instance is decided as the JSON Schema validator decides it."""
+    from lmprog_runtime.constrained.cfg.backend import compile_machine
+    machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
+    structural = "allOf" not in schema and "contains" not in schema
+    assert (machine.root.residual is None) == structural
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in ({"a": 1}, {"a": 1, "x1": "s"}, {"a": 1, "b": True}, {"a": 1, "c": 2}, {"x2": 3}, {"b": 1},
+                  ["s"], ["s", 1, 2], ["s", True], [1, "s"], ["s", "t"], [], ["s", 1, True]):
+        assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)

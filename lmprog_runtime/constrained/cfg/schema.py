@@ -154,9 +154,12 @@ class SchemaCompiler:
             self._choice(n, self._made(choice, s), "anyOf")
             n.residual = s
             return
-        self._typed(n, s)
-        if (set(s) - EXACT) & self._asserting:
-            n.residual = s
+        local = _unevaluated_locally(s)
+        if local is not s:
+            self._made(local, s)
+        self._typed(n, local)
+        if (set(local) - EXACT) & self._asserting:
+            n.residual = s  # (checked as written)
 
     def _copy(self, n: Node, src: Node) -> None:
         for slot in Node.__slots__:
@@ -326,6 +329,32 @@ class SchemaCompiler:
 
 
 _CONTAINERS = frozenset(("object", "array"))
+# keywords that apply other schemas to the same instance: their annotations reach the
+# unevaluated* keywords beside them (JSON Schema 2020-12, 11.2 / 11.3)
+_IN_PLACE = frozenset(("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref", "$dynamicRef", "$recursiveRef",
+                       "dependentSchemas"))
+
+
+def _unevaluated_locally(s: dict) -> dict:
+    """`s` with unevaluatedProperties / unevaluatedItems as the structure they are where
+    no in-place applicator sits beside them (nothing but this schema object's own
+    properties / patternProperties / additionalProperties, prefixItems / items, evaluates
+    a member): additionalProperties (additionalItems, items) where that keyword is absent,
+    nothing where it is present (it evaluates every member left). Else `s` itself (the
+    keywords stay checks on the complete value)."""
+    if _IN_PLACE & set(s) or not ("unevaluatedProperties" in s or "unevaluatedItems" in s):
+        return s
+    out = dict(s)
+    if "unevaluatedProperties" in out:
+        out.setdefault("additionalProperties", out.pop("unevaluatedProperties"))
+        out.pop("unevaluatedProperties", None)
+    if "unevaluatedItems" in out and "contains" not in out:  # (contains evaluates the items it matches)
+        rest = out.pop("unevaluatedItems")
+        if isinstance(out.get("items"), list):  # (the tuple form: additionalItems evaluates the rest)
+            out.setdefault("additionalItems", rest)
+        else:
+            out.setdefault("items", rest)
+    return out
 
 
 def _scalar_signature(n: Node) -> tuple:
