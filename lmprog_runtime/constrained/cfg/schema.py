@@ -347,7 +347,6 @@ def _unevaluated_locally(s: dict) -> dict:
     out = dict(s)
     if "unevaluatedProperties" in out:
         out.setdefault("additionalProperties", out.pop("unevaluatedProperties"))
-        out.pop("unevaluatedProperties", None)
     if "unevaluatedItems" in out and "contains" not in out:  # (contains evaluates the items it matches)
         rest = out.pop("unevaluatedItems")
         if isinstance(out.get("items"), list):  # (the tuple form: additionalItems evaluates the rest)
