@@ -144,10 +144,7 @@ def _within(node, a: Decimal, b: Decimal, a_in: bool, b_in: bool, whole: bool) -
 def _free_twin(node):
     """`node` without its minimum (memoized on it: one twin per node, also when two
     threads make it at once, so their canonical states are the same)."""
-    got = node._child.get(_TWIN)
-    if got is None:
-        got = node._child.setdefault(_TWIN, node.variant(lo=None, lo_excl=False))
-    return got
+    return node.twin(_TWIN, lo=None, lo_excl=False)
 
 
 _TWIN = ("__free__",)  # (a tuple: no property name collides with it in Node._child)
@@ -248,12 +245,17 @@ def _unplace(st):
         st = st[1]
     out = None
     for f in reversed(frames):
-        if f[0] == "C":
-            f = ("C", f[1], -1)
-        elif f[0] == "U":
-            f = ("U", -1)
-        out = (f, out)
+        out = (unplaced(f), out)
     return out
+
+
+def unplaced(frame):
+    """A C / U frame with its start offset set to -1; any other frame as it is."""
+    if frame[0] == "C":
+        return ("C", frame[1], -1)
+    if frame[0] == "U":
+        return ("U", -1)
+    return frame
 
 
 def closes_free(state: tuple) -> bool:

@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from lmprog_runtime.constrained.cfg.canonical import unplaced
 from lmprog_runtime.constrained.cfg.classtable import ClassTable
 from lmprog_runtime.constrained.cfg.machine import Machine, utf8_start
 from lmprog_runtime.constrained.cfg.nodes import Node
@@ -348,11 +349,7 @@ _BY_TEXT = object()  # memo marker: this state's masks read the captured text (k
 
 def _one_name(node, name: str):
     """The key rule of closed object `node` that allows `name` alone (memoized on it)."""
-    memo_key = ("__key__", name)
-    got = node._child.get(memo_key)
-    if got is None:
-        got = node._child.setdefault(memo_key, node.key_node.variant(enum=(name,)))
-    return got
+    return node.key_node.twin(("__key__", name), enum=(name,))
 
 
 def _capture_start(state: tuple):
@@ -445,10 +442,7 @@ class MaskEngine:
             return None
         if _capture_start(state) is not None:
             return None
-        twin = node._child.get(_UNBOUNDED)
-        if twin is None:
-            twin = node._child.setdefault(_UNBOUNDED, node.variant(min_len=0, max_len=None))
-        free = ((("S", twin, 0) + top[3:], rest),)
+        free = ((("S", node.twin(_UNBOUNDED, min_len=0, max_len=None), 0) + top[3:], rest),)
         base = self._masked(self._fast_key(free), free, hist)
         _, left, deficit = key[1][0][:3]
         pair = (id(base), left, deficit)
@@ -703,8 +697,8 @@ class MaskEngine:
             st = st[1]
         while st is not None:
             fr = st[0]
-            if start is not None and type(fr) is tuple and fr[0] in ("C", "U"):
-                fr = ("C", fr[1], -1) if fr[0] == "C" else ("U", -1)  # (read only with the text)
+            if start is not None and type(fr) is tuple:
+                fr = unplaced(fr)  # (a check's start: read only with the text)
             if type(fr) is tuple and fr[0] == "O" and (fr[2] == 4 or (fr[2] in (1, 2) and not frames)):
                 child = self.machine._child_of(fr[1], fr[4]) if fr[2] == 1 and type(fr[4]) is str else None
                 fr = _object_sig(fr, self.vocab.comma_quote_ends, child)

@@ -67,6 +67,14 @@ class Node:
             setattr(got, name, value)
         return got
 
+    def twin(self, key, **changes) -> "Node":
+        """`variant(**changes)` made once per rule and `key` (memoized in `_child`, one node
+        also when two threads make it at once, so states built from it are equal)."""
+        got = self._child.get(key)
+        if got is None:
+            got = self._child.setdefault(key, self.variant(**changes))
+        return got
+
     def allows_string(self) -> bool:
         return "string" in self.types
 

@@ -164,8 +164,8 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
             members = item.get("enum") if isinstance(item, dict) else None
             if alt and isinstance(members, list) and len(members) > 1 and not (_is_count(most) and most < 2):
                 # (an enum's items: its members one after another, each prefix a state of its own)
-                vals = [v for v in members if _has_type(v, item.get("type"))][:most if _is_count(most) else ENUM_ITEMS]
-                vals = vals[:ENUM_ITEMS]
+                vals = [v for v in members if _has_type(v, item.get("type"))][:min(most, ENUM_ITEMS)
+                                                                             if _is_count(most) else ENUM_ITEMS]
             else:
                 one = sample(item, root, depth + 1, alt, budget, required, negative)
                 vals = [one] * (n if n <= 4 else 1)
