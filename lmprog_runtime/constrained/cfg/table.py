@@ -33,8 +33,8 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime import native
-from lmprog_runtime.constrained.cfg.canonical import (EXITS, alike_bytes, canonical, class_exponent, closes_free,
-                                                      exits, extra_key, free_number_exponent, key_parent,
+from lmprog_runtime.constrained.cfg.canonical import (EXITS, NeedsText, alike_bytes, canonical, class_exponent,
+                                                      closes_free, exits, extra_key, free_number_exponent, key_parent,
                                                       root_escaped, root_key)
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
 from lmprog_runtime.constrained.cfg.lexrows import (LexRows, States, StrContext, WsContext, string_shape, ws_lexeme,
@@ -460,7 +460,7 @@ class TableWalker:
                 return
         try:
             nxt = self.engine.machine.advance(st, b, len(hist) + d - 1, _no_ctx)
-        except _NeedsText:  # a captured value completes: its check reads the text
+        except NeedsText:  # a captured value completes: its check reads the text
             tab.trans[s * 256 + b] = PYTHON
             return
         t = tab.intern(self._canon(nxt)) if nxt else DEAD
@@ -482,7 +482,7 @@ class TableWalker:
                 if m.accepting(state, pos, _no_ctx) if c is None else m.advance(state, c, pos, _no_ctx):
                     tab.lives[t] = 1
                     return
-            except _NeedsText:
+            except NeedsText:
                 needs = True
         tab.lives[t] = IN_PYTHON if needs else 2
 
@@ -501,12 +501,8 @@ def _replay(machine, state: tuple, hist: bytes, prefix: bytes, ctx) -> tuple:
     return state
 
 
-class _NeedsText(Exception):
-    """A table derivation read the output text: the result is not a function of the state."""
-
-
 def _no_ctx(start: int, end: int) -> bytes:
-    raise _NeedsText
+    raise NeedsText
 
 
 def _path(trie, i: int) -> bytes:
