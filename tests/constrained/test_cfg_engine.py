@@ -485,3 +485,33 @@ def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tok
     for value in ({"a": 1}, {"a": 1, "x1": "s"}, {"a": 1, "b": True}, {"a": 1, "c": 2}, {"x2": 3}, {"b": 1},
                   ["s"], ["s", 1, 2], ["s", True], [1, "s"], ["s", "t"], [], ["s", 1, True]):
         assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
+
+
+@pytest.mark.parametrize("schema,kinds", [
+    ({"contains": {"const": 1}}, {"array"}),
+    ({"contains": False}, {"array"}),
+    ({"dependentSchemas": {"a": {"required": ["b"]}}, "minItems": 2}, {"object"}),
+    ({"if": {"const": 0}}, set()),  # (if alone asserts nothing)
+    ({"if": {"const": 0}, "contains": {"const": 1}}, {"array"}),
+    ({"if": {"type": "string"}, "then": {"maxLength": 2}}, None),
+    ({"not": {"type": "object"}, "contains": {"type": "string"}}, None),
+    ({"type": ["array", "string"], "contains": {"type": "string"}, "maxLength": 3}, {"array"}),
+])
+def test_a_check_captures_only_the_kinds_it_asserts_of(cfg, tokenizer, schema, kinds):
+    """A node checked for keywords that assert something of one kind of value only
+    (`contains` of arrays, `dependentSchemas` of objects; `if` without `then` / `else` of
+    none) captures no value of another kind: a string under `{"contains": false}` is walked
+    without a pending check (its masks never read its text), and every instance is still
+    decided as the JSON Schema validator decides it."""
+    from lmprog_runtime.constrained.cfg.backend import compile_machine
+    machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
+    root = machine.root
+    assert root.residual is not None and (root.checked_kinds is None) == (kinds is None)
+    assert kinds is None or root.checked_kinds == kinds
+    for first, kind in ((b'"', "string"), (b"[", "array"), (b"{", "object"), (b"1", "number"), (b"t", "boolean")):
+        state = machine.advance(machine.initial(), first[0], 0, lambda a, b: b"")
+        captured = any(st[1] is not None and st[1][0][0] == "C" for st in state)
+        assert captured == (bool(state) and (kinds is None or kind in kinds)), (schema, kind)
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in ("ab", "abcd", 0, 1.5, None, True, [], [1], ["s"], ["s", 1], {}, {"a": 1}, {"a": 1, "b": 2}):
+        assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)

@@ -50,6 +50,8 @@ MAX_NUMBER_CHARS = 400
 
 
 _VALUE_START = frozenset(b'"{[-0123456789tfn')
+_KIND_OF = {0x22: "string", 0x7B: "object", 0x5B: "array", 0x74: "boolean", 0x66: "boolean", 0x6E: "null",
+            **{b: "number" for b in b"-0123456789"}}  # (a value's kind by its first byte: Node.checked_kinds)
 _FOLLOW = {"O": WS | frozenset(b",}"), "A": WS | frozenset(b",]"), "D": frozenset()}
 _OBJ = {0: WS | frozenset(b'"}'), 1: WS | frozenset(b":"), 2: WS | frozenset(b",}"), 3: WS | frozenset(b'"')}
 _ARR = {0: WS | _VALUE_START | frozenset(b"]"), 2: WS | frozenset(b",]"), 3: WS | _VALUE_START}
@@ -196,8 +198,8 @@ class Machine(StringFrames):
     def start_value(self, rest, node: Node, b: int, pos: int, ctx: Ctx) -> list:
         if node.never:
             return []
-        if node.residual is not None:
-            rest = (("C", node, pos), rest)
+        if node.residual is not None and (node.checked_kinds is None or _KIND_OF.get(b) in node.checked_kinds):
+            rest = (("C", node, pos), rest)  # (a value of a kind the check passes whatever it is: none)
         if node.alts is not None:
             out: list = []
             for alt in node.alts:

@@ -24,7 +24,7 @@ class Node:
     __slots__ = ("schema", "types", "literals", "min_len", "max_len", "patterns", "enum", "lo", "lo_excl",
                  "hi", "hi_excl", "multiple_of", "integer", "num_enum", "props", "pattern_props", "additional",
                  "required", "min_props", "max_props", "dep_required", "key_node", "prefix", "items",
-                 "min_items", "max_items", "unique", "alts", "residual", "never", "_child", "name")
+                 "min_items", "max_items", "unique", "alts", "residual", "checked_kinds", "never", "_child", "name")
 
     def __init__(self, schema=None):
         self.schema = schema
@@ -53,6 +53,7 @@ class Node:
         self.unique = False
         self.alts: Optional[tuple["Node", ...]] = None
         self.residual = None                          # schema checked on the complete value's text
+        self.checked_kinds: Optional[frozenset] = None  # the value kinds the check may refuse (None: all)
         self.never = False
         self._child: dict = {}
         self.name = ""

@@ -158,12 +158,14 @@ class SchemaCompiler:
         if local is not s:
             self._made(local, s)
         self._typed(n, local)
-        if (set(local) - EXACT) & self._asserting:
+        checked = (set(local) - EXACT) & self._asserting
+        if checked:
             n.residual = s  # (checked as written)
+            n.checked_kinds = _checked_kinds(checked, local)
 
     def _copy(self, n: Node, src: Node) -> None:
         for slot in Node.__slots__:
-            if slot not in ("schema", "_child", "residual"):
+            if slot not in ("schema", "_child", "residual", "checked_kinds"):  # (a check of its own: every kind)
                 setattr(n, slot, getattr(src, slot))
         n.residual = n.residual or src.residual
         if src is self.any:
@@ -354,6 +356,37 @@ def _unevaluated_locally(s: dict) -> dict:
         else:
             out.setdefault("items", rest)
     return out
+
+
+# the keywords that assert something of one kind of value only (any other passes it)
+_KIND_WORDS = {
+    "array": frozenset(("items", "prefixItems", "additionalItems", "contains", "minContains", "maxContains",
+                        "unevaluatedItems", "minItems", "maxItems", "uniqueItems")),
+    "object": frozenset(("properties", "patternProperties", "additionalProperties", "propertyNames",
+                         "minProperties", "maxProperties", "required", "dependentRequired", "dependentSchemas",
+                         "dependencies", "unevaluatedProperties")),
+    "string": frozenset(("minLength", "maxLength", "pattern", "format", "contentMediaType", "contentEncoding",
+                         "contentSchema")),
+    "number": frozenset(("multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")),
+}
+
+
+def _checked_kinds(checked: set, s: dict) -> Optional[frozenset]:
+    """The value kinds a node's check may refuse, given the keywords `checked` it is kept
+    for (the structure states the rest of schema `s` exactly): those that each keyword
+    asserts something of (`contains` only of arrays, `dependentSchemas` only of objects ...;
+    `if` with neither `then` nor `else` of none), or None where a keyword asserts of every
+    kind (`not`, `if` / `then`, a keyword not known here). A value of another kind passes
+    the check whatever it is, so the matcher does not capture it."""
+    kinds: set = set()
+    for word in checked:
+        if word == "if" and "then" not in s and "else" not in s:
+            continue  # (if alone asserts nothing)
+        kind = next((k for k, words in _KIND_WORDS.items() if word in words), None)
+        if kind is None:
+            return None
+        kinds.add(kind)
+    return frozenset(kinds)
 
 
 def _scalar_signature(n: Node) -> tuple:
