@@ -37,7 +37,7 @@ class Residual:
         self._scanned: set = set()
         self._lock = threading.Lock()  # the referencing resolver is not documented as thread-safe
         self._memo: dict = {}  # (id(schema), text) -> valid_text (schemas live as long as the root)
-        self._resolvers: dict = {}  # id(schema) -> the resolver its check starts from
+        self._validators: dict = {}  # id(schema) -> the validator its check runs (from its scope's resolver)
 
     def valid(self, value, schema) -> bool:
         """`value` satisfies `schema` (a subschema of the root, whose `$ref`s resolve from
@@ -46,8 +46,8 @@ class Residual:
             with self._lock:
                 if schema is self._root:
                     return self._validator.is_valid(value)
-                resolver = self._resolvers.get(id(schema))
-                if resolver is None:
+                validator = self._validators.get(id(schema))
+                if validator is None:
                     doc, chain = self._scope(schema)
                     resolver = self._validator._resolver
                     if doc is not None:
@@ -55,9 +55,10 @@ class Residual:
                     for scope in chain + (schema,):
                         if isinstance(scope, dict):
                             resolver = resolver.in_subresource(self._spec.create_resource(scope))
-                    self._resolvers[id(schema)] = resolver
-                errors = self._validator.descend(value, schema, resolver=resolver)
-                return next(iter(errors), None) is None
+                    # (what `descend` makes on each call: the validator of that subschema)
+                    validator = self._validators[id(schema)] = self._validator.evolve(schema=schema,
+                                                                                      _resolver=resolver)
+                return validator.is_valid(value)
         except Exception:  # noqa: BLE001 - an unresolvable reference: never accept what is unchecked
             return False
 
