@@ -318,3 +318,17 @@ def test_a_schema_without_type_walks_a_value_of_each_kind(cfg, tokenizer, monkey
             assert row[t]
             g.accept_token(t)
     assert not walked
+
+
+def test_kind_samples_put_each_kind_where_any_value_may_stand():
+    """Samples `pick` 1..KINDS write, where any value may stand (a free property, an
+    array's free items, an open object with nothing declared, one type of a list), a
+    value of each kind in turn: a number, a string, an array of two, a boolean, null, an
+    object, a fraction below zero; arrays get two items (the state after a comma)."""
+    schema = {"type": "object", "properties": {"free": {}, "list": {"type": "array"}, "n": {"type": "integer"}}}
+    kinds = [warmup.sample(schema, pick=k) for k in range(1, warmup.KINDS + 1)]
+    assert [v["free"] for v in kinds] == list(warmup._ANY_KINDS)
+    assert [v["list"] for v in kinds] == [[x, x] for x in warmup._ANY_KINDS]
+    assert all(v["n"] == 1 and set(v) == {"free", "list", "n"} for v in kinds)  # (declared: no key added)
+    assert warmup.sample({"type": "object"}, pick=1) == {"extra_key": 12}
+    assert [warmup.sample({"type": ["array", "string"]}, pick=k) for k in (1, 2)] == ["abc", ["abc", "abc"]]

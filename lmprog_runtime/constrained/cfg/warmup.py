@@ -5,8 +5,9 @@ before the request is admitted. So a compiled grammar computes its root mask and
 Schema, walks five small instances of the schema (`sample`: compact, its alternative branches
 with a key of each pattern property and undeclared keys where the object allows them,
 pretty-printed with numbers below zero, required properties only, the first with its keys
-in reverse order: `_turned`; and for a schema without `type`, a value of each kind), token
-by token, as a request would:
+in reverse order: `_turned`; for a schema without `type`, a value of each kind; then where
+any value may stand or a type list allows several, a value of each kind there in turn:
+`sample(pick=k)`), token by token, as a request would:
 the structural rows every output needs (the object's keys and their closes, `:` `,` `}`, each
 property's value starts and string bodies) are derived then, and the masks of those states
 are in the grammar's cache when the first request asks. A string with a `pattern` gets one
@@ -52,6 +53,10 @@ _TIMES = {"2020-01-31": ("2020-01-31", "2024-12-15", "2021-10-05"),
           "2020-01-31T12:00:00Z": ("2020-01-31T12:00:00Z", "2024-12-15T09:30:45+01:00", "2021-10-05T23:59:59.5Z"),
           "12:00:00Z": ("12:00:00Z", "09:30:45+01:00", "23:59:59.5Z")}
 _NONE = object()  # no sample value
+# the kind samples' values where any value may stand (`sample(pick=k)`: the k-th), one
+# sample per kind: outputs write any kind there, and each starts states of its own
+_ANY_KINDS = (12, "abc", [1, 2], True, None, {"a": 1}, -1.5)
+KINDS = len(_ANY_KINDS)  # kind samples walked after the five (each where it differs from those before)
 # values of every kind, walked (as far as the grammar takes each) for a schema without `type`
 _OTHER_KINDS = ("abc", 12, {"a": "abc"}, ["abc", 1], True, None)
 # the kind of value a schema without `type` most likely describes, by its keywords
@@ -75,7 +80,7 @@ _ASSERTIONS = frozenset((
 
 
 def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: Optional[list] = None,
-           required: bool = False, negative: bool = False) -> Any:
+           required: bool = False, negative: bool = False, pick: int = 0) -> Any:
     """A small JSON value the schema likely accepts (every declared property and required
     key, every allOf branch together, the first branch of a choice, a scalar's own
     `examples` / `default`, a pattern's shortest match, bounds' lower ends, a value of any
@@ -84,7 +89,9 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     the last branch and enum member, two array items (an enum's: its first members), longer
     strings, a fraction, a number between its bounds or past a minimum alone; `required`:
     of an object that lists required properties, only those; `negative`: numbers below zero
-    where no minimum forbids it), or `_NONE`. Best effort: the walk checks it.
+    where no minimum forbids it; `pick` k > 0: where any value may stand, _ANY_KINDS' k-th,
+    a type list's k-th type (cyclically), two array items, and in an open object with no
+    property declared one undeclared key), or `_NONE`. Best effort: the walk checks it.
     At most MAX_VALUES values (`budget`: the count left, shared by the recursion, and the
     time.monotonic() past which patterns get no sample)."""
     root = schema if root is None else root
@@ -111,22 +118,23 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     if isinstance(ref, str) and ref.startswith("#"):
         target = _pointer(root, ref[1:])
         if target is not None:
-            return sample(target, root, depth + 1, alt, budget, required, negative)
+            return sample(target, root, depth + 1, alt, budget, required, negative, pick)
     branches = schema.get("allOf")
     if isinstance(branches, list) and branches and all(isinstance(b, dict) for b in branches):
         merged = {k: v for k, v in schema.items() if k != "allOf"}
         for branch in branches:  # (every branch holds: their properties and required keys together)
             _merge(merged, _resolved(branch, root))
-        return sample(merged, root, depth + 1, alt, budget, required, negative)
+        return sample(merged, root, depth + 1, alt, budget, required, negative, pick)
     for key in ("anyOf", "oneOf"):
         branches = schema.get(key)
         if isinstance(branches, list) and branches and isinstance(branches[-alt], dict):
             merged = {k: v for k, v in schema.items() if k != key}
             merged.update(branches[-alt])
-            return sample(merged, root, depth + 1, alt, budget, required, negative)
+            return sample(merged, root, depth + 1, alt, budget, required, negative, pick)
     kind = schema.get("type")
     if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
+        kind = (kind[pick % len(kind)] if pick and kind else
+                next((k for k in kind if k != "null"), kind[0] if kind else None))
     if kind is None:  # (the kind the schema's keywords apply to: e.g. a number under `minimum`)
         kind = next((k for k, words in _KIND_WORDS if not words.isdisjoint(schema)), None)
     if kind == "object":
@@ -136,29 +144,30 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         if required and isinstance(needed, list) and needed:
             props = {k: v for k, v in props.items() if k in needed}
         for name, sub in list(props.items())[:MAX_PROPERTIES]:
-            value = sample(sub, root, depth + 1, alt, budget, required, negative)
+            value = sample(sub, root, depth + 1, alt, budget, required, negative, pick)
             if value is not _NONE:
                 out[name] = value
         more = schema.get("additionalProperties", True)
         for name in (needed if isinstance(needed, list) else [])[:MAX_PROPERTIES]:
             if isinstance(name, str) and name not in out and name not in props and more is not False:
                 # (a required key no `properties` declares: a value of additionalProperties' schema)
-                value = sample(more if isinstance(more, dict) else {}, root, depth + 1, alt, budget, negative=negative)
+                value = sample(more if isinstance(more, dict) else {}, root, depth + 1, alt, budget,
+                               negative=negative, pick=pick)
                 if value is not _NONE:
                     out[name] = value
-        if alt and not required:
-            out.update(_extra_members(schema, root, depth, alt, budget, out, negative))
+        if (alt or (pick and not out)) and not required:
+            out.update(_extra_members(schema, root, depth, alt, budget, out, negative, pick))
         return out
     if kind == "array":
         items = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else None
         if items:
-            vals = [sample(s, root, depth + 1, alt, budget, required, negative) for s in items]
+            vals = [sample(s, root, depth + 1, alt, budget, required, negative, pick) for s in items]
         else:
             # (alt: two items at least, where maxItems allows: the array's count past its
             # checks is one state, that of every item after the first)
             least, most = schema.get("minItems", 1), schema.get("maxItems")
             n = least if _is_count(least) else 1
-            if alt and not (_is_count(most) and most < 2):
+            if (alt or pick) and not (_is_count(most) and most < 2):
                 n = max(n, 2)
             item = schema.get("items", {})
             members = item.get("enum") if isinstance(item, dict) else None
@@ -167,12 +176,14 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
                 vals = [v for v in members if _has_type(v, item.get("type"))][:min(most, ENUM_ITEMS)
                                                                              if _is_count(most) else ENUM_ITEMS]
             else:
-                one = sample(item, root, depth + 1, alt, budget, required, negative)
+                one = sample(item, root, depth + 1, alt, budget, required, negative, pick)
                 vals = [one] * (n if n <= 4 else 1)
         return [v for v in vals if v is not _NONE]
     if kind is None and _ASSERTIONS.isdisjoint(schema) and not required:
         # any value (`{}`): as outputs write one, an object of a string and a number, an
         # array of a string, a fraction and an object, numbers below zero in the pretty one
+        if pick:
+            return _ANY_KINDS[(pick - 1) % len(_ANY_KINDS)]
         if negative:
             return {"a": -1, "b": [1, "x"]}
         return ["abc", 0.5, {"c": "abc", "d": True}] if alt else {"a": "abc", "b": 1}
@@ -266,7 +277,7 @@ def _has_type(value: Any, kind: Any) -> bool:
 
 
 def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, out: dict,
-                   negative: bool = False) -> dict:
+                   negative: bool = False, pick: int = 0) -> dict:
     """Members past the declared properties, as outputs write them: one key of each pattern
     property (a shortest match of its pattern) and, where undeclared keys are allowed (a
     missing additionalProperties allows any), one such key with a sample of its schema (any
@@ -284,7 +295,7 @@ def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, 
                     if key is not None:
                         break
             if key is not None and key not in out:
-                value = sample(sub, root, depth + 1, alt, budget, negative=negative)
+                value = sample(sub, root, depth + 1, alt, budget, negative=negative, pick=pick)
                 if value is not _NONE:
                     extra[key] = value
     more = schema.get("additionalProperties", True)
@@ -293,9 +304,14 @@ def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, 
         key = "extra_key"
         if key not in out:
             free = not (isinstance(more, dict) and more)
-            value = "abc" if free else sample(more, root, depth + 1, alt, budget, negative=negative)
+            if pick:
+                value = sample(more if isinstance(more, dict) else {}, root, depth + 1, 0, budget, pick=pick)
+            else:
+                value = "abc" if free else sample(more, root, depth + 1, alt, budget, negative=negative)
             if value is not _NONE:
                 extra[key] = value
+            if pick:
+                return extra
             if free and "extra_num" not in out:
                 extra["extra_num"] = 1  # (any value: one whose start is a token of its own, after `":`)
             if free and "extra_obj" not in out and depth < MAX_DEPTH:
@@ -423,6 +439,10 @@ def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[st
             values.append((_turned(values[0][0]), None))
         if isinstance(schema, dict) and "type" not in schema:  # (its keywords leave other kinds free)
             values.extend((v, None) for v in _OTHER_KINDS)
+        for k in range(1, KINDS + 1):
+            value = sample(schema, pick=k)
+            if value is not _NONE:
+                values.append((value, None))
         for value, indent in values:
             text = json.dumps(value, indent=indent, separators=(",", ": ") if indent else (",", ":"),
                               ensure_ascii=False)
