@@ -69,9 +69,10 @@ def canonical(state: tuple, exponent_free: bool = False) -> tuple:
 def _free_number(top) -> bool:
     """A number's text is read only by its bounds and a numeric enum (none here: `number_ok` is then true of
     every complete text without exponent the steps allow), by its exponent's size (so
-    exponent states keep their text, and a free number's `e` is stepped from the concrete
-    state: `free_number_exponent`) and by the MAX_NUMBER_CHARS cap, which a walk (at most
-    256 bytes deep) cannot reach from a text this short: it becomes "0"."""
+    exponent states keep their text; the `e` is stepped from the "0" where no token spells
+    the 18+ exponent digits whose overflow the mantissa decides, else from the concrete
+    state: `free_number_exponent`, table.py `_derive_byte`) and by the MAX_NUMBER_CHARS cap,
+    which a walk (at most 256 bytes deep) cannot reach from a text this short: it becomes "0"."""
     node, text = top[1], top[2]
     return _free_node(node) and top[3] <= 5 and text != "0" and len(text) < MAX_NUMBER_CHARS - 257
 
@@ -80,10 +81,11 @@ def _met_minimum(top, exponent_free: bool):
     """The free twin of a number rule bounded by a minimum alone (`_free_twin`), where the
     number's text already meets it and has no sign: every digit or fraction that follows
     keeps it there, so the rule reads the rest of the mantissa no more than a free one
-    does; else None. Integers take no exponent; another number's exponent is read from
-    the concrete state (`free_number_exponent`) and its mask below the `e` is that of every
-    mantissa only where no token writes an exponent's digit (`exponent_free`: it cannot
-    complete there, and its lookahead byte's prefix checks pass whatever the mantissa)."""
+    does; else None. Integers take no exponent; another number's `e` is stepped from the
+    twin's "0" (`free_number_exponent`), whose masks below it are those of every mantissa
+    only because no token writes an exponent's digit (`exponent_free`: the exponent cannot
+    complete within a walk, and its lookahead byte's prefix checks pass whatever the
+    mantissa)."""
     node, text = top[1], top[2]
     if (node.lo is None or node.hi is not None or node.multiple_of is not None or node.num_enum is not None
             or not (exponent_free or node.integer_only()) or not 2 <= top[3] <= 5 or text[0] == "-"
@@ -190,7 +192,9 @@ def _free_node(node) -> bool:
 
 
 def free_number_exponent(state: tuple, b: int) -> bool:
-    """Byte b starts the exponent of a number whose text may have been made "0"."""
+    """Byte b starts the exponent of a number whose text may have been made "0" (stepped
+    from that "0" only where no token spells enough exponent digits to read the mantissa:
+    table.py `_derive_byte`)."""
     if b not in (0x45, 0x65):
         return False
     tops = [st[0] for st in state if st is not None]

@@ -340,7 +340,7 @@ class TableWalker:
         its step if `step`, its token's liveness; returns the node the C walk resumes at
         (its subtree continues in C from the canonical state reached)."""
         eng, tab = self.engine, self.table
-        if not (step and self._free_exponent(d)):
+        if not (step and self._class_exponent(d)):
             self.read_text = True
         path = bytearray(self._path[:d].tobytes()) + b"\x00"  # (the C walk wrote the path to node i)
         ctx = _ctx(hist, path)
@@ -388,19 +388,15 @@ class TableWalker:
             memo[prefix[:j + 1]] = state
         return state
 
-    def _free_exponent(self, d: int) -> bool:
-        """Node d's step is the `e` of a free number whose mantissa text canonical() made "0"
-        (stepped from the concrete state only because the exponent states keep their text):
-        the mask below it is the same for every mantissa, since a number's text is then
-        read only by number_ok's exponent overflow (18 or more exponent digits, more than
-        the digits in a row of any token here) and MAX_NUMBER_CHARS (unreachable from a
-        free mantissa within one walk: canonical._free_number). Or the `e` of a bounded
-        number whose text stands for its class (canonical.class_exponent)."""
+    def _class_exponent(self, d: int) -> bool:
+        """Node d's step is the `e` of a bounded number whose text stands for its class
+        (canonical.class_exponent): stepped from the concrete state, the mask below it is
+        that of every text of the class."""
         if not self._json:
             return False
         b, v = int(self._path[d - 1]), self.engine.vocab
         st = self.table.states[int(self._stack[d - 1])]
-        return (v.max_digits < 17 and free_number_exponent(st, b)) or class_exponent(st, b, v.exponent_free)
+        return class_exponent(st, b, v.exponent_free)
 
     def _key_close(self, root: tuple, hist: bytes, trie, path: bytearray, i: int, d: int) -> Optional[int]:
         """The table id after node i when it is the quote closing a key whose text the path
@@ -443,10 +439,16 @@ class TableWalker:
     def _derive_byte(self, s: int, b: int, hist: bytes, trie, i: int, d: int) -> None:
         tab = self.table
         st = tab.states[s]
-        if self._json and ((b == 0x22 and closes_free(st)) or free_number_exponent(st, b)
-                           or class_exponent(st, b, self.engine.vocab.exponent_free)):
+        v = self.engine.vocab
+        if self._json and ((b == 0x22 and closes_free(st)) or (free_number_exponent(st, b) and v.max_digits >= 17)
+                           or class_exponent(st, b, v.exponent_free)):
             tab.trans[s * 256 + b] = PYTHON  # (a string's text or a number's digits were abstracted)
             return
+        # (a free number's `e` is stepped from its text "0": a number's text is then read only
+        # by number_ok's exponent overflow, 18 or more exponent digits, more than a walk can
+        # add here, the digits in a row of any token, and by MAX_NUMBER_CHARS, out of reach of
+        # a free mantissa within one walk: canonical._free_number; an exponent state keeps its
+        # text, so a walk rooted in one steps its own)
         got = tab.inside_step(s, b)
         if got is not None:
             tab.trans[s * 256 + b] = got
