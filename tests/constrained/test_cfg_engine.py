@@ -494,13 +494,19 @@ def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tok
     ({"if": {"const": 0}}, set()),  # (if alone asserts nothing)
     ({"if": {"const": 0}, "contains": {"const": 1}}, {"array"}),
     ({"if": {"type": "string"}, "then": {"maxLength": 2}}, None),
-    ({"not": {"type": "object"}, "contains": {"type": "string"}}, None),
+    ({"not": {"type": "integer"}}, {"number"}),  # (`not S` refuses only kinds S accepts some of)
+    ({"not": {"anyOf": [{"const": "x"}, {"type": "array", "maxItems": 1}]}}, {"string", "array"}),
+    ({"not": {"allOf": [{"type": ["string", "null"]}, {"enum": ["a", 1, None]}]}, "contains": {"const": 1}},
+     {"null", "string", "array"}),
+    ({"not": {"required": ["a"]}}, {"string", "number", "object", "array", "boolean", "null"}),
+    ({"not": {"type": "object"}, "contains": {"type": "string"}}, {"object", "array"}),
     ({"type": ["array", "string"], "contains": {"type": "string"}, "maxLength": 3}, {"array"}),
 ])
 def test_a_check_captures_only_the_kinds_it_asserts_of(cfg, tokenizer, schema, kinds):
     """A node checked for keywords that assert something of one kind of value only
     (`contains` of arrays, `dependentSchemas` of objects; `if` without `then` / `else` of
-    none) captures no value of another kind: a string under `{"contains": false}` is walked
+    none; `not S` of the kinds S accepts some value of) captures no value of another kind:
+    a string under `{"contains": false}` or `{"not": {"type": "integer"}}` is walked
     without a pending check (its masks never read its text), and every instance is still
     decided as the JSON Schema validator decides it."""
     from lmprog_runtime.constrained.cfg.backend import compile_machine

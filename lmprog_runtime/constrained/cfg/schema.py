@@ -21,6 +21,7 @@ from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
 from lmprog_runtime.constrained.cfg.refs import RefIndex
 from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
 from lmprog_runtime.constrained.cfg.registry import SchemaRegistry
+from lmprog_runtime.constrained.json_schema import _json_type
 from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
 from lmprog_runtime.constrained.schema_merge import ANNOTATIONS, merge_all
 
@@ -375,18 +376,49 @@ def _checked_kinds(checked: set, s: dict) -> Optional[frozenset]:
     """The value kinds a node's check may refuse, given the keywords `checked` it is kept
     for (the structure states the rest of schema `s` exactly): those that each keyword
     asserts something of (`contains` only of arrays, `dependentSchemas` only of objects ...;
-    `if` with neither `then` nor `else` of none), or None where a keyword asserts of every
-    kind (`not`, `if` / `then`, a keyword not known here). A value of another kind passes
-    the check whatever it is, so the matcher does not capture it."""
+    `if` with neither `then` nor `else` of none, `not S` of the kinds S accepts some value
+    of: `_possible_kinds`), or None where a keyword asserts of every kind (`if` with `then`,
+    a keyword not known here). A value of another kind passes the check whatever it is,
+    so the matcher does not capture it."""
     kinds: set = set()
     for word in checked:
         if word == "if" and "then" not in s and "else" not in s:
             continue  # (if alone asserts nothing)
+        if word == "not":  # (`not S` refuses values only of the kinds S accepts some of)
+            kinds |= _possible_kinds(s["not"])
+            continue
         kind = next((k for k, words in _KIND_WORDS.items() if word in words), None)
         if kind is None:
             return None
         kinds.add(kind)
     return frozenset(kinds)
+
+
+_ALL_KINDS = frozenset(("string", "number", "object", "array", "boolean", "null"))
+
+
+def _possible_kinds(s, depth: int = 0) -> frozenset:
+    """A superset of the value kinds (integer counted as number) schema `s` accepts some
+    value of, read off `type`, `const`, `enum` and the combinators (every kind where it
+    cannot tell: a `$ref`, a keyword not known here)."""
+    if s is False:
+        return frozenset()
+    if not isinstance(s, dict) or depth > 32:
+        return _ALL_KINDS
+    out = _ALL_KINDS
+    kind = s.get("type")
+    names = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else None
+    if names is not None and all(k in ALL_TYPES for k in names):
+        out &= {"number" if k == "integer" else k for k in names}
+    members = [s["const"]] if "const" in s else s.get("enum") if isinstance(s.get("enum"), list) else None
+    if members is not None:
+        out &= {"number" if k == "integer" else k for v in members for k in _json_type(v)}
+    for part in s.get("allOf") if isinstance(s.get("allOf"), list) else ():
+        out &= _possible_kinds(part, depth + 1)
+    for combo in ("anyOf", "oneOf"):
+        if isinstance(s.get(combo), list):
+            out &= frozenset().union(*(_possible_kinds(part, depth + 1) for part in s[combo]))
+    return frozenset(out)
 
 
 def _scalar_signature(n: Node) -> tuple:
