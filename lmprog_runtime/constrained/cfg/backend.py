@@ -72,7 +72,8 @@ class CfgGrammar(Grammar):
         return lambda start, end: hist[start:end]
 
     def _accepting(self) -> bool:
-        return self._shared.machine.accepting(self.state, len(self._hist), self._ctx(b""))
+        hist = self._hist  # (read only where a number ending the output completes a check: no copy per mask)
+        return self._shared.machine.accepting(self.state, len(hist), lambda start, end: bytes(hist[start:end]))
 
     def fill_mask(self, mask_row: torch.Tensor) -> None:
         if mask_row.device.type == "cpu" and mask_row.is_contiguous():
