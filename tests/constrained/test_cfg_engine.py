@@ -521,3 +521,21 @@ def test_a_check_captures_only_the_kinds_it_asserts_of(cfg, tokenizer, schema, k
     validator = jsonschema.Draft202012Validator(schema)
     for value in ("ab", "abcd", 0, 1.5, None, True, [], [1], ["s"], ["s", 1], {}, {"a": 1}, {"a": 1, "b": 2}):
         assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
+
+
+def test_keys_matching_the_same_patterns_share_one_value_rule(cfg, tokenizer):
+    """A key that several patternProperties (or a property and a pattern) apply to takes
+    the rule of all of them together: one rule per set of rules that apply, not per key, so
+    every such key's value shares its states and masks; each is still decided as the JSON
+    Schema validator decides it."""
+    from lmprog_runtime.constrained.cfg.backend import compile_machine
+    schema = {"patternProperties": {"a*": {"type": "integer"}, "aaa*": {"maximum": 20}, "^b": {"minimum": 3}},
+              "properties": {"ab": {"multipleOf": 2}}}
+    machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
+    child = machine._child_of
+    assert child(machine.root, "aaaa") is child(machine.root, "xaaab") is not child(machine.root, "a")
+    assert child(machine.root, "ba") is child(machine.root, "bxa") is not child(machine.root, "bxaaa")
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in ({"aaaa": 18}, {"aaaa": 21}, {"xaaab": 20.5}, {"a": 21}, {"ba": 2}, {"ba": 3}, {"bxaaa": 21},
+                  {"ab": 3}, {"ab": 4}, {"b": 2.5}, {"aaa": 20, "ba": 4, "ab": 2}):
+        assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), value

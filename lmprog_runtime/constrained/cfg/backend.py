@@ -285,5 +285,11 @@ def _child(compiler: SchemaCompiler, node, key: str):
         return node.additional
     if len(hits) == 1:
         return hits[0]
-    compiler.deadline = None  # a member rule built while matching: the compile budget is spent
-    return compiler.node(compiler._made({"allOf": [h.schema for h in hits]}))
+    # (one rule per set of rules that apply, not per key: every key matching the same
+    # patterns shares its value's states and masks)
+    both = ("__hits__",) + tuple(id(h) for h in hits)
+    got = node._child.get(both)
+    if got is None:
+        compiler.deadline = None  # a member rule built while matching: the compile budget is spent
+        got = node._child[both] = compiler.node(compiler._made({"allOf": [h.schema for h in hits]}))
+    return got
