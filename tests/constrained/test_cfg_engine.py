@@ -499,13 +499,18 @@ def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tok
     ({"not": {"allOf": [{"type": ["string", "null"]}, {"enum": ["a", 1, None]}]}, "contains": {"const": 1}},
      {"null", "string", "array"}),
     ({"not": {"required": ["a"]}}, {"string", "number", "object", "array", "boolean", "null"}),
+    ({"not": {"not": {}}}, set()),
+    ({"not": {"not": {"type": ["string", "integer"]}}}, {"number", "object", "array", "boolean", "null"}),
+    ({"oneOf": [{"type": "number"}, {}]}, {"number"}),  # (oneOf: the kinds two branches take)
+    ({"oneOf": [{"type": "integer"}, {"type": ["number", "string"]}, {"type": "string"}]}, {"number", "string"}),
     ({"not": {"type": "object"}, "contains": {"type": "string"}}, {"object", "array"}),
     ({"type": ["array", "string"], "contains": {"type": "string"}, "maxLength": 3}, {"array"}),
 ])
 def test_a_check_captures_only_the_kinds_it_asserts_of(cfg, tokenizer, schema, kinds):
     """A node checked for keywords that assert something of one kind of value only
     (`contains` of arrays, `dependentSchemas` of objects; `if` without `then` / `else` of
-    none; `not S` of the kinds S accepts some value of) captures no value of another kind:
+    none; `not S` of the kinds S accepts some value of; oneOf's "exactly one" of the kinds
+    two branches take) captures no value of another kind:
     a string under `{"contains": false}` or `{"not": {"type": "integer"}}` is walked
     without a pending check (its masks never read its text), and every instance is still
     decided as the JSON Schema validator decides it."""

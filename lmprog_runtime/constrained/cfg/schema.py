@@ -190,6 +190,8 @@ class SchemaCompiler:
         if not n.alts:
             n.never = True
         if combo == "oneOf" and len(n.alts) > 1 and not _exclusive(n.alts):
+            if n.residual is None:  # (exactly one is the only check: needed for the kinds two branches take)
+                n.checked_kinds = _shared_kinds(n.alts)
             n.residual = s  # exactly one: decided on the complete value
 
     def _any_node(self) -> Node:
@@ -379,7 +381,7 @@ def _checked_kinds(checked: set, s: dict) -> Optional[frozenset]:
     `if` with neither `then` nor `else` of none, `not S` of the kinds S accepts some value
     of: `_possible_kinds`), or None where a keyword asserts of every kind (`if` with `then`,
     a keyword not known here). A value of another kind passes the check whatever it is,
-    so the matcher does not capture it."""
+    so the matcher does not capture it. (oneOf's "exactly one": `_shared_kinds`.)"""
     kinds: set = set()
     for word in checked:
         if word == "if" and "then" not in s and "else" not in s:
@@ -405,7 +407,7 @@ def _possible_kinds(s, depth: int = 0) -> frozenset:
         return frozenset()
     if not isinstance(s, dict) or depth > 32:
         return _ALL_KINDS
-    out = _ALL_KINDS
+    out = _ALL_KINDS - _every_value_kinds(s["not"]) if "not" in s else _ALL_KINDS
     kind = s.get("type")
     names = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else None
     if names is not None and all(k in ALL_TYPES for k in names):
@@ -419,6 +421,18 @@ def _possible_kinds(s, depth: int = 0) -> frozenset:
         if isinstance(s.get(combo), list):
             out &= frozenset().union(*(_possible_kinds(part, depth + 1) for part in s[combo]))
     return frozenset(out)
+
+
+def _every_value_kinds(s) -> frozenset:
+    """A subset of the value kinds schema `s` accepts every value of: all for `true` / `{}`,
+    those of its `type` where that is its only assertion, else none (not told here)."""
+    if s is True or (isinstance(s, dict) and set(s) <= ANNOTATIONS):
+        return _ALL_KINDS
+    if not isinstance(s, dict) or set(s) - ANNOTATIONS != {"type"}:
+        return frozenset()
+    kind = s["type"]
+    names = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else []
+    return frozenset(k for k in names if k in _ALL_KINDS)  # (integer: not every number)
 
 
 def _scalar_signature(n: Node) -> tuple:
@@ -441,6 +455,19 @@ def _exclusive(alts) -> bool:
     kinds = [{"number" if t == "integer" else t for t in a.types} for a in alts]
     return all(not (kinds[i] & kinds[j]) or _discriminated(alts[i], alts[j])
                for i in range(len(alts)) for j in range(i + 1, len(alts)))
+
+
+def _shared_kinds(alts) -> Optional[frozenset]:
+    """The value kinds (integer counted as number) that two or more of oneOf's branches
+    take, or None where a branch is itself a choice: a value of another kind matches at
+    most one branch, so "exactly one" is "at least one" for it, which the structure states."""
+    if any(a.alts for a in alts):
+        return None
+    counts: dict = {}
+    for a in alts:
+        for kind in {"number" if t == "integer" else t for t in a.types}:
+            counts[kind] = counts.get(kind, 0) + 1
+    return frozenset(k for k, c in counts.items() if c > 1)
 
 
 def _discriminated(a: Node, b: Node) -> bool:
