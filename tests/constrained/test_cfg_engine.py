@@ -493,7 +493,14 @@ def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tok
     ({"dependentSchemas": {"a": {"required": ["b"]}}, "minItems": 2}, {"object"}),
     ({"if": {"const": 0}}, set()),  # (if alone asserts nothing)
     ({"if": {"const": 0}, "contains": {"const": 1}}, {"array"}),
-    ({"if": {"type": "string"}, "then": {"maxLength": 2}}, None),
+    ({"if": {"type": "string"}, "then": {"maxLength": 2}}, {"string"}),
+    ({"if": {"properties": {"k": {"const": "n"}}}, "then": {"required": ["v"]}, "else": {"maxProperties": 1}},
+     {"object"}),
+    ({"if": {"type": "integer"}, "else": {"type": "string"}}, {"number", "object", "array", "boolean", "null"}),
+    ({"if": {"maxLength": 4}, "then": {"const": "yes"}, "else": {"const": "other"}},
+     {"string", "number", "object", "array", "boolean", "null"}),
+    ({"if": True, "then": {"$ref": "#/$defs/a"}, "$defs": {"a": {"type": "string"}}},
+     {"string", "number", "object", "array", "boolean", "null"}),
     ({"not": {"type": "integer"}}, {"number"}),  # (`not S` refuses only kinds S accepts some of)
     ({"not": {"anyOf": [{"const": "x"}, {"type": "array", "maxItems": 1}]}}, {"string", "array"}),
     ({"not": {"allOf": [{"type": ["string", "null"]}, {"enum": ["a", 1, None]}]}, "contains": {"const": 1}},
@@ -502,15 +509,19 @@ def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tok
     ({"not": {"not": {}}}, set()),
     ({"not": {"not": {"type": ["string", "integer"]}}}, {"number", "object", "array", "boolean", "null"}),
     ({"oneOf": [{"type": "number"}, {}]}, {"number"}),  # (oneOf: the kinds two branches take)
+    ({"enum": [1, "a", None]}, {"number"}),  # (an enum's numbers, objects, arrays: compared whole)
+    ({"enum": [{"a": 1}, "x", True, [2]]}, {"object", "array"}),
+    ({"enum": [1.5, "x"], "not": {"const": "x"}}, {"number", "string"}),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": {"required": ["b"]}}}, {"object"}),
     ({"oneOf": [{"type": "integer"}, {"type": ["number", "string"]}, {"type": "string"}]}, {"number", "string"}),
     ({"not": {"type": "object"}, "contains": {"type": "string"}}, {"object", "array"}),
     ({"type": ["array", "string"], "contains": {"type": "string"}, "maxLength": 3}, {"array"}),
 ])
 def test_a_check_captures_only_the_kinds_it_asserts_of(cfg, tokenizer, schema, kinds):
     """A node checked for keywords that assert something of one kind of value only
-    (`contains` of arrays, `dependentSchemas` of objects; `if` without `then` / `else` of
-    none; `not S` of the kinds S accepts some value of; oneOf's "exactly one" of the kinds
-    two branches take) captures no value of another kind:
+    (`contains` of arrays, `dependentSchemas` of objects; `if` / `then` / `else` of the kinds
+    a branch that applies may refuse; `not S` of the kinds S accepts some value of; oneOf's
+    "exactly one" of the kinds two branches take) captures no value of another kind:
     a string under `{"contains": false}` or `{"not": {"type": "integer"}}` is walked
     without a pending check (its masks never read its text), and every instance is still
     decided as the JSON Schema validator decides it."""
@@ -523,8 +534,9 @@ def test_a_check_captures_only_the_kinds_it_asserts_of(cfg, tokenizer, schema, k
         state = machine.advance(machine.initial(), first[0], 0, lambda a, b: b"")
         captured = any(st[1] is not None and st[1][0][0] == "C" for st in state)
         assert captured == (bool(state) and (kinds is None or kind in kinds)), (schema, kind)
-    validator = jsonschema.Draft202012Validator(schema)
-    for value in ("ab", "abcd", 0, 1.5, None, True, [], [1], ["s"], ["s", 1], {}, {"a": 1}, {"a": 1, "b": 2}):
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
+    for value in ("ab", "abcd", "a", "x", 0, 1, 1.5, None, True, [], [1], [2], ["s"], ["s", 1], {}, {"a": 1},
+                  {"a": 1, "b": 2}):
         assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
 
 

@@ -153,16 +153,15 @@ class SchemaCompiler:
         choice = _enum_as_choice(s)
         if choice is not None:  # objects / arrays in an enum: their structure, checked whole at the end
             self._choice(n, self._made(choice, s), "anyOf")
-            n.residual = s
+            _keep_check(n, s, _enum_kinds([s["const"]] if "const" in s else s["enum"]))
             return
         local = _unevaluated_locally(s)
         if local is not s:
             self._made(local, s)
         self._typed(n, local)
         checked = (set(local) - EXACT) & self._asserting
-        if checked:
-            n.residual = s  # (checked as written)
-            n.checked_kinds = _checked_kinds(checked, local)
+        if checked:  # (checked as written)
+            _keep_check(n, s, _checked_kinds(checked, local))
 
     def _copy(self, n: Node, src: Node) -> None:
         for slot in Node.__slots__:
@@ -248,8 +247,8 @@ class SchemaCompiler:
         nums = {Decimal(repr(v)) if isinstance(v, float) else Decimal(v)
                 for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)}
         n.num_enum = tuple(sorted(nums)) if nums else None  # also numbers: a number must equal one
-        if kinds - {"boolean", "null", "string"}:
-            n.residual = s  # numbers, objects, arrays in an enum: compared on the complete value
+        if kinds - {"boolean", "null", "string"}:  # numbers, objects, arrays in an enum: compared on the complete value
+            _keep_check(n, s, _enum_kinds(values))
 
     def _string(self, n: Node, s: dict) -> None:
         n.min_len = int(s.get("minLength", 0))
@@ -304,8 +303,8 @@ class SchemaCompiler:
         for k, v in (s.get("dependencies") or {}).items():
             if isinstance(v, list):
                 deps[k] = v
-            else:
-                n.residual = s  # schema dependencies: checked on the complete object
+            else:  # schema dependencies: checked on the complete object
+                _keep_check(n, s, frozenset(("object",)))
         n.dep_required = {k: tuple(v) for k, v in deps.items()}
         names = s.get("propertyNames")
         key = self.node(names) if names is not None else self.any.key_node
@@ -378,14 +377,15 @@ def _checked_kinds(checked: set, s: dict) -> Optional[frozenset]:
     """The value kinds a node's check may refuse, given the keywords `checked` it is kept
     for (the structure states the rest of schema `s` exactly): those that each keyword
     asserts something of (`contains` only of arrays, `dependentSchemas` only of objects ...;
-    `if` with neither `then` nor `else` of none, `not S` of the kinds S accepts some value
-    of: `_possible_kinds`), or None where a keyword asserts of every kind (`if` with `then`,
-    a keyword not known here). A value of another kind passes the check whatever it is,
+    `if` with neither `then` nor `else` of none: `_conditional_kinds`; `not S` of the kinds
+    S accepts some value of: `_possible_kinds`), or None where a keyword asserts of every
+    kind (one not known here). A value of another kind passes the check whatever it is,
     so the matcher does not capture it. (oneOf's "exactly one": `_shared_kinds`.)"""
     kinds: set = set()
     for word in checked:
-        if word == "if" and "then" not in s and "else" not in s:
-            continue  # (if alone asserts nothing)
+        if word == "if":  # (with then / else: the kinds a branch that applies may refuse)
+            kinds |= _conditional_kinds(s)
+            continue
         if word == "not":  # (`not S` refuses values only of the kinds S accepts some of)
             kinds |= _possible_kinds(s["not"])
             continue
@@ -423,16 +423,63 @@ def _possible_kinds(s, depth: int = 0) -> frozenset:
     return frozenset(out)
 
 
+def _keep_check(n: Node, s, kinds: Optional[frozenset]) -> None:
+    """Node n checked on schema `s` for values of `kinds` (None: every kind), joined with a
+    check kept on it before (the whole schema is checked: for the kinds of both reasons)."""
+    if n.residual is not None:
+        kinds = None if kinds is None or n.checked_kinds is None else n.checked_kinds | kinds
+    n.residual, n.checked_kinds = s, kinds
+
+
+def _enum_kinds(values) -> frozenset:
+    """The kinds of an enum's values the structure does not decide exactly (numbers,
+    objects, arrays: compared on the complete value; strings, booleans, null are exact)."""
+    out = set()
+    for v in values:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.add("number")
+        elif isinstance(v, (dict, list)):
+            out.add("object" if isinstance(v, dict) else "array")
+    return frozenset(out)
+
+
+def _conditional_kinds(s: dict) -> frozenset:
+    """The kinds `if` / `then` / `else` may refuse a value of: not those where both branches
+    that apply accept every value (`_every_value_kinds`; a missing one accepts all), nor
+    those `if` accepts no value of and `else` accepts all of, nor those `if` accepts every
+    value of and `then` accepts all of."""
+    then = _ALL_KINDS if "then" not in s else _every_value_kinds(s["then"])
+    other = _ALL_KINDS if "else" not in s else _every_value_kinds(s["else"])
+    some, every = _possible_kinds(s["if"]), _every_value_kinds(s["if"])
+    return frozenset(k for k in _ALL_KINDS
+                     if not ((k in then and k in other) or (k not in some and k in other)
+                             or (k in every and k in then)))
+
+
 def _every_value_kinds(s) -> frozenset:
-    """A subset of the value kinds schema `s` accepts every value of: all for `true` / `{}`,
-    those of its `type` where that is its only assertion, else none (not told here)."""
-    if s is True or (isinstance(s, dict) and set(s) <= ANNOTATIONS):
+    """A subset of the value kinds schema `s` accepts every value of: all for `true` / `{}`;
+    else, where each of its keywords is `type` or asserts of one kind only (_KIND_WORDS),
+    the kinds its `type` allows (integer: not every number) less those its other keywords
+    assert of; none where it has another keyword (not told here)."""
+    if s is True:
         return _ALL_KINDS
-    if not isinstance(s, dict) or set(s) - ANNOTATIONS != {"type"}:
+    if not isinstance(s, dict):
         return frozenset()
-    kind = s["type"]
-    names = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else []
-    return frozenset(k for k in names if k in _ALL_KINDS)  # (integer: not every number)
+    words = set(s) - ANNOTATIONS
+    kinds = _ALL_KINDS
+    if "type" in words:
+        kind = s["type"]
+        names = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else None
+        if names is None or not all(k in ALL_TYPES for k in names):
+            return frozenset()
+        kinds = frozenset(k for k in names if k in _ALL_KINDS)
+        words.discard("type")
+    for word in words:
+        kind = next((k for k, ws in _KIND_WORDS.items() if word in ws), None)
+        if kind is None:
+            return frozenset()
+        kinds = kinds - {kind}
+    return kinds
 
 
 def _scalar_signature(n: Node) -> tuple:
