@@ -556,3 +556,16 @@ def test_keys_matching_the_same_patterns_share_one_value_rule(cfg, tokenizer):
     for value in ({"aaaa": 18}, {"aaaa": 21}, {"xaaab": 20.5}, {"a": 21}, {"ba": 2}, {"ba": 3}, {"bxaaa": 21},
                   {"ab": 3}, {"ab": 4}, {"b": 2.5}, {"aaa": 20, "ba": 4, "ab": 2}):
         assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), value
+
+
+def test_an_integers_multiple_of_a_unit_fraction_reads_no_digits(cfg, tokenizer):
+    """multipleOf 1 / k (1, 0.5, 1e-8) holds for every integer: an integer rule keeps no
+    such check, so its digits stay free (one state for every number, not one per text);
+    other multiples are still decided exactly."""
+    from lmprog_runtime.constrained.cfg.backend import compile_machine
+    for m, kept in ((1, False), (0.5, False), (1e-8, False), (3, True), (0.3, True), (2.5, True)):
+        root = compile_machine("json", json.dumps({"type": "integer", "multipleOf": m}), cfg.whitespace).root
+        assert (root.multiple_of is not None) == kept, m
+    assert compile_machine("json", json.dumps({"type": "number", "multipleOf": 0.5}), cfg.whitespace).root.multiple_of
+    check(cfg, tokenizer, {"type": "integer", "multipleOf": 1e-8}, [12391239123, 0, -7, 1.0], [1.5, "1"])
+    check(cfg, tokenizer, {"type": "integer", "multipleOf": 2.5}, [5, 0, -10], [2, 7])

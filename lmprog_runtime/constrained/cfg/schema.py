@@ -10,13 +10,13 @@ and free-form values are one self-referencing node (no depth bound).
 from __future__ import annotations
 
 import time
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation, localcontext
 from typing import Optional
 
 from jsonschema.validators import Draft202012Validator, validator_for
 
 from lmprog_runtime.constrained.cfg.formats import FORMATS, format_asserted
-from lmprog_runtime.constrained.cfg.nodes import ALL_TYPES, Node
+from lmprog_runtime.constrained.cfg.nodes import _EXACT, ALL_TYPES, Node
 from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
 from lmprog_runtime.constrained.cfg.refs import RefIndex
 from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
@@ -287,6 +287,11 @@ class SchemaCompiler:
             n.hi, n.hi_excl = dec("exclusiveMaximum"), True
         if n.multiple_of is not None and n.multiple_of <= 0:
             raise UnsupportedSchemaError("multipleOf must be > 0")
+        if n.multiple_of is not None and n.integer_only():
+            with localcontext(_EXACT):
+                per_unit = Decimal(1) / n.multiple_of
+                if per_unit == per_unit.to_integral_value():
+                    n.multiple_of = None  # (every integer is a multiple of 1 / k: the digits are read by nothing)
 
     def _object(self, n: Node, s: dict) -> None:
         n.props = {k: self.node(v) for k, v in (s.get("properties") or {}).items()}
