@@ -332,3 +332,38 @@ def test_kind_samples_put_each_kind_where_any_value_may_stand():
     assert all(v["n"] == 1 and set(v) == {"free", "list", "n"} for v in kinds)  # (declared: no key added)
     assert warmup.sample({"type": "object"}, pick=1) == {"extra_key": 12}
     assert [warmup.sample({"type": ["array", "string"]}, pick=k) for k in (1, 2)] == ["abc", ["abc", "abc"]]
+
+
+def test_a_property_no_value_satisfies_is_left_out_of_the_samples():
+    """A property whose schema no value satisfies (`false`, `{"not": {}}`) is left out of
+    the samples, so the walk goes on to the members after it instead of stopping at it."""
+    schema = {"type": "object", "properties": {"foo": {"not": {}}, "bar": False, "baz": {"type": "integer"}}}
+    assert warmup.sample(schema) == {"baz": 1}
+    assert "foo" not in warmup.sample(schema, alt=1) and "extra_key" in warmup.sample(schema, alt=1)
+
+
+def test_a_sample_refused_inside_a_member_is_walked_again_without_it(cfg, tokenizer, monkeypatch):
+    """A sample a check refuses (here `"abc"` under `not: {const: "abc"}`) stops the walk at
+    the refused token; the compact sample is walked again without the member holding it, so
+    the members after it are walked too (`_without_member_at`)."""
+    monkeypatch.setattr(warmup, "WARMUP_S", 10.0)  # (what is walked, not how fast)
+    value = {"a": "abc", "n": {"b": [1, {"c": True}], "d": 2}}
+    text = json.dumps(value, separators=(",", ":"))
+    assert warmup._without_member_at(value, text.index('"abc"')) == {"n": {"b": [1, {"c": True}], "d": 2}}
+    assert warmup._without_member_at(value, text.index("true")) == {"a": "abc", "n": {"b": [1, {}], "d": 2}}
+    assert warmup._without_member_at(value, 0) is None and warmup._without_member_at(value, len(text) - 1) is None
+    schema = {"type": "object", "properties": {"a": {"type": "string", "not": {"const": "abc"}},
+                                               "count": {"type": "integer"}}}
+    texts = []
+    encode = cfg.sample_tokenizer.encode
+    monkeypatch.setattr(cfg.sample_tokenizer, "encode", lambda text: texts.append(text) or encode(text))
+    g = cfg.compile("json", json.dumps(schema))
+    assert texts[0] == '{"a":"abc","count":1}' and '{"count":1}' in texts  # (the first, then it pruned)
+    eng = g._shared.engine
+    walked = []
+    compute = eng._compute
+    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(hist) or compute(key, state, hist))
+    for t in tokenizer.encode('{"count":1}', add_special_tokens=False):
+        g.write_mask(np.empty(cfg.vocab_size, np.bool_))
+        g.accept_token(t)
+    assert not walked, walked

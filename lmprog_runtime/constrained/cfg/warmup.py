@@ -15,8 +15,10 @@ of the pattern's shortest matches (or its schema's own example), so that the wal
 and goes on to the properties after it, and the pattern's states along it are walked.
 
 Only speed depends on this: masks come from the same engine either way, and a sample the
-grammar refuses (a pattern or a bound it does not meet) stops the walk at its first refused
-token, keeping what was walked. Bounded by WARMUP_S of wall time (garbage collections
+grammar refuses (a pattern or a bound it does not meet, a check) stops the walk at its first
+refused token, keeping what was walked; a compact sample refused inside an object member is
+walked again without that member (at most PRUNES times), so the members after it are walked
+too, and a property no value satisfies (`false`, `{"not": {}}`) is left out of the samples. Bounded by WARMUP_S of wall time (garbage collections
 aside) and MAX_TOKENS tokens.
 """
 
@@ -44,6 +46,7 @@ MAX_PROPERTIES = 24  # properties of one object in the sample
 MAX_VALUES = 400     # values in one sample (nested objects multiply)
 ALT_PATTERN_CHARS = 12  # the alternative sample's pattern texts are this long at least, where one is found
 ENUM_ITEMS = 8       # an array of enum members: the alternative sample's items are its first members, this many
+PRUNES = 2           # a compact sample refused inside a member is walked again without it, this many times at most
 _FORMATS = {"date": "2020-01-31", "date-time": "2020-01-31T12:00:00Z", "time": "12:00:00Z",
             "email": "ab@example.com", "uri": "https://example.com/a", "uuid": "123e4567-e89b-12d3-a456-426614174000",
             "ipv4": "10.0.0.1", "ipv6": "::1", "hostname": "example.com"}
@@ -103,6 +106,8 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         schema = {}  # (any value)
     if not isinstance(schema, dict) or depth > MAX_DEPTH:
         return _NONE if schema is False else None
+    if schema.get("not") is True or schema.get("not") == {}:
+        return _NONE  # (no value: a property of it is left out, so the walk goes on past it)
     if "const" in schema:
         return schema["const"]
     if isinstance(schema.get("enum"), list) and schema["enum"]:
@@ -429,7 +434,7 @@ def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[st
         return
     try:
         schema = json.loads(schema_text)
-        texts = []
+        texts, samples = [], []  # (the compact samples' values, to prune where refused)
         values = []
         for alt, indent, required in ((0, None, False), (1, None, False), (0, 2, False), (0, None, True)):
             value = sample(schema, alt=alt, required=required, negative=indent is not None)
@@ -448,13 +453,28 @@ def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[st
                               ensure_ascii=False)
             if text not in texts:
                 texts.append(text)
+                samples.append(value if indent is None else None)
     except (ValueError, TypeError, RecursionError):
         return
     encoded = [tokenizer.encode(text) for text in texts]  # (the first call makes the tokenizer)
     deadline = _clock() + WARMUP_S
-    for tokens in encoded:
-        if tokens is None or not _walk(grammar, row, tokens, deadline):
-            return
+    table = grammar._shared.table
+    for value, tokens in zip(samples, encoded):
+        for _ in range(PRUNES + 1):
+            if tokens is None:
+                break
+            done, stop = _walk(grammar, row, tokens, deadline)
+            if not done:
+                return
+            if stop is None or value is None:
+                break
+            # refused inside a member (a value the schema's checks refuse): the sample without it
+            value = _without_member_at(value, sum(len(table[t] or b"") for t in tokens[:stop]))  # (its first byte)
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False) if value is not None else None
+            if text is None or text in texts:
+                break
+            texts.append(text)
+            tokens = tokenizer.encode(text)
 
 
 def _turned(value: Any) -> Any:
@@ -490,24 +510,54 @@ _GC = [0.0, 0.0]  # seconds in collections so far, the running one's start (coll
 gc.callbacks.append(_gc_time)
 
 
-def _walk(grammar, row: np.ndarray, tokens, deadline: float) -> bool:
+def _walk(grammar, row: np.ndarray, tokens, deadline: float) -> tuple:
     """Walk `tokens` (row: the mask at the grammar's state), computing each state's mask,
-    then roll back; False once past the deadline."""
+    then roll back; (False, None) once past the deadline, else (True, the index of the
+    token the grammar refused, or None)."""
     walked = 0
     try:
         for t in tokens[:MAX_TOKENS]:
             if _clock() > deadline:
-                return False
+                return False, None
             if not row[t]:
-                break
+                return True, walked
             try:
                 grammar.accept_token(t)
             except GrammarError:  # the mask looks a byte ahead; the matcher decides
-                break
+                return True, walked
             walked += 1
             grammar.write_mask(row)
     finally:
         if walked:
             grammar.rollback(walked)
             grammar.write_mask(row)  # the root's again: a memo hit
-    return True
+    return True, None
+
+
+def _without_member_at(value: Any, offset: int) -> Optional[Any]:
+    """`value` without the innermost object member whose compact JSON text holds byte
+    `offset` of the value's (its key or a scalar value there), or None where no member does."""
+    def size(v) -> int:
+        return len(json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+
+    def cut(v, pos: int):
+        if not isinstance(v, (dict, list)):
+            return None
+        p = pos + 1
+        for i, (k, x) in enumerate(v.items() if isinstance(v, dict) else enumerate(v)):
+            p += 1 if i else 0  # (the comma)
+            head = size(k) + 1 if isinstance(v, dict) else 0  # (a key and its colon)
+            n = head + size(x)
+            if p <= offset < p + n:
+                inner = cut(x, p + head) if offset >= p + head else None
+                if inner is None and not isinstance(v, dict):
+                    return None
+                out = dict(v) if isinstance(v, dict) else list(v)
+                if inner is None:
+                    del out[k]
+                else:
+                    out[k] = inner
+                return out
+            p += n
+        return None
+    return cut(value, 0)
