@@ -18,8 +18,8 @@ Only speed depends on this: masks come from the same engine either way, and a sa
 grammar refuses (a pattern or a bound it does not meet, a check) stops the walk at its first
 refused token, keeping what was walked; a compact sample refused inside an object member is
 walked again without that member (at most PRUNES times), so the members after it are walked
-too, and a property no value satisfies (`false`, `{"not": {}}`) is left out of the samples. Bounded by WARMUP_S of wall time (garbage collections
-aside) and MAX_TOKENS tokens.
+too, and a property no value satisfies (`false`, `{"not": {}}`) is left out of the samples.
+Bounded by WARMUP_S of wall time (garbage collections aside) and MAX_TOKENS tokens.
 """
 
 from __future__ import annotations
