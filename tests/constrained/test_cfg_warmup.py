@@ -31,6 +31,18 @@ def cfg(tokenizer):
     be.shutdown()
 
 
+def _walked_along(cfg, tokenizer, g, text: str, monkeypatch) -> list:
+    """The outputs at which `g`'s engine walks a mask (none memoized) along `text`'s tokens."""
+    eng = g._shared.engine
+    walked = []
+    compute = eng._compute
+    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(hist) or compute(key, state, hist))
+    for t in tokenizer.encode(text, add_special_tokens=False):
+        g.write_mask(np.empty(cfg.vocab_size, np.bool_))
+        g.accept_token(t)
+    return walked
+
+
 def _unwarmed(cfg, spec: str) -> CfgGrammar:
     machine = compile_machine("json", spec, cfg.whitespace)
     return CfgGrammar(_Compiled(machine, MaskEngine(machine, cfg.vocab), cfg.table, cfg.eos_token_ids,
@@ -250,13 +262,7 @@ def test_an_undeclared_key_is_walked(cfg, tokenizer, monkeypatch):
     monkeypatch.setattr(warmup, "WARMUP_S", 10.0)  # (what is walked, not how fast)
     schema = {"type": "object", "properties": {"tags": {"type": "object", "additionalProperties": {"type": "string"}}}}
     g = cfg.compile("json", json.dumps(schema))
-    eng = g._shared.engine
-    walked = []
-    compute = eng._compute
-    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
-    for t in tokenizer.encode('{"tags":{"fb_user_id":"1234","sales', add_special_tokens=False):
-        g.write_mask(np.empty(cfg.vocab_size, np.bool_))
-        g.accept_token(t)
+    walked = _walked_along(cfg, tokenizer, g, '{"tags":{"fb_user_id":"1234","sales', monkeypatch)
     assert len(walked) <= 1, walked  # (the value's string body after its first character may be new)
 
 
@@ -359,11 +365,4 @@ def test_a_sample_refused_inside_a_member_is_walked_again_without_it(cfg, tokeni
     monkeypatch.setattr(cfg.sample_tokenizer, "encode", lambda text: texts.append(text) or encode(text))
     g = cfg.compile("json", json.dumps(schema))
     assert texts[0] == '{"a":"abc","count":1}' and '{"count":1}' in texts  # (the first, then it pruned)
-    eng = g._shared.engine
-    walked = []
-    compute = eng._compute
-    monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(hist) or compute(key, state, hist))
-    for t in tokenizer.encode('{"count":1}', add_special_tokens=False):
-        g.write_mask(np.empty(cfg.vocab_size, np.bool_))
-        g.accept_token(t)
-    assert not walked, walked
+    assert not _walked_along(cfg, tokenizer, g, '{"count":1}', monkeypatch)
