@@ -61,8 +61,9 @@ _NONE = object()  # no sample value
 _ANY_KINDS = (12, "abc", [1, 2], True, None, {"a": 1}, -1.5)
 KINDS = len(_ANY_KINDS)  # kind samples walked after the five (each where it differs from those before)
 # values of every kind, walked (as far as the grammar takes each) for a schema without `type`
-# (numbers: a fraction and one below zero, so the states of a point and a sign are walked too)
-_OTHER_KINDS = ("abc", 12.5, -1.5, {"a": "abc"}, ["abc", 1], True, None)
+# (numbers: a fraction and one below zero, so the states of a point and a sign are walked too;
+# an array whose first item is a token of its own: `[` alone, not `["`, is the state after it)
+_OTHER_KINDS = ("abc", 12.5, -1.5, {"a": "abc"}, [1, "abc"], True, None)
 # the kind of value a schema without `type` most likely describes, by its keywords
 _KIND_WORDS = (
     ("object", frozenset(("properties", "required", "patternProperties", "additionalProperties", "propertyNames",
