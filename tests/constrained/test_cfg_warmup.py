@@ -366,3 +366,13 @@ def test_a_sample_refused_inside_a_member_is_walked_again_without_it(cfg, tokeni
     g = cfg.compile("json", json.dumps(schema))
     assert texts[0] == '{"a":"abc","count":1}' and '{"count":1}' in texts  # (the first, then it pruned)
     assert not _walked_along(cfg, tokenizer, g, '{"count":1}', monkeypatch)
+
+
+def test_an_object_closed_by_property_names_samples_one_of_its_names():
+    """Under a propertyNames enum (or const) the alternative sample's undeclared member takes
+    one of its names (any other key would be refused), with a value of additionalProperties."""
+    schema = {"propertyNames": {"enum": ["foo", "bar"]}, "additionalProperties": {"type": "integer"}}
+    assert warmup.sample(schema) == {} and warmup.sample(schema, alt=1) == {"foo": 0}
+    assert warmup.sample({"type": "object", "properties": {"foo": {"type": "string"}},
+                          "propertyNames": {"enum": ["foo", "bar"]}}, alt=1) == {"foo": "Abc de-f 12", "bar": "abc"}
+    assert warmup.sample({"propertyNames": {"maxLength": 3}}, alt=1) == {}

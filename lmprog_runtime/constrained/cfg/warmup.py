@@ -288,8 +288,9 @@ def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, 
     """Members past the declared properties, as outputs write them: one key of each pattern
     property (a shortest match of its pattern) and, where undeclared keys are allowed (a
     missing additionalProperties allows any), one such key with a sample of its schema (any
-    value: a string). The walk then passes through an undeclared key's text and its value's
-    start, whose masks are shared by every such key (MaskEngine._key_near)."""
+    value: a string; under a propertyNames enum, one of its members). The walk then passes
+    through an undeclared key's text and its value's start, whose masks are shared by every
+    such key (MaskEngine._key_near)."""
     extra = {}
     patterns = schema.get("patternProperties")
     if isinstance(patterns, dict):
@@ -307,9 +308,14 @@ def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, 
                     extra[key] = value
     more = schema.get("additionalProperties", True)
     names = schema.get("propertyNames")
-    if more is not False and not extra and not isinstance(names, dict) and "unevaluatedProperties" not in schema:
+    if more is not False and not extra and "unevaluatedProperties" not in schema:
         key = "extra_key"
-        if key not in out:
+        if isinstance(names, dict):  # (the keys its propertyNames allow: a member of its enum, or none)
+            members = [names["const"]] if "const" in names else names.get("enum")
+            props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+            key = next((k for k in members if isinstance(k, str) and k not in out and k not in props), None) \
+                if isinstance(members, list) else None
+        if key is not None and key not in out:
             free = not (isinstance(more, dict) and more)
             if pick:
                 value = sample(more if isinstance(more, dict) else {}, root, depth + 1, 0, budget, pick=pick)
@@ -317,7 +323,7 @@ def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, 
                 value = "abc" if free else sample(more, root, depth + 1, alt, budget, negative=negative)
             if value is not _NONE:
                 extra[key] = value
-            if pick:
+            if pick or isinstance(names, dict):  # (other names: refused by propertyNames, likely)
                 return extra
             if free and "extra_num" not in out:
                 extra["extra_num"] = 1  # (any value: one whose start is a token of its own, after `":`)
