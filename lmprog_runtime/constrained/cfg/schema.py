@@ -376,6 +376,19 @@ _KIND_WORDS = {
                          "contentSchema")),
     "number": frozenset(("multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")),
 }
+_KIND_OF_WORD = {word: kind for kind, words in _KIND_WORDS.items() for word in words}
+
+
+def _kinds(types) -> frozenset:
+    """JSON Schema type names as value kinds (integer counted as number)."""
+    return frozenset("number" if t == "integer" else t for t in types)
+
+
+def _type_names(s: dict) -> Optional[list]:
+    """The names schema `s`'s `type` lists where all are JSON Schema types, else None."""
+    kind = s.get("type")
+    names = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else None
+    return names if names is not None and all(k in ALL_TYPES for k in names) else None
 
 
 def _checked_kinds(checked: set, s: dict) -> Optional[frozenset]:
@@ -394,7 +407,7 @@ def _checked_kinds(checked: set, s: dict) -> Optional[frozenset]:
         if word == "not":  # (`not S` refuses values only of the kinds S accepts some of)
             kinds |= _possible_kinds(s["not"])
             continue
-        kind = next((k for k, words in _KIND_WORDS.items() if word in words), None)
+        kind = _KIND_OF_WORD.get(word)
         if kind is None:
             return None
         kinds.add(kind)
@@ -413,13 +426,12 @@ def _possible_kinds(s, depth: int = 0) -> frozenset:
     if not isinstance(s, dict) or depth > 32:
         return _ALL_KINDS
     out = _ALL_KINDS - _every_value_kinds(s["not"]) if "not" in s else _ALL_KINDS
-    kind = s.get("type")
-    names = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else None
-    if names is not None and all(k in ALL_TYPES for k in names):
-        out &= {"number" if k == "integer" else k for k in names}
+    names = _type_names(s)
+    if names is not None:
+        out &= _kinds(names)
     members = [s["const"]] if "const" in s else s.get("enum") if isinstance(s.get("enum"), list) else None
     if members is not None:
-        out &= {"number" if k == "integer" else k for v in members for k in _json_type(v)}
+        out &= _kinds(k for v in members for k in _json_type(v))
     for part in s.get("allOf") if isinstance(s.get("allOf"), list) else ():
         out &= _possible_kinds(part, depth + 1)
     for combo in ("anyOf", "oneOf"):
@@ -473,14 +485,13 @@ def _every_value_kinds(s) -> frozenset:
     words = set(s) - ANNOTATIONS
     kinds = _ALL_KINDS
     if "type" in words:
-        kind = s["type"]
-        names = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else None
-        if names is None or not all(k in ALL_TYPES for k in names):
+        names = _type_names(s)
+        if names is None:
             return frozenset()
-        kinds = frozenset(k for k in names if k in _ALL_KINDS)
+        kinds = frozenset(k for k in names if k in _ALL_KINDS)  # (integer: not every number)
         words.discard("type")
     for word in words:
-        kind = next((k for k, ws in _KIND_WORDS.items() if word in ws), None)
+        kind = _KIND_OF_WORD.get(word)
         if kind is None:
             return frozenset()
         kinds = kinds - {kind}
@@ -504,7 +515,7 @@ def _exclusive(alts) -> bool:
     against `{"type": {"const": "b"}}`)."""
     if any(a.alts for a in alts):
         return False
-    kinds = [{"number" if t == "integer" else t for t in a.types} for a in alts]
+    kinds = [_kinds(a.types) for a in alts]
     return all(not (kinds[i] & kinds[j]) or _discriminated(alts[i], alts[j])
                for i in range(len(alts)) for j in range(i + 1, len(alts)))
 
@@ -517,7 +528,7 @@ def _shared_kinds(alts) -> Optional[frozenset]:
         return None
     counts: dict = {}
     for a in alts:
-        for kind in {"number" if t == "integer" else t for t in a.types}:
+        for kind in _kinds(a.types):
             counts[kind] = counts.get(kind, 0) + 1
     return frozenset(k for k, c in counts.items() if c > 1)
 
