@@ -1,0 +1,126 @@
+"""Compiled checks (cfg/predicates.py) answer as the validator does: on every schema of the
+JSON-Schema-Test-Suite (draft 2020-12) the compiler takes, on its own instances, and on every
+subschema of it against every value nested in those instances and a set of probes."""
+import json
+import pathlib
+
+import pytest
+from jsonschema import Draft7Validator
+
+from lmprog_runtime.constrained.cfg import predicates
+from lmprog_runtime.constrained.cfg.refs import RefIndex
+from lmprog_runtime.constrained.cfg.registry import SchemaRegistry
+from lmprog_runtime.constrained.cfg.residual import Residual
+
+SUITE = pathlib.Path(__file__).resolve().parents[1] / "data" / "json-schema-test-suite"
+REMOTES = (("http://localhost:1234/", str(SUITE / "remotes")),)
+PROBES = ["abc", "", "foo", 12.5, -1.5, 0, 1, 1.0, 2, -7, 1e300, True, False, None, [], {}, [1, 1], [1, 1.0],
+          [1, True], [[1], [True]], [0, False], [1, "a"], {"a": 1}, {"foo": 1, "bar": "x"}, {"a": [1, {"b": None}]}]
+
+
+def _groups():
+    for path in sorted((SUITE / "draft2020-12").glob("*.json")):
+        for k, group in enumerate(json.loads(path.read_text())):
+            yield f"{path.stem}#{k}", group
+
+
+def _residual(schema, registry):
+    return Residual(schema, registry, RefIndex(schema, registry).docs)
+
+
+def _subschemas(s, out):
+    if isinstance(s, dict):
+        out.append(s)
+        for v in s.values():
+            _subschemas(v, out)
+    elif isinstance(s, list):
+        for v in s:
+            _subschemas(v, out)
+    return out
+
+
+def _values(x, out):
+    out.append(x)
+    if isinstance(x, dict):
+        for k, v in x.items():
+            out.append(k)
+            _values(v, out)
+    elif isinstance(x, list):
+        for v in x:
+            _values(v, out)
+    return out
+
+
+def _answer(check, value):
+    try:
+        return check(value)
+    except Exception:  # noqa: BLE001 - Residual.valid: the validator answers a check that raises
+        return None
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return SchemaRegistry(REMOTES)
+
+
+def test_compiled_checks_answer_as_the_validator_on_the_suite(registry):
+    compiled = decisions = 0
+    wrong = []
+    for name, group in _groups():
+        residual = _residual(group["schema"], registry)
+        values = PROBES + [v for t in group["tests"] for v in _values(t["data"], [])]
+        for s in _subschemas(group["schema"], []) or [group["schema"]]:
+            try:
+                validator, check = residual._validator_of(s)
+            except Exception:  # noqa: BLE001 - a subschema whose scope does not resolve: never checked
+                continue
+            if check is None:
+                continue
+            compiled += 1
+            for v in values:
+                got = _answer(check, v)
+                if got is None:
+                    continue
+                decisions += 1
+                try:
+                    want = validator.is_valid(v)
+                except Exception:  # noqa: BLE001
+                    want = False
+                if got != want:
+                    wrong.append((name, json.dumps(s)[:100], json.dumps(v)[:60], want))
+        if group["schema"] is not True and residual._validator_of(group["schema"])[1] is not None:
+            for t in group["tests"]:  # the root: the suite's own verdicts
+                assert residual.valid(t["data"], group["schema"]) == t["valid"], (name, t["description"])
+    assert not wrong, wrong[:10]
+    assert compiled > 1000 and decisions > 30000, (compiled, decisions)
+
+
+def test_what_is_not_compiled_is_left_to_the_validator(registry):
+    def check(schema):
+        return Residual(schema, registry, {})._validator_of(schema)[1]
+
+    base = {"$schema": "https://json-schema.org/draft/2020-12/schema"}
+    assert check({**base, "type": "integer", "minimum": 2}) is not None
+    assert check({**base, "$defs": {"n": {"$dynamicAnchor": "n"}}, "$dynamicRef": "#n"}) is None
+    assert check({**base, "pattern": "(?<"}) is None  # (Python's re refuses it)
+    assert check({**base, "$ref": "http://unknown.test/x.json"}) is None
+    assert check({**base, "type": "integr"}) is None
+    draft7 = {"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": ["b"]}}
+    residual = _residual(draft7, registry)
+    assert residual._validator_of(draft7)[1] is None  # another dialect: its own validator
+    assert not residual.valid({"a": 1}, draft7) and Draft7Validator(draft7).is_valid({"b": 1})
+
+
+def test_json_equality_and_multiples():
+    eq = predicates.equal
+    assert eq(1, 1.0) and eq([1, {"a": 2.0}], [1.0, {"a": 2}])
+    assert not eq(True, 1) and not eq(False, 0) and not eq([True], [1]) and not eq({"a": 1}, {"a": 1, "b": 2})
+    assert predicates.unique([[1], [True], [1.0, 2]]) and not predicates.unique([[1], [True], [1.0]])
+    assert predicates.multiple_of(4.5, 1.5) and not predicates.multiple_of(4.5, 2)
+    assert predicates.multiple_of(1e308, 0.5)  # (the quotient overflows: exact fractions)
+    registry = SchemaRegistry()
+    schema = {"multipleOf": 0.1}
+    residual = _residual(schema, registry)
+    assert all(residual.valid(x, schema) == residual._validator_of(schema)[0].is_valid(x) for x in (0.3, 0.7, 3, 1e-9))
+    big = {"multipleOf": 0.5}
+    assert _residual(big, registry).valid(10 ** 400, big) is False  # raises in float arithmetic: the validator's False
