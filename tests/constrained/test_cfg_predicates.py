@@ -101,7 +101,6 @@ def test_what_is_not_compiled_is_left_to_the_validator(registry):
 
     base = {"$schema": "https://json-schema.org/draft/2020-12/schema"}
     assert check({**base, "type": "integer", "minimum": 2}) is not None
-    assert check({**base, "$defs": {"n": {"$dynamicAnchor": "n"}}, "$dynamicRef": "#n"}) is None
     assert check({**base, "pattern": "(?<"}) is None  # (Python's re refuses it)
     assert check({**base, "$ref": "http://unknown.test/x.json"}) is None
     assert check({**base, "type": "integr"}) is None
@@ -109,6 +108,22 @@ def test_what_is_not_compiled_is_left_to_the_validator(registry):
     residual = _residual(draft7, registry)
     assert residual._validator_of(draft7)[1] is None  # another dialect: its own validator
     assert not residual.valid({"a": 1}, draft7) and Draft7Validator(draft7).is_valid({"b": 1})
+
+
+def test_dynamic_references_follow_the_path_of_evaluation(registry):
+    # the list's items are `$dynamicRef: #item`; entered from the root, whose own dynamic
+    # anchor `item` is a string, they are strings (the list's own anchor says anything)
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "http://dyn.test/root",
+              "$ref": "list", "$defs": {"text": {"$dynamicAnchor": "item", "type": "string"},
+                                        "list": {"$id": "list", "type": "array", "items": {"$dynamicRef": "#item"},
+                                                 "$defs": {"any": {"$dynamicAnchor": "item"}}}}}
+    residual = _residual(schema, registry)
+    validator, check = residual._validator_of(schema)
+    assert check is not None
+    for value, want in ((["a", "b"], True), (["a", 1], False), ([["a"], "b"], False), ([], True), ("x", False)):
+        assert check(value) is want is validator.is_valid(value), value
+    inner = schema["$defs"]["list"]  # (checked on its own: its own anchor, anything goes)
+    assert residual.valid([1, {"a": None}], inner) is True
 
 
 def test_json_equality_and_multiples():

@@ -11,9 +11,14 @@ keys / items their in-place siblings evaluate (properties, patterns, additional 
 unevaluated keywords, prefixItems, items, contains, $ref, dependentSchemas, the valid
 branches of allOf / anyOf / oneOf, if / then / else), per JSON Schema 2020-12 11.2 / 11.3.
 
-Not compiled (`compile_check` returns None; the validator decides): another dialect, dynamic
-references and anchors (their target depends on the path of evaluation), a `$ref` that does
-not resolve locally, a pattern Python's `re` refuses, an unknown type name. Equality (`const`,
+References are resolved at compile time by the resolver the validator would hold there
+(`referencing`'s, with its dynamic scope: the base URIs the evaluation came through), so a
+`$dynamicRef` compiles to the target its path of evaluation gives it; a rule is compiled once
+per subschema, base URI and dynamic scope (its distinct URIs, outermost kept: a dynamic anchor
+resolves to the outermost scope that has it, so that keeps the answer and bounds recursion).
+
+Not compiled (`compile_check` returns None; the validator decides): another dialect, a
+reference that does not resolve locally, a pattern Python's `re` refuses, an unknown type name. Equality (`const`,
 `enum`, `uniqueItems`) is JSON's: numbers by value (1 == 1.0), booleans apart from numbers,
 arrays and objects member by member.
 """
@@ -23,8 +28,11 @@ import re
 from fractions import Fraction
 from typing import Any, Callable, Optional
 
+import attrs
+import rpds
+
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
-_DYNAMIC = ("$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor")
+_RECURSIVE = ("$recursiveRef", "$recursiveAnchor")  # (draft 2019-09's)
 
 
 class Unsupported(Exception):
@@ -100,13 +108,14 @@ class _Rule:
     """One subschema under one base URI: `ok` its predicate, and what the unevaluated*
     keywords read of it (its evaluated keys and items: `keys`, `items`)."""
 
-    __slots__ = ("schema", "tests", "ok", "ref", "props", "patterns", "more", "dep_schemas", "all", "any", "one",
+    __slots__ = ("schema", "tests", "ok", "refs", "props", "patterns", "more", "dep_schemas", "all", "any", "one",
                  "if_", "then", "else_", "prefix", "every_item", "contains")
 
     def __init__(self, schema):
         self.schema = schema
         self.tests: list = []
-        self.ref = self.if_ = self.then = self.else_ = self.contains = None
+        self.if_ = self.then = self.else_ = self.contains = None
+        self.refs: list = []  # $ref / $dynamicRef targets
         self.props: frozenset = frozenset()
         self.patterns: list = []
         self.more: list = []  # additionalProperties / unevaluatedProperties rules (keys valid under them)
@@ -125,8 +134,8 @@ class _Rule:
     def keys(self, v: dict) -> set:
         """The keys of object v this rule's in-place keywords evaluate."""
         out = set(self.props.intersection(v))
-        if self.ref is not None:
-            out |= self.ref.keys(v)
+        for r in self.refs:
+            out |= r.keys(v)
         for r in self.more:
             out.update(k for k, x in v.items() if r.ok(x))
         for p in self.patterns:
@@ -145,8 +154,8 @@ class _Rule:
         if self.every_item:
             return set(range(len(v)))
         out = set(range(min(self.prefix, len(v))))
-        if self.ref is not None:
-            out |= self.ref.items(v)
+        for r in self.refs:
+            out |= r.items(v)
         self._conditional(v, out, _Rule.items)
         for r in self.contains or ():
             out.update(k for k, x in enumerate(v) if r.ok(x))
@@ -174,7 +183,7 @@ _NEVER.tests.append(lambda v: False)
 class _Compiler:
     def __init__(self, spec):
         self.spec = spec
-        self.memo: dict = {}  # (id(schema), base URI) -> _Rule (filled after it is entered: recursion)
+        self.memo: dict = {}  # (id(schema), base URI, dynamic scope) -> _Rule (filled after it is entered: recursion)
         self.keep: list = []  # the schemas keyed by id
 
     def rule(self, schema, resolver) -> _Rule:
@@ -186,12 +195,15 @@ class _Compiler:
             return _NEVER
         if not isinstance(schema, dict):
             raise Unsupported("a schema is an object or a boolean")
-        key = (id(schema), resolver._base_uri)
+        scope = _outermost(resolver._previous)
+        if len(scope) != len(resolver._previous):
+            resolver = attrs.evolve(resolver, previous=rpds.List(scope))
+        key = (id(schema), resolver._base_uri, scope)
         got = self.memo.get(key)
         if got is not None:
             return got
-        if any(k in schema for k in _DYNAMIC) or schema.get("$schema", DIALECT) != DIALECT:
-            raise Unsupported("dynamic scope or another dialect")
+        if any(k in schema for k in _RECURSIVE) or schema.get("$schema", DIALECT) != DIALECT:
+            raise Unsupported("recursive references or another dialect")
         r = self.memo[key] = _Rule(schema)
         self.keep.append(schema)
         for word, value in schema.items():
@@ -207,6 +219,16 @@ class _Compiler:
         if isinstance(schema, dict) and "$id" in schema:
             resolver = resolver.in_subresource(self.spec.create_resource(schema))
         return self.rule(schema, resolver)
+
+
+def _outermost(previous) -> tuple:
+    """The dynamic scope's URIs (most recent first), each once where it is outermost."""
+    out = list(previous)
+    if len(set(out)) == len(out):
+        return tuple(out)
+    seen: set = set()
+    kept = [u for u in reversed(out) if not (u in seen or seen.add(u))]
+    return tuple(reversed(kept))
 
 
 def _pattern(p) -> Callable[[str], Any]:
@@ -462,13 +484,14 @@ def _if(c, r, value, schema, res):
 
 def _ref(c, r, value, schema, res):
     if not isinstance(value, str):
-        raise Unsupported("$ref is a string")
+        raise Unsupported("a reference is a string")
     try:
         got = res.lookup(value)
     except Exception:  # noqa: BLE001 - unresolvable here: the validator decides (it fails the check)
         raise Unsupported("an unresolved $ref") from None
-    target = r.ref = c.rule(got.contents, got.resolver)
-    return lambda v: target.ok(v)
+    target = c.rule(got.contents, got.resolver)
+    r.refs.append(target)
+    return target.ok
 
 
 _KEYWORDS = {
@@ -484,5 +507,5 @@ _KEYWORDS = {
     "required": _required, "dependentRequired": _dependent_required, "dependentSchemas": _dependent_schemas,
     "propertyNames": _property_names, "prefixItems": _prefix_items, "items": _items, "contains": _contains,
     "unevaluatedItems": _unevaluated_items, "uniqueItems": _unique,
-    "allOf": _all_of, "anyOf": _any_of, "oneOf": _one_of, "not": _not, "if": _if, "$ref": _ref,
+    "allOf": _all_of, "anyOf": _any_of, "oneOf": _one_of, "not": _not, "if": _if, "$ref": _ref, "$dynamicRef": _ref,
 }
