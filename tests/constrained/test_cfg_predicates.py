@@ -104,6 +104,14 @@ def test_what_is_not_compiled_is_left_to_the_validator(registry):
     assert check({**base, "pattern": "(?<"}) is None  # (Python's re refuses it)
     assert check({**base, "$ref": "http://unknown.test/x.json"}) is None
     assert check({**base, "type": "integr"}) is None
+    # a rule left half-made by a refused compile is not reused by the next one
+    doc = {**base, "$defs": {"odd": {"type": "string", "pattern": "(?<"}, "ok": {"type": "integer"}},
+           "anyOf": [{"$ref": "#/$defs/ok"}, {"$ref": "#/$defs/odd"}]}
+    residual = Residual(doc, registry, {})
+    assert residual._validator_of(doc["$defs"]["odd"])[1] is None
+    assert residual._validator_of(doc)[1] is None
+    assert residual._validator_of(doc["$defs"]["ok"])[1] is not None
+    assert residual.valid("abc", doc) is False and residual.valid(3, doc) is True
     draft7 = {"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": ["b"]}}
     residual = _residual(draft7, registry)
     assert residual._validator_of(draft7)[1] is None  # another dialect: its own validator

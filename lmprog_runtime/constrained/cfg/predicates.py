@@ -17,7 +17,7 @@ References are resolved at compile time by the resolver the validator would hold
 per subschema, base URI and dynamic scope (its distinct URIs, outermost kept: a dynamic anchor
 resolves to the outermost scope that has it, so that keeps the answer and bounds recursion).
 
-Not compiled (`compile_check` returns None; the validator decides): another dialect, a
+Not compiled (`Compiler.check` returns None; the validator decides): another dialect, a
 reference that does not resolve locally, a pattern Python's `re` refuses, an unknown type name. Equality (`const`,
 `enum`, `uniqueItems`) is JSON's: numbers by value (1 == 1.0), booleans apart from numbers,
 arrays and objects member by member.
@@ -32,20 +32,12 @@ import attrs
 import rpds
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
+MAX_RULES = 4096  # compiled rules per Compiler (subschema x base URI x dynamic scope), then the validator
 _RECURSIVE = ("$recursiveRef", "$recursiveAnchor")  # (draft 2019-09's)
 
 
 class Unsupported(Exception):
     """The schema is left to the validator."""
-
-
-def compile_check(schema, resolver, spec) -> Optional[Callable[[Any], bool]]:
-    """The predicate of `schema` whose `$ref`s resolve with `resolver` (a `referencing`
-    resolver, as the validator's for it), or None where it is not compiled."""
-    try:
-        return _Compiler(spec).rule(schema, resolver).ok
-    except Exception:  # noqa: BLE001 - Unsupported, a recursion limit: the validator decides
-        return None
 
 
 # ------------------------------------------------------------------ values
@@ -180,11 +172,25 @@ _NEVER = _Rule(False)
 _NEVER.tests.append(lambda v: False)
 
 
-class _Compiler:
+class Compiler:
+    """The compiled rules of one document (and what it references), shared by its checks;
+    not thread-safe (Residual holds its lock around `check`)."""
+
     def __init__(self, spec):
         self.spec = spec
         self.memo: dict = {}  # (id(schema), base URI, dynamic scope) -> _Rule (filled after it is entered: recursion)
         self.keep: list = []  # the schemas keyed by id
+
+    def check(self, schema, resolver) -> Optional[Callable[[Any], bool]]:
+        """The predicate of `schema` whose `$ref`s resolve with `resolver` (a `referencing`
+        resolver, as the validator's for it), or None where it is not compiled."""
+        before = set(self.memo)
+        try:
+            return self.rule(schema, resolver).ok
+        except Exception:  # noqa: BLE001 - Unsupported, a recursion limit: the validator decides
+            for key in set(self.memo) - before:  # (rules left half-filled)
+                del self.memo[key]
+            return None
 
     def rule(self, schema, resolver) -> _Rule:
         """`schema` evaluated with `resolver` as it is (the validator's `evolve` and a
@@ -204,6 +210,8 @@ class _Compiler:
             return got
         if any(k in schema for k in _RECURSIVE) or schema.get("$schema", DIALECT) != DIALECT:
             raise Unsupported("recursive references or another dialect")
+        if len(self.memo) >= MAX_RULES:
+            raise Unsupported("too many rules")
         r = self.memo[key] = _Rule(schema)
         self.keep.append(schema)
         for word, value in schema.items():

@@ -19,7 +19,7 @@ from jsonschema.validators import Draft202012Validator, validator_for
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012, specification_with
 
-from lmprog_runtime.constrained.cfg.predicates import compile_check
+from lmprog_runtime.constrained.cfg.predicates import Compiler
 
 
 MEMO_TEXTS = 2048      # memoized value checks per grammar (at most 2048 x 256 bytes of text)
@@ -42,6 +42,7 @@ class Residual:
         self._lock = threading.Lock()  # the referencing resolver is not documented as thread-safe
         self._memo: dict = {}  # (id(schema), text) -> valid_text (schemas live as long as the root)
         self._validators: dict = {}  # id(schema) -> (its validator, from its scope's resolver; its compiled check)
+        self._compiler = Compiler(self._spec)  # (the checks' rules, shared: a subschema's is compiled once)
 
     def valid(self, value, schema) -> bool:
         """`value` satisfies `schema` (a subschema of the root, whose `$ref`s resolve from
@@ -78,7 +79,7 @@ class Residual:
             validator = self._validator.evolve(schema=schema, _resolver=resolver)
         compiled = None
         if type(validator) is Draft202012Validator:  # (predicates.py compiles that dialect only)
-            compiled = compile_check(schema, validator._resolver, self._spec)
+            compiled = self._compiler.check(schema, validator._resolver)
         return validator, compiled
 
     def _scope(self, schema) -> tuple:
