@@ -12,6 +12,8 @@ from lmprog_runtime.constrained import create_grammar_backend
 from lmprog_runtime.constrained.cfg import warmup
 from lmprog_runtime.constrained.cfg.backend import CfgGrammar, _Compiled, compile_machine
 from lmprog_runtime.constrained.cfg.mask import MaskEngine
+from lmprog_runtime.constrained.cfg.refs import RefIndex
+from lmprog_runtime.constrained.cfg.registry import SchemaRegistry
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40}, "born": {"type": "string", "format": "date"},
@@ -194,6 +196,28 @@ def test_sample_joins_all_of_branches_and_required_keys_not_declared():
     assert warmup.sample(dict(schema, additionalProperties={"type": "string"})) == {"a": 1, "b": True, "c": "abc"}
     assert warmup.sample(dict(schema, additionalProperties=False)) == {"a": 1, "b": True}
     assert warmup.sample(schema, required=True) == {"b": True, "c": {"a": "abc", "b": 1}}
+
+
+def test_sample_keeps_the_properties_beside_a_choice_and_follows_any_reference():
+    """An anyOf / oneOf branch sampled keeps the properties written beside the choice; a
+    `$ref` is resolved as the compiler resolves it (relative URIs against the `$id`s around
+    it, remote documents from the registry), a `$dynamicRef` to its static target."""
+    choice = {"properties": {"foo": {"type": "string"}},
+              "anyOf": [{"properties": {"bar": {"const": "bar"}}, "required": ["bar"]},
+                        {"properties": {"baz": {"type": "integer"}}, "type": "object"}]}
+    assert warmup.sample(choice) == {"foo": "abc", "bar": "bar"}
+    v1 = warmup.sample(choice, alt=1)  # (the last branch; undeclared keys too: alt 1 writes them)
+    assert v1["foo"] == "Abc de-f 12" and v1["baz"] == 0 and "bar" not in v1
+    doc = {"$id": "http://x.test/root", "$ref": "list",
+           "$defs": {"list": {"$id": "list", "type": "array", "items": {"$ref": "item"}},
+                     "item": {"$id": "item", "type": "object", "properties": {"n": {"$dynamicRef": "#num"}},
+                              "$defs": {"num": {"$dynamicAnchor": "num", "type": "integer"}}}}}
+    assert warmup.sample(doc) is None  # (the document alone: no relative reference resolves)
+    assert warmup.sample(doc, RefIndex(doc)) == [{"n": 1}]
+    remote = {"type": "object", "properties": {"p": {"$ref": "http://x.test/root#/$defs/item"}}}
+    registry = SchemaRegistry()
+    registry._docs["http://x.test/root"] = doc
+    assert warmup.sample(remote, RefIndex(remote, registry)) == {"p": {"n": 1}}
 
 
 def test_samples_take_several_enum_members():

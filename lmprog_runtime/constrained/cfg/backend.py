@@ -217,7 +217,7 @@ class CfgBackend(GrammarBackend):
                            self.vocab_size)
         try:  # a matcher of its own walks the first masks into the shared caches (warmup.py)
             with shared.engine.warming():
-                warm(CfgGrammar(shared), self.sample_tokenizer, spec if kind == "json" else None)
+                warm(CfgGrammar(shared), self.sample_tokenizer, spec if kind == "json" else None, self.registry)
         except Exception:  # noqa: BLE001 - only speed depends on it; the request will meet the error itself
             logger.debug("grammar warm-up failed", exc_info=True)
         shared.engine.reserve(TABLE_HEADROOM, TABLE_LEAST)

@@ -10,7 +10,10 @@ any value may stand or a type list allows several, a value of each kind there in
 `sample(pick=k)`), token by token, as a request would:
 the structural rows every output needs (the object's keys and their closes, `:` `,` `}`, each
 property's value starts and string bodies) are derived then, and the masks of those states
-are in the grammar's cache when the first request asks. A string with a `pattern` gets one
+are in the grammar's cache when the first request asks. References are followed as the
+compiler resolves them (refs.RefIndex: relative URIs against the `$id`s around them, remote
+documents of the local registry; a `$dynamicRef` to its static target), and a sampled anyOf /
+oneOf branch keeps the properties written beside the choice. A string with a `pattern` gets one
 of the pattern's shortest matches (or its schema's own example), so that the walk passes it
 and goes on to the properties after it, and the pattern's states along it are walked.
 
@@ -36,7 +39,9 @@ import numpy as np
 from lmprog_runtime.constrained.base import GrammarError
 from lmprog_runtime.constrained.json_schema import _json_type
 from lmprog_runtime.constrained.cfg.regex import MAX_CP, RegexError, RegexPool
+from lmprog_runtime.constrained.cfg.refs import RefIndex
 from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
+from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
 
 WARMUP_S = 0.05      # wall time a compile may spend walking its sample
 SAMPLE_S = 0.02      # ... and making one sample's pattern texts (then patterns get "abc")
@@ -121,9 +126,8 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         if negative or required:
             return members[1 % len(members)] if negative else members[len(members) // 2]
         return members[-alt]
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#"):
-        target = _pointer(root, ref[1:])
+    for key in ("$ref", "$dynamicRef"):  # (a dynamic one: its static target, a sample the walk checks)
+        target = _target(schema, key, root)
         if target is not None:
             return sample(target, root, depth + 1, alt, budget, required, negative, pick)
     branches = schema.get("allOf")
@@ -136,7 +140,7 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         branches = schema.get(key)
         if isinstance(branches, list) and branches and isinstance(branches[-alt], dict):
             merged = {k: v for k, v in schema.items() if k != key}
-            merged.update(branches[-alt])
+            _merge(merged, _resolved(branches[-alt], root), over=True)
             return sample(merged, root, depth + 1, alt, budget, required, negative, pick)
     kind = schema.get("type")
     if isinstance(kind, list):
@@ -247,23 +251,37 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
 
 
 def _resolved(schema: dict, root: Any) -> dict:
-    """A local `$ref` schema's target (one hop), else the schema."""
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#"):
-        target = _pointer(root, ref[1:])
-        if isinstance(target, dict):
-            return target
-    return schema
+    """A `$ref` schema's target (one hop), else the schema."""
+    target = _target(schema, "$ref", root)
+    return target if isinstance(target, dict) else schema
 
 
-def _merge(into: dict, branch: dict) -> None:
-    """allOf branch `branch` merged into the schema `into`: properties and required keys
-    joined, other keywords kept where `into` has none."""
+def _target(schema: dict, key: str, root: Any) -> Optional[Any]:
+    """The schema reference `schema[key]` names, or None: through the compiler's RefIndex
+    where the warm-up has one (any URI, against the `$id`s around it, remote documents from
+    the local registry), else a pointer into the root document."""
+    ref = schema.get(key)
+    if not isinstance(ref, str):
+        return None
+    if isinstance(root, RefIndex):
+        try:
+            return root.resolve(ref, schema)
+        except (UnsupportedSchemaError, ValueError, KeyError, TypeError):
+            return None
+    return _pointer(root, ref[1:]) if ref.startswith("#") else None
+
+
+def _merge(into: dict, branch: dict, over: bool = False) -> None:
+    """Branch `branch` merged into the schema `into`: properties and required keys joined,
+    other keywords kept where `into` has none (an allOf's), or the branch's (`over`: the
+    anyOf / oneOf branch sampled)."""
     for k, v in branch.items():
         if k == "properties" and isinstance(v, dict) and isinstance(into.get(k), dict):
             into[k] = {**into[k], **v}
         elif k == "required" and isinstance(v, list) and isinstance(into.get(k), list):
             into[k] = into[k] + [n for n in v if n not in into[k]]
+        elif over:
+            into[k] = v
         else:
             into.setdefault(k, v)
 
@@ -399,7 +417,7 @@ def _pattern_text(pattern: str, least: Any) -> Optional[str]:
 
 
 def _pointer(root: Any, pointer: str) -> Optional[Any]:
-    node = root
+    node = root.root if isinstance(root, RefIndex) else root
     for part in filter(None, pointer.split("/")):
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
@@ -433,19 +451,24 @@ class SampleTokenizer:
             return self._own.encode(text, add_special_tokens=False).ids
 
 
-def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[str]) -> None:
+def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[str], registry=None) -> None:
     """Compute `grammar`'s root mask and, given its JSON Schema, walk sample instances
-    (see the module docstring); the grammar is left where it started."""
+    (see the module docstring); the grammar is left where it started. registry: where the
+    schema's remote `$ref`s resolve (the compiler's SchemaRegistry), for the samples."""
     row = np.empty(grammar._shared.vocab_size, dtype=np.bool_)
     grammar.write_mask(row)
     if schema_text is None or tokenizer is None:
         return
     try:
         schema = json.loads(schema_text)
+        try:  # (references resolved as the compiler does: relative URIs, `$id`s, remote documents)
+            root = RefIndex(schema, registry)
+        except (UnsupportedSchemaError, ValueError, TypeError):
+            root = schema
         texts, samples = [], []  # (the compact samples' values, to prune where refused)
         values = []
         for alt, indent, required in ((0, None, False), (1, None, False), (0, 2, False), (0, None, True)):
-            value = sample(schema, alt=alt, required=required, negative=indent is not None)
+            value = sample(schema, root, alt=alt, required=required, negative=indent is not None)
             if value is not _NONE:
                 values.append((value, indent))
         if values:
@@ -453,7 +476,7 @@ def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[st
         if isinstance(schema, dict) and "type" not in schema:  # (its keywords leave other kinds free)
             values.extend((v, None) for v in _OTHER_KINDS)
         for k in range(1, KINDS + 1):
-            value = sample(schema, pick=k)
+            value = sample(schema, root, pick=k)
             if value is not _NONE:
                 values.append((value, None))
         for value, indent in values:
