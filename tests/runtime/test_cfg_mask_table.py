@@ -135,16 +135,30 @@ def test_unique_items_seen_are_abstracted_in_table_states(backend):
     canon = g0._shared.engine._walker()._canon
     states = []
     for text in ('[1,"a",', '[[2],true,', '[1,"ab', '[[2],"b'):
-        g = g0.copy()
-        for t in tok.encode(text, add_special_tokens=False):
-            g.accept_token(t)
-        states.append(canon(g.state))
+        states.append(canon(_after(tok, g0, text).state))
     assert states[0] == states[1] and states[2] == states[3]
     instances = [[1, 2, 1], [True, False, True], [None, 1, None], [1, 1.0], ["a", "b", "a"], [[1], [1.0]],
                  [{"a": 1}, {"a": 1.0}], [{"a": [1, True]}, {"a": [1, True]}], [0, False, None, "", [], {}]]
     assert _compare(tok, be, schema, instances) > 60
     assert _compare(tok, be, {"type": "array", "uniqueItems": True, "items": {"enum": [1, True, "x", None]}},
                     instances) > 30
+    # before the first item none are seen: its end is a table step (no text read), and the
+    # table state after it is the one after any first item
+    tw = g0._shared.engine._walker()
+    for text in ('["ab', '[[2', '[1'):
+        g = _after(tok, g0, text)
+        tw.walk(g.state, bytes(g._hist), *g0._shared.engine._trie_of(None, g.state))
+        assert not tw.read_text, text
+    tab = tw.table
+    first = [tab.intern(canon(_after(tok, g0, text).state)) for text in ('["ab",', '[[2],', '[1,')]
+    assert len(set(first)) == 1 and first[0] == tab.intern(canon(_after(tok, g0, '[1,"a",').state))
+
+
+def _after(tok, g0, text: str):
+    g = g0.copy()
+    for t in tok.encode(text, add_special_tokens=False):
+        g.accept_token(t)
+    return g
 
 
 def test_table_walk_masks_equal_python_walk_on_abstracted_states(backend):

@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from lmprog_runtime.constrained.cfg.machine import _NUM, MAX_NUMBER_CHARS
+from lmprog_runtime.constrained.cfg.machine import _NUM, ANY_SEEN, MAX_NUMBER_CHARS, NeedsText  # noqa: F401
 from lmprog_runtime.constrained.cfg.nodes import _EXACT, _reachable
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 
@@ -32,7 +32,7 @@ def canonical(state: tuple, exponent_free: bool = False) -> tuple:
         got = _abstract_key(st)
         if _captures(got):
             got = _unplace(got)
-        elif type(got[0]) is tuple and got[0][0] == "A" and got[0][4] is not None and got[0][4] is not ANY_SEEN:
+        elif type(got[0]) is tuple and got[0][0] == "A" and got[0][4] and got[0][4] is not ANY_SEEN:
             got = (unplaced(got[0]), got[1])  # (between a uniqueItems array's items)
         if got is not st:
             out = list(state) if out is None else out
@@ -245,7 +245,7 @@ def _captures(st) -> bool:
 
 def _unplace(st):
     """A stack with its C / U frames' start offsets set to -1 (read only through ctx) and its
-    uniqueItems arrays' items seen ANY_SEEN (`unplaced`)."""
+    uniqueItems arrays' items seen, where any, ANY_SEEN (`unplaced`)."""
     frames = []
     while st is not None:
         frames.append(st[0])
@@ -257,41 +257,17 @@ def _unplace(st):
 
 
 def unplaced(frame):
-    """A C / U frame with its start offset set to -1, a uniqueItems array's items seen
-    ANY_SEEN; any other frame as it is."""
+    """A C / U frame with its start offset set to -1, a uniqueItems array's items seen (where
+    any) ANY_SEEN; any other frame as it is."""
     if frame[0] == "C":
         return ("C", frame[1], -1)
     if frame[0] == "U":
         return ("U", -1)
-    if frame[0] == "A" and frame[4] is not None:
+    if frame[0] == "A" and frame[4]:  # (none seen yet stays so: the first item reads no text, Machine.finish)
         return frame[:4] + (ANY_SEEN,) + frame[5:]
     return frame
 
 
-class NeedsText(Exception):
-    """A table derivation read what a table state does not hold (the output text through
-    ctx, a uniqueItems array's items): the step is not a function of the state (PYTHON)."""
-
-
-class _AnySeen:
-    """The items seen of a uniqueItems array in a table state (ANY_SEEN): they are read only
-    where an item completes, which reads the item's text first (its U frame's check: a
-    PYTHON step, replayed from the concrete state), so no table step reads them and the
-    states inside and between items are one whatever came before. A step that reads them
-    (a literal item's end checked at its first byte: Machine._literal_ends) is NeedsText."""
-
-    __slots__ = ()
-
-    def __contains__(self, item):
-        raise NeedsText
-
-    __or__ = __contains__
-
-    def __repr__(self):
-        return "ANY_SEEN"
-
-
-ANY_SEEN = _AnySeen()
 
 
 def closes_free(state: tuple) -> bool:

@@ -50,6 +50,35 @@ MAX_NUMBER_CHARS = 400
 
 
 _VALUE_START = frozenset(b'"{[-0123456789tfn')
+
+
+class NeedsText(Exception):
+    """A table derivation read what a table state does not hold (the output text through
+    ctx, a uniqueItems array's items): the step is not a function of the state (PYTHON)."""
+
+
+class _AnySeen:
+    """The items seen of a uniqueItems array in a table state (ANY_SEEN): they are read only
+    where an item completes, which reads the item's text first (its U frame's check: a
+    PYTHON step, replayed from the concrete state), so no table step reads them and the
+    states inside and between items are one whatever came before. (Before the first item
+    none are seen: a table state keeps the empty set, and its first item's end reads no
+    text: `finish`.) A step that reads them
+    (a literal item's end checked at its first byte: Machine._literal_ends) is NeedsText."""
+
+    __slots__ = ()
+
+    def __contains__(self, item):
+        raise NeedsText
+
+    __or__ = __contains__
+
+    def __repr__(self):
+        return "ANY_SEEN"
+
+
+ANY_SEEN = _AnySeen()
+_FIRST_ITEM = object()  # (finish: a table state's first unique item, its value unread)
 _KIND_OF = {0x22: "string", 0x7B: "object", 0x5B: "array", 0x74: "boolean", 0x66: "boolean", 0x6E: "null",
             **{b: "number" for b in b"-0123456789"}}  # (a value's kind by its first byte: Node.checked_kinds)
 _FOLLOW = {"O": WS | frozenset(b",}"), "A": WS | frozenset(b",]"), "D": frozenset()}
@@ -240,14 +269,22 @@ class Machine(StringFrames):
                 return []
             return self.finish(rest[1], result, end, ctx)
         if kind == "U":
+            below = rest[1][0]
+            if top[1] < 0 and below[0] == "A" and below[4] is not None and not below[4]:
+                # a table state's (unplaced) first item: none seen to compare it with, and the
+                # items seen after it are ANY_SEEN whatever it is, so its text is not read
+                return self.finish(rest[1], _FIRST_ITEM, end, ctx)
             value = canonical(ctx(top[1], end))
             return self.finish(rest[1], value, end, ctx)
         if kind == "A":
             seen = top[4]
             if seen is not None:
-                if result in seen:
+                if result is _FIRST_ITEM:
+                    seen = ANY_SEEN
+                elif result in seen:
                     return []
-                seen = seen | {result}
+                else:
+                    seen = seen | {result}
             return [(("A", top[1], 2, _counted(top[1], top[3] + 1), seen, self.ws0), rest[1])]
         if kind == "O":
             node, phase, seen = top[1], top[2], top[3]
