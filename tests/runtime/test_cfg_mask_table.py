@@ -161,6 +161,39 @@ def _after(tok, g0, text: str):
     return g
 
 
+def test_unique_items_masks_from_none_seen_equal_python_walk(backend, monkeypatch):
+    """Inside a uniqueItems array with items seen, a mask is that of the state with none seen
+    less the tokens completing a seen item (cfg/unique.py): equal to the Python walk along
+    texts with duplicates spelled raw, escaped and spaced, literals, prefixes of seen items,
+    and with no item walked by a replay (the tags' masks read no item text)."""
+    tok, be = backend
+    texts = ['["a","b","c"]', '["foo","fo","foo"]', '["ab","a\\u0062"]', '["\\u00e9","é","e"]',
+             '[true,"true",false,null,true]', '["x" , "y",  "x"]', '[ "a", "b" ]', '["machine learning","machine"]',
+             '["ab","a","ab"]', '["a\\"b","a\\"","a\\"b"]', '["",""]', '[1,"1",1.0]', '[[1],"a",[1]]']
+    n = 0
+    for schema in ({"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                   {"type": "array", "uniqueItems": True},
+                   {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},
+                   {"type": "array", "prefixItems": [{"type": "string"}], "items": {"enum": ["a", "b", "x"]},
+                    "uniqueItems": True},
+                   {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                              "uniqueItems": True, "maxItems": 3}}}):
+        wrapped = [t if "properties" not in schema else '{"tags":' + t + '}' for t in texts]
+        n += _compare_texts(tok, be, schema, wrapped)
+    assert n > 600
+    g0 = be.compile("json", json.dumps({"type": "array", "items": {"type": "string"}, "uniqueItems": True}))
+    row = np.zeros(len(tok), dtype=np.bool_)
+    for k, text in enumerate(('["python","machine learning","data science"]', '["rust","compilers","type theory"]')):
+        if k:  # (a second array: its masks with items seen come from those with none, all met before)
+            walked = _walked(monkeypatch, g0._shared.engine)
+        g = g0.copy()
+        for tid in tok.encode(text, add_special_tokens=False):
+            g.write_mask(row)
+            assert row[tid]
+            g.accept_token(tid)
+    assert not walked
+
+
 def test_table_walk_masks_equal_python_walk_on_abstracted_states(backend):
     tok, be = backend
     assert sum(_compare(tok, be, schema, instances) for schema, instances in HANDWRITTEN) > 100

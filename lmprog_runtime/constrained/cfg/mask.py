@@ -27,6 +27,7 @@ from lmprog_runtime.constrained.cfg.machine import Machine, utf8_start
 from lmprog_runtime.constrained.cfg.nodes import Node
 from lmprog_runtime.constrained.cfg.regex import RegexError
 from lmprog_runtime.constrained.cfg.table import TableWalker, c_table_walker
+from lmprog_runtime.constrained.cfg.unique import unique_mask
 from lmprog_runtime.constrained.trie_walk import TokenTrie
 
 MEMO_STATES = 1024  # cached masks per compiled grammar (LRU), bit-packed: 6 KB each at 49k tokens
@@ -518,6 +519,17 @@ class MaskEngine:
                     return got
         tracked = _Tracked(hist) if start is not None else hist
         out = self._names_left(key, state, start, hist)
+        if out is None and self._json and self.use_c:  # (the oracle walks every mask)
+            out = unique_mask(self, key, state, hist)  # (items seen: from the mask with none seen)
+            if out is not None:  # (its own key only, and its text's where it captures: it reads the text typed)
+                with self._lock:
+                    if start is not None and memo_key is base_key:
+                        self._memo[base_key] = _BY_TEXT
+                        memo_key = (base_key, hist[start:])
+                    self._memo[memo_key] = out
+                    while len(self._memo) > MEMO_STATES:
+                        self._memo.popitem(last=False)
+                return out
         if out is None:
             out = self._compute(key, state, tracked)
         with self._lock:
@@ -688,10 +700,12 @@ class MaskEngine:
         that may not close (a required key not seen), nothing: no token gets past its `}`
         (its keys seen do not change within a token), so no step reads that stack. Under a
         pending check its start is left out (read only with the text: `_masked` stores such
-        a key only where the walk read none)."""
+        a key only where the walk read none), so such a state has this key with no object
+        too: a string item of a uniqueItems array with none seen (unique.py) is one mask
+        wherever the item begins."""
         if not self._json or not self.vocab.no_key_after_comma or len(state) != 1 or state[0] is None:
             return None
-        frames, changed, st = [], False, state[0]
+        frames, changed, st = [], start is not None, state[0]  # (a check's start left out: a key of its own)
         if key is not None:  # a string body on the fast path: its frame as _fast_key reads it (counts clamped)
             frames.append(("fast",) + key[1][0][:5])
             st = st[1]

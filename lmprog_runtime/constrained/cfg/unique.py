@@ -1,0 +1,205 @@
+"""Masks inside a uniqueItems array with items seen, without reading the items.
+
+A token that completes an item is refused when the item equals one seen before; otherwise
+the array's items seen change nothing of a mask. The C walk reads them by replaying every
+token that completes an item from the concrete state (table.py `_concrete`): in an array of
+strings, every mask from the second item on replays the ~40 tokens that can close a string
+(~0.6 ms a mask, and none is shared: the key holds the items seen). Here such a mask is the
+mask of the same state with none seen (no item's text read: Machine.finish's first item,
+memoized like any), less the tokens that complete an item equal to one seen, looked up by
+the item's value in tables of the vocabulary (`UniqueTokens`): the tokens whose text before
+their first closing quote spells the rest of a seen string, or that begin a whole seen
+string or literal. A token that may complete a second item after a comma within it is
+checked against the concrete state, as the walk would.
+
+Where this holds exactly (`unique_mask` returns None elsewhere, and the walk decides): one
+state; the array's item rule free (a string of no pattern, enum or maxLength, or any value:
+after a token that completes nothing, some next byte goes on whatever was seen, so the mask's
+byte of lookahead reads no item either); the state either inside a string item at a character
+boundary, or between items with only strings and literals seen (a number or a container
+spelled within one token would need its own tables).
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+from typing import Optional
+
+import numpy as np
+
+_WS = b" \t\n\r"
+# a second value completed after a comma inside one token (its first byte for a literal,
+# which a literal item is checked at)
+_SECOND = re.compile(rb',[ \t\n\r]*(?:"(?:[^"\\]|\\.)*"|[tfn]|-?[0-9][0-9.eE+-]*[^0-9.eE+-]|[\[{].*[\]}])', re.S)
+_LITERALS = {ord("t"): ("b", True), ord("f"): ("b", False), ord("n"): ("z",)}  # (residual._canon's forms)
+
+
+def _closing_quote(data: bytes) -> int:
+    """Index of the first quote of `data` read inside a string body (escapes skipped), or -1."""
+    i = 0
+    while i < len(data):
+        b = data[i]
+        if b == 0x5C:
+            i += 2
+            continue
+        if b == 0x22:
+            return i
+        i += 1
+    return -1
+
+
+def _decoded(body: bytes) -> Optional[str]:
+    try:
+        return json.loads(b'"' + body + b'"')
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+class UniqueTokens:
+    """Per vocabulary: the tokens that complete an item, by the item's value."""
+
+    def __init__(self, table):
+        closing: dict = {}   # text before the first closing quote, read inside a string -> ids
+        strings: dict = {}   # a whole string item (after whitespace) at the token's start -> ids
+        literals: dict = {}  # a literal item's first byte (after whitespace) -> ids, by its value
+        second = []
+        for tok, data in enumerate(table):
+            if not data:
+                continue
+            q = _closing_quote(data) if b'"' in data else -1
+            if q >= 0:
+                got = _decoded(data[:q])
+                if got is not None:
+                    closing.setdefault(got, []).append(tok)
+            head = data.lstrip(_WS)
+            if head[:1] == b'"':
+                q = _closing_quote(head[1:])
+                got = _decoded(head[1:1 + q]) if q >= 0 else None
+                if got is not None:
+                    strings.setdefault(got, []).append(tok)
+            elif head and head[0] in _LITERALS:
+                literals.setdefault(_LITERALS[head[0]], []).append(tok)
+            if b"," in data and _SECOND.search(data):
+                second.append(tok)
+        self.closing = {k: np.asarray(v, dtype=np.int64) for k, v in closing.items()}
+        self.strings = {k: np.asarray(v, dtype=np.int64) for k, v in strings.items()}
+        self.literals = {k: np.asarray(v, dtype=np.int64) for k, v in literals.items()}
+        self.second = np.asarray(second, dtype=np.int64)
+
+
+_TABLES: dict = {}  # id(vocabulary table) -> (table, UniqueTokens)
+_TABLES_LOCK = threading.Lock()
+
+
+def unique_tokens(table) -> UniqueTokens:
+    got = _TABLES.get(id(table))
+    if got is None or got[0] is not table:
+        with _TABLES_LOCK:
+            got = _TABLES.get(id(table))
+            if got is None or got[0] is not table:
+                got = _TABLES[id(table)] = (table, UniqueTokens(table))
+    return got[1]
+
+
+def _free(node) -> bool:
+    """An item rule after whose tokens some next byte goes on whatever items were seen: a
+    string of no pattern, enum or maxLength (or any value), checked by nothing else."""
+    return (node is not None and node.alts is None and node.residual is None and not node.never
+            and "string" in node.types and node.enum is None and not node.patterns and node.max_len is None)
+
+
+def _split(st):
+    """(the frames above the array, the array frame, the stack below it, where: "string" /
+    "between") for a state one of whose uniqueItems arrays has items seen and applies, else None."""
+    above = []
+    while st is not None:
+        frame = st[0]
+        if frame[0] == "A" and frame[4]:
+            break
+        above.append(frame)
+        st = st[1]
+    else:
+        return None
+    arr = st[0]
+    node = arr[1]
+    item = node.prefix[arr[3]] if arr[3] < len(node.prefix) else node.items
+    if not _free(item):
+        return None
+    if not above:
+        return above, arr, st[1], "between"
+    if len(above) == 2 and above[1][0] == "U" and above[0][0] == "S":
+        top = above[0]  # ("S", node, count, utf, esc, hs, pats, text)
+        if not (top[3] or top[4] or top[5]) and _free(top[1]):
+            return above, arr, st[1], "string"
+    return None
+
+
+def unique_mask(engine, key, state: tuple, hist: bytes) -> Optional[np.ndarray]:
+    """The walked part of `state`'s mask (as MaskEngine._masked computes it, packed) from
+    that of the state with none seen, or None where that does not hold (module docstring)."""
+    if len(state) != 1 or state[0] is None:
+        return None
+    split = _split(state[0])
+    if split is None:
+        return None
+    above, arr, below, where = split
+    seen = arr[4]
+    tables = unique_tokens(engine.vocab.table)
+    drop = []
+    if where == "string":
+        start = above[1][1]  # (the U frame: the item's first byte, its opening quote)
+        typed = _decoded(bytes(hist[start + 1:]))
+        if typed is None:
+            return None
+        for v in seen:
+            if v[0] == "s" and v[1].startswith(typed):
+                got = tables.closing.get(v[1][len(typed):])
+                if got is not None:
+                    drop.append(got)
+    elif arr[2] == 3:  # (after a comma: an item begins within the next token)
+        for v in seen:
+            got = tables.strings.get(v[1]) if v[0] == "s" else tables.literals.get(v) if v[0] in ("b", "z") else False
+            if got is False:
+                return None  # (a number or a container seen: no table of their spellings)
+            if got is not None:
+                drop.append(got)
+    none = (arr[:4] + (frozenset(),) + arr[5:], below)
+    for frame in reversed(above):
+        none = (frame, none)
+    state0 = (none,)
+    got = engine._masked(engine._fast_key(state0) if key is not None else None, state0, hist)
+    out = got.copy()
+    if drop:
+        _clear(out, np.concatenate(drop))
+    ids = tables.second
+    if len(ids):
+        maybe = ids[(got[ids >> 3] >> (7 - (ids & 7))) & 1 == 1]
+        refused = [t for t in maybe.tolist() if not _allowed(engine, state, hist, engine.vocab.table[t])]
+        if refused:
+            _clear(out, np.asarray(refused, dtype=np.int64))
+    return out
+
+
+def _clear(packed: np.ndarray, ids: np.ndarray) -> None:
+    np.bitwise_and.at(packed, ids >> 3, (~(np.uint8(0x80) >> (ids & 7).astype(np.uint8))).astype(np.uint8))
+
+
+def _allowed(engine, state: tuple, hist: bytes, data: bytes) -> bool:
+    """The token `data` is allowed from the concrete `state` (stepped byte by byte, then one
+    byte of lookahead: MaskEngine._lives)."""
+    base = len(hist)
+    path = bytearray(data) + bytearray(2)
+
+    def ctx(start: int, end: int) -> bytes:
+        if end <= base:
+            return hist[start:end]
+        tail = bytes(path[:end - base])
+        return (hist[start:] + tail) if start < base else tail[start - base:]
+
+    machine = engine.machine
+    for k, b in enumerate(data):
+        state = machine.advance(state, b, base + k, ctx)
+        if not state:
+            return False
+    return engine._lives(state, base + len(data), ctx, path, len(data))
