@@ -164,12 +164,14 @@ def _after(tok, g0, text: str):
 def test_unique_items_masks_from_none_seen_equal_python_walk(backend, monkeypatch):
     """Inside a uniqueItems array with items seen, a mask is that of the state with none seen
     less the tokens completing a seen item (cfg/unique.py): equal to the Python walk along
-    texts with duplicates spelled raw, escaped and spaced, literals, prefixes of seen items,
-    and with no item walked by a replay (the tags' masks read no item text)."""
+    texts with duplicates spelled raw, escaped and spaced, literals, numbers, containers
+    and strings a single token spells, prefixes of seen items; and with no walk at all along
+    a second tags array (its masks come from those with none seen, met along the first)."""
     tok, be = backend
     texts = ['["a","b","c"]', '["foo","fo","foo"]', '["ab","a\\u0062"]', '["\\u00e9","é","e"]',
              '[true,"true",false,null,true]', '["x" , "y",  "x"]', '[ "a", "b" ]', '["machine learning","machine"]',
-             '["ab","a","ab"]', '["a\\"b","a\\"","a\\"b"]', '["",""]', '[1,"1",1.0]', '[[1],"a",[1]]']
+             '["ab","a","ab"]', '["a\\"b","a\\"","a\\"b"]', '["",""]', '[1,"1",1.0]', '[[1],"a",[1]]',
+             '[[],{},[]]', '[{}, {}]', '[",",":",","]']
     n = 0
     for schema in ({"type": "array", "items": {"type": "string"}, "uniqueItems": True},
                    {"type": "array", "uniqueItems": True},

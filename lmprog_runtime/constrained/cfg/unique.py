@@ -8,31 +8,38 @@ strings, every mask from the second item on replays the ~40 tokens that can clos
 mask of the same state with none seen (no item's text read: Machine.finish's first item,
 memoized like any), less the tokens that complete an item equal to one seen, looked up by
 the item's value in tables of the vocabulary (`UniqueTokens`): the tokens whose text before
-their first closing quote spells the rest of a seen string, or that begin a whole seen
-string or literal. A token that may complete a second item after a comma within it is
-checked against the concrete state, as the walk would.
+their first closing quote spells the rest of a seen string, or that begin with a whole seen
+item (a string, a number followed by what ends it, a container) or literal. A token that
+may complete a second item after a comma within it is checked against the concrete state,
+as the walk would.
 
 Where this holds exactly (`unique_mask` returns None elsewhere, and the walk decides): one
 state; the array's item rule free (a string of no pattern, enum or maxLength, or any value:
 after a token that completes nothing, some next byte goes on whatever was seen, so the mask's
 byte of lookahead reads no item either); the state either inside a string item at a character
-boundary, or between items with only strings and literals seen (a number or a container
-spelled within one token would need its own tables).
+boundary, or between items.
 """
 from __future__ import annotations
 
 import json
 import re
 import threading
+from decimal import Decimal
 from typing import Optional
 
 import numpy as np
+
+from lmprog_runtime.constrained.cfg.residual import _canon
 
 _WS = b" \t\n\r"
 # a second value completed after a comma inside one token (its first byte for a literal,
 # which a literal item is checked at)
 _SECOND = re.compile(rb',[ \t\n\r]*(?:"(?:[^"\\]|\\.)*"|[tfn]|-?[0-9][0-9.eE+-]*[^0-9.eE+-]|[\[{].*[\]}])', re.S)
 _LITERALS = {ord("t"): ("b", True), ord("f"): ("b", False), ord("n"): ("z",)}  # (residual._canon's forms)
+_VALUE_START = frozenset(b'"{[-0123456789')
+_NUMBER_START = frozenset(b"-0123456789")
+_NUMBER_BYTES = frozenset(b"0123456789.eE+-")
+_DECODER = json.JSONDecoder(parse_float=Decimal, parse_int=Decimal)  # (as residual.canonical reads a value)
 
 
 def _closing_quote(data: bytes) -> int:
@@ -49,6 +56,19 @@ def _closing_quote(data: bytes) -> int:
     return -1
 
 
+def _whole_item(head: bytes):
+    """The value (residual.py's canonical form) of the item `head` begins with, where it is
+    complete within it (a number then followed by a byte that is not a number's), else None."""
+    try:
+        value, end = _DECODER.raw_decode(head.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if head[0] in _NUMBER_START:
+        if head[:2] == b"-I" or end >= len(head) or head[end] in _NUMBER_BYTES:
+            return None  # (-Infinity is no JSON; a number at the token's end may go on)
+    return _canon(value)
+
+
 def _decoded(body: bytes) -> Optional[str]:
     try:
         return json.loads(b'"' + body + b'"')
@@ -61,7 +81,7 @@ class UniqueTokens:
 
     def __init__(self, table):
         closing: dict = {}   # text before the first closing quote, read inside a string -> ids
-        strings: dict = {}   # a whole string item (after whitespace) at the token's start -> ids
+        items: dict = {}     # a whole item (after whitespace) at the token's start -> ids, by its value
         literals: dict = {}  # a literal item's first byte (after whitespace) -> ids, by its value
         second = []
         for tok, data in enumerate(table):
@@ -73,17 +93,16 @@ class UniqueTokens:
                 if got is not None:
                     closing.setdefault(got, []).append(tok)
             head = data.lstrip(_WS)
-            if head[:1] == b'"':
-                q = _closing_quote(head[1:])
-                got = _decoded(head[1:1 + q]) if q >= 0 else None
-                if got is not None:
-                    strings.setdefault(got, []).append(tok)
-            elif head and head[0] in _LITERALS:
+            if head and head[0] in _LITERALS:
                 literals.setdefault(_LITERALS[head[0]], []).append(tok)
+            elif head and head[0] in _VALUE_START:
+                got = _whole_item(head)
+                if got is not None:
+                    items.setdefault(got, []).append(tok)
             if b"," in data and _SECOND.search(data):
                 second.append(tok)
         self.closing = {k: np.asarray(v, dtype=np.int64) for k, v in closing.items()}
-        self.strings = {k: np.asarray(v, dtype=np.int64) for k, v in strings.items()}
+        self.items = {k: np.asarray(v, dtype=np.int64) for k, v in items.items()}
         self.literals = {k: np.asarray(v, dtype=np.int64) for k, v in literals.items()}
         self.second = np.asarray(second, dtype=np.int64)
 
@@ -159,9 +178,7 @@ def unique_mask(engine, key, state: tuple, hist: bytes) -> Optional[np.ndarray]:
                     drop.append(got)
     elif arr[2] == 3:  # (after a comma: an item begins within the next token)
         for v in seen:
-            got = tables.strings.get(v[1]) if v[0] == "s" else tables.literals.get(v) if v[0] in ("b", "z") else False
-            if got is False:
-                return None  # (a number or a container seen: no table of their spellings)
+            got = (tables.literals if v[0] in ("b", "z") else tables.items).get(v)
             if got is not None:
                 drop.append(got)
     none = (arr[:4] + (frozenset(),) + arr[5:], below)
