@@ -27,7 +27,7 @@ from lmprog_runtime.constrained.cfg.machine import Machine, utf8_start
 from lmprog_runtime.constrained.cfg.nodes import Node
 from lmprog_runtime.constrained.cfg.regex import RegexError
 from lmprog_runtime.constrained.cfg.table import TableWalker, c_table_walker
-from lmprog_runtime.constrained.cfg.unique import unique_mask
+from lmprog_runtime.constrained.cfg.unique import UniqueTokens, unique_mask
 from lmprog_runtime.constrained.trie_walk import TokenTrie
 
 MEMO_STATES = 1024  # cached masks per compiled grammar (LRU), bit-packed: 6 KB each at 49k tokens
@@ -122,6 +122,7 @@ class VocabInfo:
         # what tokens spell before their first quote: a key typed so far closes within one
         # token only where the rest of its text is one of these
         self.quote_heads = frozenset(b[:b.index(b'"')] for b in table if b and b'"' in b)
+        self.unique = UniqueTokens(table)  # (unique.py: the tokens completing an item, by its value)
         self.lists = _lists(self.trie)
         self.special_lists = _lists(self.special)
         self.cut_lists = _lists(self.special_or_cut)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from decimal import Decimal
 from typing import Optional
 
@@ -77,7 +76,8 @@ def _decoded(body: bytes) -> Optional[str]:
 
 
 class UniqueTokens:
-    """Per vocabulary: the tokens that complete an item, by the item's value."""
+    """Per vocabulary (VocabInfo.unique, made with it: ~30 ms at 49k tokens): the tokens
+    that complete an item, by the item's value."""
 
     def __init__(self, table):
         closing: dict = {}   # text before the first closing quote, read inside a string -> ids
@@ -105,20 +105,6 @@ class UniqueTokens:
         self.items = {k: np.asarray(v, dtype=np.int64) for k, v in items.items()}
         self.literals = {k: np.asarray(v, dtype=np.int64) for k, v in literals.items()}
         self.second = np.asarray(second, dtype=np.int64)
-
-
-_TABLES: dict = {}  # id(vocabulary table) -> (table, UniqueTokens)
-_TABLES_LOCK = threading.Lock()
-
-
-def unique_tokens(table) -> UniqueTokens:
-    got = _TABLES.get(id(table))
-    if got is None or got[0] is not table:
-        with _TABLES_LOCK:
-            got = _TABLES.get(id(table))
-            if got is None or got[0] is not table:
-                got = _TABLES[id(table)] = (table, UniqueTokens(table))
-    return got[1]
 
 
 def _free(node) -> bool:
@@ -164,7 +150,7 @@ def unique_mask(engine, key, state: tuple, hist: bytes) -> Optional[np.ndarray]:
         return None
     above, arr, below, where = split
     seen = arr[4]
-    tables = unique_tokens(engine.vocab.table)
+    tables = engine.vocab.unique
     drop = []
     if where == "string":
         start = above[1][1]  # (the U frame: the item's first byte, its opening quote)
