@@ -495,6 +495,17 @@ class MaskEngine:
         if got is not None:
             return got
         start = _capture_start(state)  # (read past a hit only: a state's stack may be deep)
+        if self._json and self.use_c:  # (the oracle walks every mask)
+            out = unique_mask(self, key, state, hist)  # (items seen: from the mask with none seen)
+            if out is not None:  # (its own key only, and its text's where it captures: it reads the text typed)
+                with self._lock:
+                    if start is not None and memo_key is base_key:
+                        self._memo[base_key] = _BY_TEXT
+                        memo_key = (base_key, hist[start:])
+                    self._memo[memo_key] = out
+                    while len(self._memo) > MEMO_STATES:
+                        self._memo.popitem(last=False)
+                return out
         # the other keys of the state, each made only when the one before it was not met
         canon = self._canon_key(key, state, start)
         got = self._recall(canon)
@@ -520,17 +531,6 @@ class MaskEngine:
                     return got
         tracked = _Tracked(hist) if start is not None else hist
         out = self._names_left(key, state, start, hist)
-        if out is None and self._json and self.use_c:  # (the oracle walks every mask)
-            out = unique_mask(self, key, state, hist)  # (items seen: from the mask with none seen)
-            if out is not None:  # (its own key only, and its text's where it captures: it reads the text typed)
-                with self._lock:
-                    if start is not None and memo_key is base_key:
-                        self._memo[base_key] = _BY_TEXT
-                        memo_key = (base_key, hist[start:])
-                    self._memo[memo_key] = out
-                    while len(self._memo) > MEMO_STATES:
-                        self._memo.popitem(last=False)
-                return out
         if out is None:
             out = self._compute(key, state, tracked)
         with self._lock:

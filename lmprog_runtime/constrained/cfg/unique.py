@@ -172,15 +172,15 @@ def unique_mask(engine, key, state: tuple, hist: bytes) -> Optional[np.ndarray]:
         none = (frame, none)
     state0 = (none,)
     got = engine._masked(engine._fast_key(state0) if key is not None else None, state0, hist)
-    out = got.copy()
-    if drop:
-        _clear(out, np.concatenate(drop))
     ids = tables.second
     if len(ids):
         maybe = ids[(got[ids >> 3] >> (7 - (ids & 7))) & 1 == 1]
-        refused = [t for t in maybe.tolist() if not _allowed(engine, state, hist, engine.vocab.table[t])]
-        if refused:
-            _clear(out, np.asarray(refused, dtype=np.int64))
+        drop.extend(np.asarray([t], dtype=np.int64) for t in maybe.tolist()
+                    if not _allowed(engine, state, hist, engine.vocab.table[t]))
+    if not drop:
+        return got  # (no token completes a seen item here: the very mask with none seen, shared)
+    out = got.copy()
+    _clear(out, np.concatenate(drop))
     return out
 
 
