@@ -268,8 +268,6 @@ def unplaced(frame):
     return frame
 
 
-
-
 def closes_free(state: tuple) -> bool:
     """A quote may close a string whose text is FREE (a key's: its close reads the text).
     Not inside a UTF-8 character or an escape: there the quote is dead, or after `\\` a

@@ -61,10 +61,10 @@ class _AnySeen:
     """The items seen of a uniqueItems array in a table state (ANY_SEEN): they are read only
     where an item completes, which reads the item's text first (its U frame's check: a
     PYTHON step, replayed from the concrete state), so no table step reads them and the
-    states inside and between items are one whatever came before. (Before the first item
+    states inside and between items are one whatever came before (before the first item
     none are seen: a table state keeps the empty set, and its first item's end reads no
-    text: `finish`.) A step that reads them
-    (a literal item's end checked at its first byte: Machine._literal_ends) is NeedsText."""
+    text: `finish`). A step that reads them (a literal item's end checked at its first
+    byte: Machine._literal_ends) is NeedsText."""
 
     __slots__ = ()
 
