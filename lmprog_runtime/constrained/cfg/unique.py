@@ -16,8 +16,11 @@ as the walk would.
 Where this holds exactly (`unique_mask` returns None elsewhere, and the walk decides): one
 state; the array's item rule free (a string of no pattern, enum or maxLength, or any value:
 after a token that completes nothing, some next byte goes on whatever was seen, so the mask's
-byte of lookahead reads no item either); the state either inside a string item at a character
-boundary, or between items.
+byte of lookahead reads no item either), or of strings alone with a pattern, enum or maxLength
+(a string may then have to end where a seen one does: the tokens that spell a seen string's
+rest to its end, or open it and spell it whole, are stepped from the concrete state too); the
+state either inside a string item at a character boundary, or between items (after a comma,
+for a rule that is not free).
 """
 from __future__ import annotations
 
@@ -83,6 +86,8 @@ class UniqueTokens:
         closing: dict = {}   # text before the first closing quote, read inside a string -> ids
         items: dict = {}     # a whole item (after whitespace) at the token's start -> ids, by its value
         literals: dict = {}  # a literal item's first byte (after whitespace) -> ids, by its value
+        content: dict = {}   # a token's text read inside a string, where it has no closing quote -> ids
+        opening: dict = {}   # the same after an opening quote (after whitespace) at the token's start
         second = []
         for tok, data in enumerate(table):
             if not data:
@@ -92,7 +97,15 @@ class UniqueTokens:
                 got = _decoded(data[:q])
                 if got is not None:
                     closing.setdefault(got, []).append(tok)
+            elif b"\\" in data:  # (raw ones are found by their bytes: VocabInfo's own table)
+                got = _decoded(data)
+                if got is not None:
+                    content.setdefault(got, []).append(tok)
             head = data.lstrip(_WS)
+            if head[:1] == b'"' and _closing_quote(head[1:]) < 0:
+                got = _decoded(head[1:])
+                if got is not None:
+                    opening.setdefault(got, []).append(tok)
             if head and head[0] in _LITERALS:
                 literals.setdefault(_LITERALS[head[0]], []).append(tok)
             elif head and head[0] in _VALUE_START:
@@ -105,18 +118,47 @@ class UniqueTokens:
         self.items = {k: np.asarray(v, dtype=np.int64) for k, v in items.items()}
         self.literals = {k: np.asarray(v, dtype=np.int64) for k, v in literals.items()}
         self.second = np.asarray(second, dtype=np.int64)
+        self.escaped = {k: np.asarray(v, dtype=np.int64) for k, v in content.items()}
+        self.opening = {k: np.asarray(v, dtype=np.int64) for k, v in opening.items()}
+        raw: dict = {}
+        for tok, data in enumerate(table):
+            if data and b'"' not in data and b"\\" not in data:
+                raw.setdefault(data, []).append(tok)
+        self.raw = {k: np.asarray(v, dtype=np.int64) for k, v in raw.items()}
+
+    def spelling(self, text: str) -> list:
+        """The token ids whose bytes, read inside a string, are exactly `text` (no quote)."""
+        out = []
+        got = self.raw.get(text.encode("utf-8", "surrogatepass"))
+        if got is not None:
+            out.append(got)
+        got = self.escaped.get(text)
+        if got is not None:
+            out.append(got)
+        return out
+
+
+def _plain(node) -> bool:
+    """An item rule checked by nothing but its own keywords, a string among its kinds."""
+    return node is not None and node.alts is None and node.residual is None and not node.never and "string" in node.types
 
 
 def _free(node) -> bool:
-    """An item rule after whose tokens some next byte goes on whatever items were seen: a
-    string of no pattern, enum or maxLength (or any value), checked by nothing else."""
-    return (node is not None and node.alts is None and node.residual is None and not node.never
-            and "string" in node.types and node.enum is None and not node.patterns and node.max_len is None)
+    """A plain item rule after whose tokens some next byte goes on whatever items were seen:
+    a string of no pattern, enum or maxLength (or any value)."""
+    return _plain(node) and node.enum is None and not node.patterns and node.max_len is None
+
+
+def _strings_only(node) -> bool:
+    """A plain item rule of strings alone (a pattern, enum or maxLength may make a string end
+    where a seen one does: the tokens that spell one to its end are stepped, `unique_mask`)."""
+    return _plain(node) and node.types <= {"string"}
 
 
 def _split(st):
     """(the frames above the array, the array frame, the stack below it, where: "string" /
-    "between") for a state one of whose uniqueItems arrays has items seen and applies, else None."""
+    "between", whether the item rule is free) for a state one of whose uniqueItems arrays has
+    items seen and applies, else None."""
     above = []
     while st is not None:
         frame = st[0]
@@ -129,14 +171,15 @@ def _split(st):
     arr = st[0]
     node = arr[1]
     item = node.prefix[arr[3]] if arr[3] < len(node.prefix) else node.items
-    if not _free(item):
+    free = _free(item)
+    if not (free or _strings_only(item)):
         return None
     if not above:
-        return above, arr, st[1], "between"
+        return (above, arr, st[1], "between", free) if free or arr[2] == 3 else None
     if len(above) == 2 and above[1][0] == "U" and above[0][0] == "S":
         top = above[0]  # ("S", node, count, utf, esc, hs, pats, text)
-        if not (top[3] or top[4] or top[5]) and _free(top[1]):
-            return above, arr, st[1], "string"
+        if not (top[3] or top[4] or top[5]) and _plain(top[1]):
+            return above, arr, st[1], "string", free and _free(top[1])
     return None
 
 
@@ -148,34 +191,41 @@ def unique_mask(engine, key, state: tuple, hist: bytes) -> Optional[np.ndarray]:
     split = _split(state[0])
     if split is None:
         return None
-    above, arr, below, where = split
+    above, arr, below, where, free = split
     seen = arr[4]
     tables = engine.vocab.unique
     drop = []
+    check = [tables.second]  # (tokens stepped from the concrete state where the mask with none seen has them)
     if where == "string":
         start = above[1][1]  # (the U frame: the item's first byte, its opening quote)
         typed = _decoded(bytes(hist[start + 1:]))
-        if typed is None:
-            return None
+        if typed is None or (typed and 0xD800 <= ord(typed[-1]) <= 0xDBFF):
+            return None  # (a high surrogate typed last: its pair may come in the token)
         for v in seen:
             if v[0] == "s" and v[1].startswith(typed):
                 got = tables.closing.get(v[1][len(typed):])
                 if got is not None:
                     drop.append(got)
+                if not free:  # (a token that spells the rest: after it, the quote may be all that can come)
+                    check.extend(tables.spelling(v[1][len(typed):]))
     elif arr[2] == 3:  # (after a comma: an item begins within the next token)
         for v in seen:
             got = (tables.literals if v[0] in ("b", "z") else tables.items).get(v)
             if got is not None:
                 drop.append(got)
+            if not free and v[0] == "s":  # (a token that opens a seen string and spells it to its end)
+                got = tables.opening.get(v[1])
+                if got is not None:
+                    check.append(got)
     none = (arr[:4] + (frozenset(),) + arr[5:], below)
     for frame in reversed(above):
         none = (frame, none)
     state0 = (none,)
     got = engine._masked(engine._fast_key(state0) if key is not None else None, state0, hist)
-    ids = tables.second
+    ids = np.concatenate(check) if len(check) > 1 else check[0]
     if len(ids):
         maybe = ids[(got[ids >> 3] >> (7 - (ids & 7))) & 1 == 1]
-        drop.extend(np.asarray([t], dtype=np.int64) for t in maybe.tolist()
+        drop.extend(np.asarray([t], dtype=np.int64) for t in set(maybe.tolist())
                     if not _allowed(engine, state, hist, engine.vocab.table[t]))
     if not drop:
         return got  # (no token completes a seen item here: the very mask with none seen, shared)
