@@ -120,18 +120,24 @@ class UniqueTokens:
         self.second = np.asarray(second, dtype=np.int64)
         self.escaped = {k: np.asarray(v, dtype=np.int64) for k, v in content.items()}
         self.opening = {k: np.asarray(v, dtype=np.int64) for k, v in opening.items()}
-        raw: dict = {}
+        # (bytes -> the first token id, and the rare repeats apart: ~49k entries of ints, no
+        # per-token list or array for the garbage collector to walk)
+        self.raw: dict = {}
+        self.raw_repeats: dict = {}
         for tok, data in enumerate(table):
             if data and b'"' not in data and b"\\" not in data:
-                raw.setdefault(data, []).append(tok)
-        self.raw = {k: np.asarray(v, dtype=np.int64) for k, v in raw.items()}
+                if data in self.raw:
+                    self.raw_repeats[data] = self.raw_repeats.get(data, ()) + (tok,)
+                else:
+                    self.raw[data] = tok
 
     def spelling(self, text: str) -> list:
         """The token ids whose bytes, read inside a string, are exactly `text` (no quote)."""
         out = []
-        got = self.raw.get(text.encode("utf-8", "surrogatepass"))
+        data = text.encode("utf-8", "surrogatepass")
+        got = self.raw.get(data)
         if got is not None:
-            out.append(got)
+            out.append(np.asarray((got,) + self.raw_repeats.get(data, ()), dtype=np.int64))
         got = self.escaped.get(text)
         if got is not None:
             out.append(got)
