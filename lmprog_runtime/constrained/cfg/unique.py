@@ -32,6 +32,7 @@ from typing import Optional
 import numpy as np
 
 from lmprog_runtime.constrained.cfg.residual import _canon
+from lmprog_runtime.constrained.cfg.table import _ctx, _replay
 
 _WS = b" \t\n\r"
 # a second value completed after a comma inside one token (its first byte for a literal,
@@ -247,18 +248,7 @@ def _clear(packed: np.ndarray, ids: np.ndarray) -> None:
 def _allowed(engine, state: tuple, hist: bytes, data: bytes) -> bool:
     """The token `data` is allowed from the concrete `state` (stepped byte by byte, then one
     byte of lookahead: MaskEngine._lives)."""
-    base = len(hist)
-    path = bytearray(data) + bytearray(2)
-
-    def ctx(start: int, end: int) -> bytes:
-        if end <= base:
-            return hist[start:end]
-        tail = bytes(path[:end - base])
-        return (hist[start:] + tail) if start < base else tail[start - base:]
-
-    machine = engine.machine
-    for k, b in enumerate(data):
-        state = machine.advance(state, b, base + k, ctx)
-        if not state:
-            return False
-    return engine._lives(state, base + len(data), ctx, path, len(data))
+    path = bytearray(data) + bytearray(2)  # (the lookahead byte is written past the token)
+    ctx = _ctx(hist, path)
+    state = _replay(engine.machine, state, hist, data, ctx)
+    return bool(state) and engine._lives(state, len(hist) + len(data), ctx, path, len(data))
