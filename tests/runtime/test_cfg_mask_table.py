@@ -202,6 +202,56 @@ def test_unique_items_masks_from_none_seen_equal_python_walk(backend, monkeypatc
     assert not walked
 
 
+def test_number_masks_from_their_end_equal_python_walk(backend, monkeypatch):
+    """Inside a number a mask is its own tokens (number bytes first: the frame alone) and
+    those of the number's end: equal to the Python walk along numbers free, checked,
+    bounded, enumerated, in objects, arrays, under uniqueItems and contains, at the root;
+    and a number met in a new context or with a new text does not walk the vocabulary."""
+    tok, be = backend
+    n = 0
+    for schema, texts in (
+            ({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "integer", "minimum": 3}}},
+             ['{"a":1.5,"b":4}', '{"a":-0.25e+3,"b":17}', '{"b":3 ,"a":1E-2}', '{"a":0 }']),
+            ({"type": "array", "items": {"type": "number", "multipleOf": 0.5, "exclusiveMaximum": 10.5}},
+             ['[1.5,2,-3.5]', '[10,0.0,1e0]', '[ 9.5 , 7 ]']),
+            ({"type": "array", "items": {"enum": [1, 2.5, -7, "x"]}, "uniqueItems": True},
+             ['[1,2.5,-7]', '[2.50,1.0]', '["x",1]']),
+            ({"type": "array", "contains": {"type": "integer", "minimum": 5}, "maxContains": 2},
+             ['[3,4,5,6]', '[50,1.5,7]']),
+            ({"const": 12}, ['12', '12.0', '1.2e1']),
+            ({"type": "number", "maximum": 0.003}, ['0.003', '-4', '2e-3'])):
+        n += _compare_texts(tok, be, schema, texts)
+    assert n > 250
+    g0 = be.compile("json", json.dumps({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0.5},
+                                                                         "b": {"type": "integer"}}}))
+    walked = _walked_again(tok, g0, monkeypatch, '{"a":1.5,"b":4}', '{"b":17,"a":22.5}')
+    assert not [st for st in walked if st[0][0][0] == "N"], "a number walked the vocabulary"
+
+
+def test_number_masks_with_tokens_past_a_number_end_equal_python_walk():
+    """In a vocabulary whose tokens go on past a number's end (`5,`, `12]`, `1e5}`), a
+    number's mask is still the Python walk's (those tokens read the stack below: walked)."""
+    from lmprog_runtime.constrained.cfg.mask import VocabInfo
+    table = [bytes([b]) for b in range(0x20, 0x7F)] + [b"5,", b"12]", b"0}", b"1e5}", b"2.5]", b"3 ", b"7,\"",
+                                                        b"--", b"..", b"e-", b"ee", b"-1", b".5", b"99"]
+    vocab = VocabInfo(table)
+    n = 0
+    for schema, texts in (({"type": "array", "items": {"type": "number", "maximum": 50}}, ["[12,5,0.5,1e1]"]),
+                          ({"type": "object", "additionalProperties": {"type": "integer"}}, ['{"a":12,"b":-7}']),
+                          ({"type": "array", "items": {"enum": [5, 12, 99]}, "uniqueItems": True}, ["[5,12,99]"])):
+        machine = compile_machine("json", json.dumps(schema))
+        eng, oracle = MaskEngine(machine, vocab), MaskEngine(machine, vocab, use_c=False)
+        for text in texts:
+            data, state = text.encode(), machine.initial()
+            for k, b in enumerate(data):
+                if state[0][0][0] == "N":
+                    hist = data[:k]
+                    assert (eng.mask(state, hist) == oracle.mask(state, hist)).all(), (schema, hist)
+                    n += 1
+                state = machine.advance(state, b, k, lambda a, z: data[a:z])
+    assert n >= 12
+
+
 def test_table_walk_masks_equal_python_walk_on_abstracted_states(backend):
     tok, be = backend
     assert sum(_compare(tok, be, schema, instances) for schema, instances in HANDWRITTEN) > 100
@@ -426,11 +476,13 @@ def test_unbounded_numbers_share_states_and_keep_exponents_exact(backend):
              "[" + "9" * 180 + "]", "[99e999999999999999999,1]", "[9e999999999999999999]", "99e999999999999999999"]
     assert sum(_compare_texts(tok, be, s, texts) for s in schemas) > 100
     g = be.compile("json", json.dumps(schemas[0]))
-    g2 = g.copy()
+    g2, eng = g.copy(), g._shared.engine
     for tid in tok.encode("[1234,56789", add_special_tokens=False):
+        if g2.state[0][0][0] == "N":  # (a number's mask is read off its end: the table walked from it here)
+            eng._walker().walk(g2.state, bytes(g2._hist), *eng._trie_of(None, g2.state))
         g2.write_mask(np.zeros(len(tok), dtype=np.bool_))
         g2.accept_token(tid)
-    tab = g._shared.engine._tw.table
+    tab = eng._tw.table
     free = [i for i, st in enumerate(tab.states) if len(st) == 1 and st[0][0][0] == "N" and st[0][0][2] == "0"]
     assert free
     assert g._shared.engine.vocab.max_digits < 17

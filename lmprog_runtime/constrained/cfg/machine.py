@@ -46,6 +46,10 @@ for _s in (2, 3, 5):
     _NUM[_s][0x65] = _NUM[_s][0x45] = 6
 _NUM[6][0x2B] = _NUM[6][0x2D] = 7
 NUM_COMPLETE = frozenset((2, 3, 5, 8))
+NUMBER_BYTES = frozenset().union(*_NUM)  # every byte a number may take
+# per DFA state, the bytes it takes in the order a number's continuation is most often
+# found (a bound passed by more digits often admits a fraction, a lower one more digits)
+NUMBER_STEPS = [tuple(sorted(d, key=b".0e9E12345678+-".index)) for d in _NUM]
 MAX_NUMBER_CHARS = 400
 
 

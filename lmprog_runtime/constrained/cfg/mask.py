@@ -21,9 +21,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from lmprog_runtime.constrained.cfg.canonical import unplaced
+from lmprog_runtime.constrained.cfg.canonical import free_number_exponent, unplaced
 from lmprog_runtime.constrained.cfg.classtable import ClassTable
-from lmprog_runtime.constrained.cfg.machine import Machine, utf8_start
+from lmprog_runtime.constrained.cfg.machine import NUM_COMPLETE, NUMBER_BYTES, NUMBER_STEPS, Machine, utf8_start
 from lmprog_runtime.constrained.cfg.nodes import Node
 from lmprog_runtime.constrained.cfg.regex import RegexError
 from lmprog_runtime.constrained.cfg.table import TableWalker, c_table_walker
@@ -126,6 +126,21 @@ class VocabInfo:
         self.lists = _lists(self.trie)
         self.special_lists = _lists(self.special)
         self.cut_lists = _lists(self.special_or_cut)
+        # the trie's subtrees under a byte a number may take (MaskEngine._number_mask walks
+        # them), and the other tokens, packed
+        byte, depth, skip = self.lists[:3]
+        subtrees, first = [], np.zeros(self.n_slots, dtype=np.bool_)
+        i = 0
+        while i < len(byte):
+            if byte[i] in NUMBER_BYTES:
+                subtrees.append((i, skip[i]))
+            i = skip[i]
+        self.number_subtrees = tuple(subtrees)
+        # the same, without and with only an exponent's `e` / `E` (MaskEngine._number_mask)
+        self.number_subtrees_e = tuple(tuple(r for r in subtrees if (byte[r[0]] in b"eE") == e) for e in (False, True))
+        for t, data in enumerate(table):
+            first[t] = bool(data) and data[0] not in NUMBER_BYTES
+        self.not_number_first = np.packbits(first)
 
     def in_string(self, left: int, deficit: int) -> np.ndarray:
         """Packed: the walked tokens whose part inside a plain string body (no pattern, no
@@ -385,6 +400,7 @@ class MaskEngine:
         self._table: Optional[ClassTable] = None
         self._pstates: dict = {}  # (pattern term, key text) -> its state (_pattern_state)
         self._names: dict = {}  # (object node, key name) -> that name's tokens at a key's first byte (_names_left)
+        self._numbers: dict = {}  # a number frame -> its number-byte tokens (_number_part)
 
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
         """bool [n_slots]: the tokens allowed from `state` after the output `hist`."""
@@ -532,6 +548,8 @@ class MaskEngine:
         tracked = _Tracked(hist) if start is not None else hist
         out = self._names_left(key, state, start, hist)
         if out is None:
+            out = self._number_mask(key, state, tracked, canon)
+        if out is None:
             out = self._compute(key, state, tracked)
         with self._lock:
             if start is not None and tracked.read and memo_key is base_key:
@@ -589,6 +607,82 @@ class MaskEngine:
             out = got.copy() if out is None else np.bitwise_or(out, got, out=out)
         self._local.read_text = True  # (not stored under the canonical key: that one is the walk's)
         return out
+
+    def _number_mask(self, key, state: tuple, hist: bytes, canon) -> Optional[np.ndarray]:
+        """Inside a number: the tokens whose first byte a number may take (its digits, `.`,
+        `e`, signs: they step the number frame alone, `_number_part`) and the others read off
+        the mask of the number's end (Machine._number: a byte the number does not take steps
+        the states `finish` leaves, at the same position; none of those takes a number's
+        byte), or None. A new context, or a number whose text a check keeps, no longer walks
+        the whole vocabulary: its end is a state met before."""
+        if key is not None or not self._json or not self.use_c or len(state) != 1 or state[0] is None:
+            return None
+        top, rest = state[0]
+        if type(top) is not tuple or top[0] != "N" or rest is None or canon is None or len(canon[1]) != 1:
+            return None
+        ctop, crest = canon[1][0]
+        if type(ctop) is not tuple or ctop[0] != "N":
+            return None
+        v = self.vocab
+        # an exponent's `e` is stepped from the concrete text where a token may spell enough
+        # exponent digits for the mantissa to matter (table.py _derive_byte; a bounded number's
+        # class text serves: its exponent's first byte passes whatever the mantissa)
+        concrete = v.max_digits >= 17 and free_number_exponent(canon[1], 0x65)
+        packed = self._number_part(ctop, v.number_subtrees if not concrete else v.number_subtrees_e[0])
+        if packed is not None and concrete:
+            part = self._number_part(top, v.number_subtrees_e[1])
+            packed = None if part is None else packed | part
+        if packed is None:
+            return None
+        if top[3] in NUM_COMPLETE and top[1].number_ok(top[2]):
+            ends = self.machine.finish(rest, None, len(hist), lambda a, b: hist[a:b])
+            if ends:
+                packed = packed | (self.mask_packed(tuple(dict.fromkeys(ends)), hist) & v.not_number_first)
+        # the number's own tokens are its canonical text's (its class's: canonical.py), its
+        # end's the stack below's: the mask is stored under the canonical key where that
+        # stack is its canonical form and no text was read
+        self._local.read_text = getattr(hist, "read", False) or concrete or (crest is not rest and crest != rest)
+        return packed
+
+    def _number_part(self, top: tuple, subtrees: tuple) -> Optional[np.ndarray]:
+        """Packed: the tokens in the trie's `subtrees` (under bytes a number may take) that
+        number frame `top` (whatever lies below it) allows, each ending where a number byte
+        continues it, or None where one ends where none does or goes on past the number's
+        end (the stack below then reads it: the walk decides). Memoized per frame and
+        subtrees."""
+        got = self._numbers.get((top, subtrees))
+        if got is not None:
+            return got
+        v, step = self.vocab, self.machine.step
+        byte, depth, skip, tok, dups = v.lists
+        out = np.zeros(v.n_slots, dtype=np.bool_)
+        sink = v.trie.sink
+        frames = [top] * 258  # frames[d]: the number after the first d bytes of the current path
+        for i0, i1 in subtrees:
+            i = i0
+            while i < i1:
+                d, b = depth[i], byte[i]
+                f = frames[d - 1]
+                got = step((f, None), b, 0, None) if b in NUMBER_STEPS[f[3]] else None
+                if not got:  # (a byte the number does not take: its end's, and none takes a number byte)
+                    if b not in NUMBER_BYTES and f[3] in NUM_COMPLETE:
+                        return None  # (a token going on past the number's end: the stack below reads it)
+                    i = skip[i]
+                    continue
+                f = frames[d] = got[0][0]
+                if tok[i] != sink:
+                    if not any(step((f, None), c, 0, None) for c in NUMBER_STEPS[f[3]]):
+                        return None
+                    out[tok[i]] = True
+                i += 1
+        for t, src in dups:
+            out[t] = out[src]
+        got = np.packbits(out)
+        with self._lock:
+            if len(self._numbers) >= MEMO_UNIONS:
+                self._numbers.clear()
+            self._numbers[(top, subtrees)] = got
+        return got
 
     @contextlib.contextmanager
     def warming(self):
