@@ -252,6 +252,26 @@ def test_number_masks_with_tokens_past_a_number_end_equal_python_walk():
     assert n >= 12
 
 
+def test_a_state_met_again_after_a_shared_mask_is_its_own_memo_hit(backend, monkeypatch):
+    """A mask found under a canonical, near or context key is kept under the state's own
+    key too: the same state met again makes none of those keys, and every mask is still
+    the Python walk's."""
+    tok, be = backend
+    g0 = be.compile("json", json.dumps({"type": "object", "properties": {"a": {"type": "array", "items": {
+        "type": "number"}}, "b": {"type": "string"}}, "additionalProperties": {"type": "integer"}}))
+    eng = g0._shared.engine
+    oracle = MaskEngine(g0._shared.machine, eng.vocab, use_c=False)
+    _walk(tok, g0, oracle, '{"a":[1,23,456],"b":"xy","c":7}', "first", must_accept=True)
+    made = []
+    for name in ("_canon_key", "_key_near", "_ctx_key"):
+        made_key = getattr(eng, name)
+        monkeypatch.setattr(eng, name, lambda *a, f=made_key: made.append(a[1]) or f(*a))
+    _walk(tok, g0, oracle, '{"a":[1,23,456],"b":"xy","c":7}', "again", must_accept=True)
+    assert not made, "a state met again made its shared keys"
+    _walk(tok, g0, oracle, '{"a":[98,7,654],"d":5}', "others", must_accept=True)
+    assert made  # (other digits, another key: met under the shared keys)
+
+
 def test_table_walk_masks_equal_python_walk_on_abstracted_states(backend):
     tok, be = backend
     assert sum(_compare(tok, be, schema, instances) for schema, instances in HANDWRITTEN) > 100

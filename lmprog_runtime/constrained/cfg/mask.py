@@ -522,21 +522,24 @@ class MaskEngine:
                     while len(self._memo) > MEMO_STATES:
                         self._memo.popitem(last=False)
                 return out
-        # the other keys of the state, each made only when the one before it was not met
+        # the other keys of the state, each made only when the one before it was not met (a
+        # mask met under one holds for every text: kept under the state's own key too, which
+        # its next visit meets first)
+        own = base_key if memo_key is base_key else None
         canon = self._canon_key(key, state, start)
         got = self._recall(canon)
         if got is not None:
-            return got
+            return self._as_own(own, got)
         near = self._key_near(key, state, start)
         got = self._recall(near)
         if got is not None:
-            return got
+            return self._as_own(own, got)
         ctx = cctx = None
         if near is None:
             ctx = self._ctx_key(key, state, start)
             got = self._recall(ctx)
             if got is not None:
-                return got
+                return self._as_own(own, got)
             if canon is not None:
                 # both at once: the canonical form's objects told by their checks (a free
                 # number's value in an object met after other keys: neither alone shares it)
@@ -544,7 +547,7 @@ class MaskEngine:
                 cctx = ("cctx",) + cctx if cctx is not None else None
                 got = self._recall(cctx)
                 if got is not None:
-                    return got
+                    return self._as_own(own, got)
         tracked = _Tracked(hist) if start is not None else hist
         out = self._names_left(key, state, start, hist)
         if out is None:
@@ -693,6 +696,16 @@ class MaskEngine:
             yield
         finally:
             self._local.warming = False
+
+    def _as_own(self, key, got: np.ndarray) -> np.ndarray:
+        """`got` stored under the state's own `key` too (None: not where that key is marked
+        _BY_TEXT: a walk of that state read its text)."""
+        if key is not None:
+            with self._lock:
+                self._memo[key] = got
+                while len(self._memo) > MEMO_STATES:
+                    self._memo.popitem(last=False)
+        return got
 
     def _recall(self, key) -> Optional[np.ndarray]:
         """The memoized mask under `key` (None: no key, or none stored)."""
