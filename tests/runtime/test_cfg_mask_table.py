@@ -272,6 +272,29 @@ def test_a_state_met_again_after_a_shared_mask_is_its_own_memo_hit(backend, monk
     assert made  # (other digits, another key: met under the shared keys)
 
 
+def test_texts_under_a_check_share_masks_by_their_checks_verdicts(backend, monkeypatch):
+    """A state whose walk read the text (a token there completes a checked value) is walked
+    once per set of verdicts of the checks that walk made, not once per text: another text
+    with the same verdicts is a memo hit, one with other verdicts a walk; every mask is the
+    Python walk's."""
+    tok, be = backend
+    g0 = be.compile("json", json.dumps({"type": "array", "contains": {"type": "integer", "minimum": 5},
+                                        "maxContains": 2}))
+    eng = g0._shared.engine
+    oracle = MaskEngine(g0._shared.machine, eng.vocab, use_c=False)
+    eng._memo.clear()  # (the warm-up's walks met both verdicts)
+    eng._decided.clear()
+    _walk(tok, g0, oracle, "[1,2", "first", must_accept=True)
+    walked = _walked(monkeypatch, eng, lambda state, hist: hist)
+    _walk(tok, g0, oracle, "[3,4", "same verdicts", must_accept=True)
+    assert not walked, "a text with the same verdicts walked"
+    _walk(tok, g0, oracle, "[6,5,1", "other verdicts", must_accept=True)
+    assert walked  # (`]` after [6] passes where after [1] and [3] it did not: walked)
+    walked.clear()
+    _walk(tok, g0, oracle, "[9,8,0]", "verdicts met", must_accept=True)
+    assert not walked
+
+
 def test_table_walk_masks_equal_python_walk_on_abstracted_states(backend):
     tok, be = backend
     assert sum(_compare(tok, be, schema, instances) for schema, instances in HANDWRITTEN) > 100
@@ -853,6 +876,7 @@ def test_masks_under_a_pending_check_are_shared_where_no_text_was_read(backend, 
     oracle = MaskEngine(g0._shared.machine, eng.vocab, use_c=False)
     _walk(tok, g0, oracle, '{"a":[1,2],"b":3}', "first", must_accept=True)
     walked = _walked(monkeypatch, eng, lambda state, hist: bytes(hist))
+    monkeypatch.setattr(eng, "_decided_mask", lambda key, hist: None)  # (texts alike by their checks' verdicts: not here)
     _walk(tok, g0, oracle, '{"c":3,"a":[1,2]}', "again", must_accept=True)  # (no sample has c then a)
     assert b'{"c":3,"a":[1,' not in walked, walked  # (after `,` no token ends the object)
     assert b'{"c":3,"a":[1,2' in walked, "a mask that read the text was shared"  # (`]}` may)

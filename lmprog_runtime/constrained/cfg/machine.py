@@ -24,6 +24,7 @@ tried), read only when a captured value completes.
 """
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 from lmprog_runtime.constrained.cfg.nodes import Node
@@ -104,6 +105,9 @@ class Machine(StringFrames):
         """ws0: the whitespace pattern's start state (a RegexPool term) between JSON tokens."""
         self.root, self.pool, self.residual, self.ws0 = root, pool, residual, ws0
         self._child_of = child_of  # (node, key) -> Node | None
+        # reads.log: where this thread's mask walk records the output text it reads (a check's
+        # (start, text, rule, verdict); None for a uniqueItems item's value): MaskEngine._masked
+        self.reads = threading.local()
         self.regex_term = regex_term
         self._starts: dict = {}  # node -> the bytes its values may start with (value_starts)
         self._pattern_bytes: dict = {}  # string patterns -> bytes (strings.py string_bytes)
@@ -269,7 +273,12 @@ class Machine(StringFrames):
         if kind == "D":
             return [(("D", 1), rest[1])]
         if kind == "C":
-            if not self.residual.valid_text(ctx(top[2], end), top[1].residual):
+            text = ctx(top[2], end)
+            ok = self.residual.valid_text(text, top[1].residual)
+            log = getattr(self.reads, "log", None)
+            if log is not None:
+                log.append((top[2], text, top[1].residual, ok))
+            if not ok:
                 return []
             return self.finish(rest[1], result, end, ctx)
         if kind == "U":
@@ -279,6 +288,9 @@ class Machine(StringFrames):
                 # items seen after it are ANY_SEEN whatever it is, so its text is not read
                 return self.finish(rest[1], _FIRST_ITEM, end, ctx)
             value = canonical(ctx(top[1], end))
+            log = getattr(self.reads, "log", None)
+            if log is not None:
+                log.append(None)
             return self.finish(rest[1], value, end, ctx)
         if kind == "A":
             seen = top[4]

@@ -33,6 +33,7 @@ from lmprog_runtime.constrained.trie_walk import TokenTrie
 MEMO_STATES = 1024  # cached masks per compiled grammar (LRU), bit-packed: 6 KB each at 49k tokens
 MEMO_PARTS = 64     # cached string-body parts per grammar (bool rows)
 MEMO_UNIONS = 256   # cached string-body masks (walked part | plain part) per grammar, packed
+MAX_DECIDED = 16    # per state read by text: the check lists of its walks kept, and verdicts per list
 MAX_NAMES_LEFT = 64  # a closed object's key start is the union of its names' masks up to this many names
 MAX_TABLE_CHARS = 32  # plain tokens up to this many characters go through the regex tables
 _UNREACHED = ("unreached",)  # (MaskEngine._ctx_key: the stack below an object that cannot close yet)
@@ -401,6 +402,7 @@ class MaskEngine:
         self._pstates: dict = {}  # (pattern term, key text) -> its state (_pattern_state)
         self._names: dict = {}  # (object node, key name) -> that name's tokens at a key's first byte (_names_left)
         self._numbers: dict = {}  # a number frame -> its number-byte tokens (_number_part)
+        self._decided: dict = {}  # a state read by text -> its walks' checks -> their verdicts -> mask (_decide)
 
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
         """bool [n_slots]: the tokens allowed from `state` after the output `hist`."""
@@ -510,6 +512,10 @@ class MaskEngine:
                 self._memo.move_to_end(memo_key)
         if got is not None:
             return got
+        if memo_key is not base_key:  # (a walk of this state read the text: maybe with these verdicts)
+            got = self._decided_mask(base_key, hist)
+            if got is not None:
+                return self._as_own(memo_key, got)
         start = _capture_start(state)  # (read past a hit only: a state's stack may be deep)
         if self._json and self.use_c:  # (the oracle walks every mask)
             out = unique_mask(self, key, state, hist)  # (items seen: from the mask with none seen)
@@ -552,8 +558,17 @@ class MaskEngine:
         out = self._names_left(key, state, start, hist)
         if out is None:
             out = self._number_mask(key, state, tracked, canon)
+        log = None
         if out is None:
-            out = self._compute(key, state, tracked)
+            if start is not None and self._json and self.use_c:  # (the walk's reads of the text recorded: _decide)
+                log = self.machine.reads.log = []
+            try:
+                out = self._compute(key, state, tracked)
+            finally:
+                if log is not None:
+                    self.machine.reads.log = None
+        if log is not None and tracked.read:
+            self._decide(base_key, len(hist), log, out)
         with self._lock:
             if start is not None and tracked.read and memo_key is base_key:
                 self._memo[base_key] = _BY_TEXT
@@ -696,6 +711,45 @@ class MaskEngine:
             yield
         finally:
             self._local.warming = False
+
+    def _decide(self, key, n: int, log: list, out: np.ndarray) -> None:
+        """Keep a walk's mask under the verdicts of the checks it made on the output text
+        (its only reads of it: none of a uniqueItems item). The walk goes from the state's
+        canonical form the same way until a check's verdict differs, so another text of the
+        same state with the same verdicts on the same checks has the same mask: the checks
+        are kept as (start in the committed output or None, the text after it, rule)."""
+        if not log or None in log:
+            return
+        checks = tuple((s, t[n - s:], rule) if s < n else (None, t, rule) for s, t, rule, _ in log)
+        ident = tuple((s, t, id(rule)) for s, t, rule in checks)  # (a rule is a schema: a dict)
+        verdicts = tuple(ok for _, _, _, ok in log)
+        with self._lock:
+            if len(self._decided) >= MEMO_UNIONS:
+                self._decided.clear()
+            per = self._decided.setdefault(key, {})
+            if ident in per or len(per) < MAX_DECIDED:
+                got = per.setdefault(ident, (checks, {}))[1]
+                if len(got) < MAX_DECIDED:
+                    got[verdicts] = out
+
+    def _decided_mask(self, key, hist: bytes) -> Optional[np.ndarray]:
+        """The mask of state `key` after `hist` read off a walk of it whose checks give the
+        same verdicts on this text (`_decide`), or None."""
+        per = self._decided.get(key)
+        if not per:
+            return None
+        valid = self.machine.residual.valid_text
+        for checks, got in list(per.values()):
+            verdicts: list = []  # (this text's, made as far as a walk's agree)
+            for kept, out in list(got.items()):
+                for k, (s, t, rule) in enumerate(checks):
+                    if k == len(verdicts):
+                        verdicts.append(valid(hist[s:] + t if s is not None else t, rule))
+                    if verdicts[k] != kept[k]:
+                        break
+                else:
+                    return out
+        return None
 
     def _as_own(self, key, got: np.ndarray) -> np.ndarray:
         """`got` stored under the state's own `key` too (None: not where that key is marked
