@@ -341,7 +341,7 @@ def test_a_schema_without_type_walks_a_value_of_each_kind(cfg, tokenizer, monkey
     compute = eng._compute
     monkeypatch.setattr(eng, "_compute", lambda key, state, hist: walked.append(state) or compute(key, state, hist))
     row = np.empty(cfg.vocab_size, np.bool_)
-    for text in ('"abc"', "12", "true", "null"):
+    for text in ('"abc"', "12", "true", "null", '{"x":"y","z":7}'):  # (an undeclared key's `":` then a number)
         g = g0.copy()
         for t in tokenizer.encode(text, add_special_tokens=False):
             g.write_mask(row)
@@ -394,9 +394,14 @@ def test_a_sample_refused_inside_a_member_is_walked_again_without_it(cfg, tokeni
 
 def test_an_object_closed_by_property_names_samples_one_of_its_names():
     """Under a propertyNames enum (or const) the alternative sample's undeclared member takes
-    one of its names (any other key would be refused), with a value of additionalProperties."""
+    one of its names (any other key would be refused), under its pattern one of the
+    pattern's matches, with a value of additionalProperties."""
     schema = {"propertyNames": {"enum": ["foo", "bar"]}, "additionalProperties": {"type": "integer"}}
     assert warmup.sample(schema) == {} and warmup.sample(schema, alt=1) == {"foo": 0}
     assert warmup.sample({"type": "object", "properties": {"foo": {"type": "string"}},
                           "propertyNames": {"enum": ["foo", "bar"]}}, alt=1) == {"foo": "Abc de-f 12", "bar": "abc"}
     assert warmup.sample({"propertyNames": {"maxLength": 3}}, alt=1) == {}
+    # (under a propertyNames pattern: one of its matches)
+    assert warmup.sample({"propertyNames": {"pattern": "^a+$"}}, alt=1) == {"a": "abc"}
+    assert warmup.sample({"propertyNames": {"pattern": "^x[0-9]$"}, "additionalProperties": {"type": "integer"}},
+                         pick=1) == {"x0": 1}

@@ -68,7 +68,7 @@ KINDS = len(_ANY_KINDS)  # kind samples walked after the five (each where it dif
 # values of every kind, walked (as far as the grammar takes each) for a schema without `type`
 # (numbers: a fraction and one below zero, so the states of a point and a sign are walked too;
 # an array whose first item is a token of its own: `[` alone, not `["`, is the state after it)
-_OTHER_KINDS = ("abc", 12.5, -1.5, {"a": "abc"}, [1, "abc"], True, None)
+_OTHER_KINDS = ("abc", 12.5, -1.5, {"a": "abc", "b": 1}, [1, "abc"], True, None)  # (`":` then a number: tokens of their own)
 # the kind of value a schema without `type` most likely describes, by its keywords
 _KIND_WORDS = (
     ("object", frozenset(("properties", "required", "patternProperties", "additionalProperties", "propertyNames",
@@ -306,7 +306,8 @@ def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, 
     """Members past the declared properties, as outputs write them: one key of each pattern
     property (a shortest match of its pattern) and, where undeclared keys are allowed (a
     missing additionalProperties allows any), one such key with a sample of its schema (any
-    value: a string; under a propertyNames enum, one of its members). The walk then passes
+    value: a string; under a propertyNames enum, one of its members, under its pattern, one
+    of the pattern's matches). The walk then passes
     through an undeclared key's text and its value's start, whose masks are shared by every
     such key (MaskEngine._key_near)."""
     extra = {}
@@ -328,8 +329,11 @@ def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, 
     names = schema.get("propertyNames")
     if more is not False and not extra and "unevaluatedProperties" not in schema:
         key = "extra_key"
-        if isinstance(names, dict):  # (the keys its propertyNames allow: a member of its enum, or none)
+        if isinstance(names, dict):  # (the keys its propertyNames allow: a member of its enum, a match of its pattern)
             members = [names["const"]] if "const" in names else names.get("enum")
+            if not isinstance(members, list) and isinstance(names.get("pattern"), str) \
+                    and time.monotonic() < budget[1]:
+                members = [_pattern_text(names["pattern"], names.get("minLength"))]
             props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
             key = next((k for k in members if isinstance(k, str) and k not in out and k not in props), None) \
                 if isinstance(members, list) else None
