@@ -403,6 +403,7 @@ class MaskEngine:
         self._names: dict = {}  # (object node, key name) -> that name's tokens at a key's first byte (_names_left)
         self._numbers: dict = {}  # a number frame -> its number-byte tokens (_number_part)
         self._decided: dict = {}  # a state read by text -> its walks' checks -> their verdicts -> mask (_decide)
+        self._decided_n = 0  # (the masks it holds)
 
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
         """bool [n_slots]: the tokens allowed from `state` after the output `hist`."""
@@ -724,13 +725,15 @@ class MaskEngine:
         ident = tuple((s, t, id(rule)) for s, t, rule in checks)  # (a rule is a schema: a dict)
         verdicts = tuple(ok for _, _, _, ok in log)
         with self._lock:
-            if len(self._decided) >= MEMO_UNIONS:
+            if self._decided_n >= MEMO_UNIONS:  # (masks kept: MEMO_UNIONS at most, as many bit-packed rows)
                 self._decided.clear()
+                self._decided_n = 0
             per = self._decided.setdefault(key, {})
             if ident in per or len(per) < MAX_DECIDED:
                 got = per.setdefault(ident, (checks, {}))[1]
-                if len(got) < MAX_DECIDED:
+                if len(got) < MAX_DECIDED and verdicts not in got:
                     got[verdicts] = out
+                    self._decided_n += 1
 
     def _decided_mask(self, key, hist: bytes) -> Optional[np.ndarray]:
         """The mask of state `key` after `hist` read off a walk of it whose checks give the
