@@ -155,6 +155,27 @@ def test_unknown_keywords_are_annotations_no_check_kept(cfg, tokenizer):
     check(cfg, tokenizer, deps, [{"a": 1, "b": 2}, {"b": 1}], [{"a": 1}])
 
 
+def test_draft04_integers_take_no_fraction(cfg, tokenizer):
+    """An integer is a number with a zero fractional part from draft-06 on (`1.0` is one) but
+    "a JSON number without a fraction or exponent part" in draft-04 and draft-03: the `.` is
+    refused after an integer's digits there, as jsonschema's Draft4Validator refuses `1.0`."""
+    d4 = "http://json-schema.org/draft-04/schema#"
+    cases = [
+        ({"$schema": d4, "type": "integer"}, [1, -20, 0], [1.0, 2.5]),
+        ({"$schema": d4.replace("04", "03"), "type": "integer"}, [7], [7.0]),
+        ({"$schema": d4, "type": ["integer", "string"]}, [3, "3.0"], [3.0]),
+        ({"$schema": d4, "type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}},
+         [{"n": 12}], [{"n": 12.0}, {"n": -1}]),
+        ({"$schema": d4, "type": "number"}, [1.0, 1], []),
+        ({"$schema": "http://json-schema.org/draft-06/schema#", "type": "integer"}, [1.0, 1], [1.5]),
+        ({"type": "integer"}, [1.0, 1], [1.5]),
+    ]
+    for schema, valid, invalid in cases:
+        validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
+        assert all(validator.is_valid(v) for v in valid) and not any(validator.is_valid(v) for v in invalid)
+        check(cfg, tokenizer, schema, valid, invalid)
+
+
 def test_object_keywords(cfg, tokenizer):
     check(cfg, tokenizer, {"propertyNames": {"pattern": "^[a-z]+$"}}, [{"ab": 1}], [{"aB": 1}])
     check(cfg, tokenizer, {"minProperties": 1, "maxProperties": 2}, [{"a": 1}, {"a": 1, "b": 2}],

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
-from lmprog_runtime.constrained.cfg.dialect import apply_vocabularies
+from lmprog_runtime.constrained.cfg.dialect import apply_vocabularies, whole_integers
 from lmprog_runtime.constrained.cfg.ebnf import EbnfMachine
 from lmprog_runtime.constrained.cfg.machine import Machine
 from lmprog_runtime.constrained.cfg.mask import MaskEngine, VocabInfo
@@ -261,7 +261,8 @@ def _json_machine(spec: str, pool: RegexPool, whitespace: str, timeout_s: float,
         return got
 
     residual = Residual(schema, registry, compiler.refs.docs)
-    return Machine(root, pool, residual, child_of, compile_pattern(pool, whitespace, False))
+    return Machine(root, pool, residual, child_of, compile_pattern(pool, whitespace, False),
+                   whole_integers=whole_integers(schema))
 
 
 def accepts_text(machine: Machine, text: str) -> bool:

@@ -1,5 +1,6 @@
 """Vocabularies of a custom metaschema: keywords of a vocabulary it does not list are not
-assertions (JSON Schema 2020-12 §8.1.2), so they are removed before compiling.
+assertions (JSON Schema 2020-12 §8.1.2), so they are removed before compiling. And the
+dialects whose `integer` is written without a fraction (`whole_integers`).
 
 A schema whose `$schema` names a metaschema of the local registry that carries
 `$vocabulary` (e.g. one listing core and applicator but not validation) is rewritten with
@@ -55,3 +56,16 @@ def _strip(s, dropped: frozenset, depth: int):
             v = _strip(v, dropped, depth + 1)
         out[k] = v
     return out
+
+
+# dialects whose `integer` is "a JSON number without a fraction or exponent part" (draft-04
+# and draft-03): `1.0` is not one there; from draft-06 on any number with a zero fractional
+# part is (the residual's validator, of the same dialect, agrees)
+_WHOLE_INTEGER_DIALECTS = frozenset(f"{scheme}://json-schema.org/draft-{n}/schema"
+                                    for scheme in ("http", "https") for n in ("03", "04"))
+
+
+def whole_integers(root) -> bool:
+    """Whether `root`'s `$schema` names a dialect in which an integer has no fraction part."""
+    dialect = root.get("$schema") if isinstance(root, dict) else None
+    return isinstance(dialect, str) and dialect.rstrip("#") in _WHOLE_INTEGER_DIALECTS

@@ -101,9 +101,12 @@ def _follow(rest) -> frozenset:
 
 class Machine(StringFrames):
     def __init__(self, root: Optional[Node], pool, residual: Optional[Residual], child_of, ws0: int,
-                 regex_term: Optional[int] = None):
-        """ws0: the whitespace pattern's start state (a RegexPool term) between JSON tokens."""
+                 regex_term: Optional[int] = None, whole_integers: bool = False):
+        """ws0: the whitespace pattern's start state (a RegexPool term) between JSON tokens;
+        whole_integers: an integer takes no fraction, not even a zero one (draft-04 and older:
+        dialect.whole_integers)."""
         self.root, self.pool, self.residual, self.ws0 = root, pool, residual, ws0
+        self.whole_integers = whole_integers
         self._child_of = child_of  # (node, key) -> Node | None
         # reads.log: where this thread's mask walk records the output text it reads (a check's
         # (start, text, rule, verdict); None for a uniqueItems item's value): MaskEngine._masked
@@ -386,8 +389,8 @@ class Machine(StringFrames):
         if nd is not None:
             if len(text) >= MAX_NUMBER_CHARS:
                 return []
-            if node.integer_only() and (nd >= 6 or (nd == 5 and b != 0x30)):
-                return []  # integers: digits, or a zero fraction (1.0 is an integer); no exponent
+            if node.integer_only() and (nd >= 6 or (nd == 5 and b != 0x30) or (nd == 4 and self.whole_integers)):
+                return []  # integers: digits, or a zero fraction (1.0 is an integer but in draft-04); no exponent
             if not (node.number_prefix_ok(text + chr(b)) if nd <= 5 else node.number_exponent_ok(text + chr(b))):
                 return []
             return [(("N", node, text + chr(b), nd), rest)]
