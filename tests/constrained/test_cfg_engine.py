@@ -104,6 +104,23 @@ def test_patterns_formats_and_unicode_properties(cfg, tokenizer):
         compile_(cfg, {"type": "string", "pattern": "(?=a)b"})
 
 
+def test_uri_format_is_rfc3986(cfg, tokenizer):
+    """`format: uri` is RFC 3986's grammar: ASCII only (an IRI's `é` is written %C3%A9), a
+    `%` followed by two hex digits, an IP literal in brackets, a port of digits; the
+    pattern agrees with rfc3986-validator (jsonschema's uri checker) where that is present."""
+    valid = ["https://example.com/a.jpg", "http://[::1]:8080/a?b=c#d", "mailto:someone@example.com",
+             "urn:isbn:0451450523", "http://a/%C3%A9", "file:///etc/hosts", "tel:+1-816-555-1212"]
+    invalid = ["https://example.com/a.jpg\u00e9", "http://a/%zz", "http://[::1", "http://a:b@c:d", "//a/b",
+               "http://exa mple.com", "http://example.com/#a#b"]
+    check(cfg, tokenizer, {"type": "string", "format": "uri"}, valid, invalid)
+    try:
+        from rfc3986_validator import validate_rfc3986
+    except ImportError:
+        return
+    assert all(validate_rfc3986(u, rule="URI") for u in valid)
+    assert not any(validate_rfc3986(u, rule="URI") for u in invalid)
+
+
 def test_numbers_exact_bounds_and_multiple_of(cfg, tokenizer):
     check(cfg, tokenizer, {"type": "number", "minimum": 0.5, "exclusiveMaximum": 2.25},
           [0.5, 1, 2.2], [0.49, 2.25, 3])

@@ -26,6 +26,18 @@ _IPV6 = "|".join([
     rf"({_H}:){{1,4}}:{_IPV4}",
 ])
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+# RFC 3986 (ASCII only: a character outside it is written %XX): scheme ":" hier-part
+# ["?" query] ["#" fragment], the authority's host an IP literal or a reg-name (which spells
+# every IPv4 address too)
+_PCT = r"%[0-9A-Fa-f]{2}"
+_SUB = r"!$&'()*+,;="
+_PCHAR = rf"([A-Za-z0-9\-._~{_SUB}:@]|{_PCT})"
+_SEGMENT_NZ = rf"{_PCHAR}+(/{_PCHAR}*)*"
+_HOST = (rf"(\[(({_IPV6})|v[0-9A-Fa-f]+\.[A-Za-z0-9\-._~{_SUB}:]+)\]"
+         rf"|([A-Za-z0-9\-._~{_SUB}]|{_PCT})*)")
+_AUTHORITY = rf"(([A-Za-z0-9\-._~{_SUB}:]|{_PCT})*@)?{_HOST}(:[0-9]*)?"
+_URI = (rf"[A-Za-z][A-Za-z0-9+.\-]*:(//{_AUTHORITY}(/{_PCHAR}*)*|/({_SEGMENT_NZ})?|{_SEGMENT_NZ}|)"
+        rf"(\?({_PCHAR}|[/?])*)?(#({_PCHAR}|[/?])*)?")
 
 FORMATS = {
     "date": _DATE,
@@ -35,7 +47,7 @@ FORMATS = {
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "ipv4": _IPV4,
     "ipv6": _IPV6,
-    "uri": r"[A-Za-z][A-Za-z0-9+.\-]*:[^\s<>\"{}|\\^`]*",
+    "uri": _URI,
     "hostname": rf"{_LABEL}(\.{_LABEL})*",
 }
 
