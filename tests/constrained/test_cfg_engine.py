@@ -95,7 +95,9 @@ def test_large_max_length_compiles_in_milliseconds(cfg, tokenizer):
 def test_patterns_formats_and_unicode_properties(cfg, tokenizer):
     check(cfg, tokenizer, {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"}, ["AB-123"], ["AB-12", "ab-123"])
     check(cfg, tokenizer, {"type": "string", "pattern": "\\p{Lu}"}, ["xYz"], ["xyz"])
-    check(cfg, tokenizer, {"type": "string", "format": "date"}, ["2024-02-29"], ["2024-13-01", "x"])
+    check(cfg, tokenizer, {"type": "string", "format": "date"}, ["2024-02-29", "2000-02-29", "2023-04-30", "2023-12-31"],
+          ["2024-13-01", "x", "2023-02-29", "1900-02-29", "2023-04-31", "2023-02-30"])  # (each month's days)
+    check(cfg, tokenizer, {"type": "string", "format": "date-time"}, ["2024-02-29T00:00:00Z"], ["2023-02-29T00:00:00Z"])
     check(cfg, tokenizer, {"type": "string", "format": "uuid"}, ["123e4567-e89b-12d3-a456-426614174000"], ["123"])
     check(cfg, tokenizer, {"type": "string", "format": "ipv4"}, ["10.0.0.255"], ["10.0.0.256"])
     check(cfg, tokenizer, {"type": "string", "format": "date-time"}, ["2024-02-29T12:30:00Z"],

@@ -267,13 +267,16 @@ def test_sample_numbers_between_bounds_and_any_values():
 
 def test_samples_write_dates_and_times_with_other_first_digits():
     """The three samples' dates and times start their month, day and hour with other digits
-    (a date pattern's states differ by them), each a valid value of its format."""
+    and have a month of each length (a date pattern's states differ by them: formats.py
+    counts each month's days), each a valid value of its format."""
     from lmprog_runtime.constrained.cfg.backend import accepts_text, compile_machine
     schema = {"type": "object", "properties": {"d": {"type": "string", "format": "date"},
                                                "t": {"type": "string", "format": "date-time"},
                                                "h": {"type": "string", "format": "time"}}}
     got = [warmup.sample(schema), warmup.sample(schema, alt=1), warmup.sample(schema, negative=True)]
     assert len({v["d"][5] + v["d"][8] for v in got}) == 3 and len({v["h"][0] for v in got}) == 3
+    months = {v["d"][5:7] for v in got} | {v["t"][5:7] for v in got}
+    assert "02" in months and months & {"04", "06", "09", "11"} and months & {"01", "03", "05", "07", "08", "10", "12"}
     machine = compile_machine("json", json.dumps(schema), "[ \t\n\r]*")
     for v in got:
         assert accepts_text(machine, json.dumps(v)), v

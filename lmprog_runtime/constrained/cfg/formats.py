@@ -6,7 +6,10 @@ unless the schema's dialect makes `format` an annotation (`format_asserted`: `$s
 """
 from __future__ import annotations
 
-_DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
+# RFC 3339 full-date: the days of each month, February's 29th in leap years only (every
+# fourth year but the centuries not divisible by 400)
+_DATE = (r"(\d{4}-(0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|\d{4}-(0[469]|11)-(0[1-9]|[12]\d|30)"
+         r"|\d{4}-02-(0[1-9]|1\d|2[0-8])|(\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)")
 _TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
 _OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"

@@ -56,9 +56,10 @@ _FORMATS = {"date": "2020-01-31", "date-time": "2020-01-31T12:00:00Z", "time": "
             "email": "ab@example.com", "uri": "https://example.com/a", "uuid": "123e4567-e89b-12d3-a456-426614174000",
             "ipv4": "10.0.0.1", "ipv6": "::1", "hostname": "example.com"}
 # dates and times of the other samples (alt 1, negative): other first digits of the month,
-# day and hour, each a state of the format's pattern of its own
-_TIMES = {"2020-01-31": ("2020-01-31", "2024-12-15", "2021-10-05"),
-          "2020-01-31T12:00:00Z": ("2020-01-31T12:00:00Z", "2024-12-15T09:30:45+01:00", "2021-10-05T23:59:59.5Z"),
+# day and hour, and a month of each length (31 days, February of a leap year, 30 days), each
+# a state of the format's pattern of its own
+_TIMES = {"2020-01-31": ("2020-01-31", "2024-02-15", "2021-11-05"),
+          "2020-01-31T12:00:00Z": ("2020-01-31T12:00:00Z", "2024-02-15T09:30:45+01:00", "2021-11-05T23:59:59.5Z"),
           "12:00:00Z": ("12:00:00Z", "09:30:45+01:00", "23:59:59.5Z")}
 _NONE = object()  # no sample value
 # the kind samples' values where any value may stand (`sample(pick=k)`: the k-th), one
