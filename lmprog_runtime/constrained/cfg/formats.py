@@ -10,7 +10,11 @@ from __future__ import annotations
 # fourth year but the centuries not divisible by 400)
 _DATE = (r"(\d{4}-(0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|\d{4}-(0[469]|11)-(0[1-9]|[12]\d|30)"
          r"|\d{4}-02-(0[1-9]|1\d|2[0-8])|(\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)")
-_TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+# RFC 3339 full-time; a leap second (`:60`) only where it is one: at 23:59 UTC, written with a
+# zero offset (one written with another offset, `15:59:60-08:00`, is refused: which local
+# time each offset allows would take ~1400 alternatives of the pattern)
+_TIME = (r"(([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+         r"|23:59:60(\.\d+)?([Zz]|[+-]00:00))")
 _OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
 _H = r"[0-9A-Fa-f]{1,4}"
@@ -24,11 +28,19 @@ _IPV6 = "|".join([
     rf"({_H}:){{1,2}}(:{_H}){{1,5}}",
     rf"{_H}:(:{_H}){{1,6}}",
     rf":((:{_H}){{1,7}}|:)",
-    rf"({_H}:){{6}}{_IPV4}",
-    rf"::(ffff(:0{{1,4}})?:)?{_IPV4}",
-    rf"({_H}:){{1,4}}:{_IPV4}",
+    rf"({_H}:){{6}}{_IPV4}",  # (the last 32 bits as a dotted IPv4 address, `::` anywhere before it)
+    rf"::({_H}:){{0,5}}{_IPV4}",
+    *(rf"({_H}:){{0,{k}}}{_H}::({_H}:){{0,{4 - k}}}{_IPV4}" for k in range(5)),
 ])
-_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+# a hostname's label: 1 to 63 letters, digits, hyphens, not starting or ending with a hyphen;
+# not an IDNA A-label (`xn--`, any case: whether its Punycode spells a valid U-label, RFC
+# 5891, is not checked, so none is offered)
+_LABEL = ("([A-Za-z0-9]([A-Za-z0-9-]?[A-Za-z0-9])?"
+          "|[A-WYZa-wyz0-9][A-Za-z0-9-]{2,61}[A-Za-z0-9]"
+          "|[xX][A-MO-Za-mo-z0-9-][A-Za-z0-9-]{1,60}[A-Za-z0-9]"
+          "|[xX][nN][A-Za-z0-9]([A-Za-z0-9-]{0,59}[A-Za-z0-9])?"
+          "|[xX][nN]-[A-Za-z0-9]([A-Za-z0-9-]{0,58}[A-Za-z0-9])?)")
+HOSTNAME_CHARS = 253  # a hostname's length at most (255 octets on the wire, RFC 1123 / 2181)
 # RFC 3986 (ASCII only: a character outside it is written %XX): scheme ":" hier-part
 # ["?" query] ["#" fragment], the authority's host an IP literal or a reg-name (which spells
 # every IPv4 address too)
@@ -46,7 +58,7 @@ FORMATS = {
     "date": _DATE,
     "time": _TIME,
     "date-time": rf"{_DATE}[Tt]{_TIME}",
-    "email": r"[^@\s\"]+@[^@\s\"]+",
+    "email": r"[^@\s\".]+(\.[^@\s\".]+)*@[^@\s\"]+",  # (the local part's dots single, inside it)
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "ipv4": _IPV4,
     "ipv6": _IPV6,

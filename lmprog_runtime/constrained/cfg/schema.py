@@ -15,7 +15,7 @@ from typing import Optional
 
 from jsonschema.validators import Draft202012Validator, validator_for
 
-from lmprog_runtime.constrained.cfg.formats import FORMATS, format_asserted
+from lmprog_runtime.constrained.cfg.formats import FORMATS, HOSTNAME_CHARS, format_asserted
 from lmprog_runtime.constrained.cfg.nodes import _EXACT, ALL_TYPES, Node
 from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
 from lmprog_runtime.constrained.cfg.refs import RefIndex
@@ -259,6 +259,8 @@ class SchemaCompiler:
         fmt = s.get("format")
         if isinstance(fmt, str) and fmt in FORMATS and self.assert_format:
             pats.append(self._regex(FORMATS[fmt], False))
+            if fmt == "hostname":
+                n.max_len = HOSTNAME_CHARS if n.max_len is None else min(n.max_len, HOSTNAME_CHARS)
         n.patterns = tuple(pats)
 
     def _regex(self, text: str, search: bool) -> int:
