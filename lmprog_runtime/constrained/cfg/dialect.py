@@ -1,6 +1,7 @@
 """Vocabularies of a custom metaschema: keywords of a vocabulary it does not list are not
-assertions (JSON Schema 2020-12 §8.1.2), so they are removed before compiling. And the
-dialects whose `integer` is written without a fraction (`whole_integers`).
+assertions (JSON Schema 2020-12 §8.1.2), so they are removed before compiling. Draft-07's
+`dependencies` read in the dialects that split it (`dependencies_compat`). And the dialects
+whose `integer` is written without a fraction (`whole_integers`).
 
 A schema whose `$schema` names a metaschema of the local registry that carries
 `$vocabulary` (e.g. one listing core and applicator but not validation) is rewritten with
@@ -9,6 +10,8 @@ the keywords of the validation, applicator and unevaluated vocabularies (2020-12
 rewritten schema. Any other schema is returned as is.
 """
 from __future__ import annotations
+
+from jsonschema.validators import Draft202012Validator, validator_for
 
 _V20 = "https://json-schema.org/draft/2020-12/vocab/"
 _V19 = "https://json-schema.org/draft/2019-09/vocab/"
@@ -24,7 +27,7 @@ VOCABULARIES = (
      (_V20 + "applicator", _V19 + "applicator")),
     (frozenset(("unevaluatedItems", "unevaluatedProperties")), (_V20 + "unevaluated", _V19 + "applicator")),
 )
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
 _SCHEMA_ONE = ("additionalProperties", "propertyNames", "items", "contains", "not", "if", "then", "else",
                "unevaluatedItems", "unevaluatedProperties", "additionalItems")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
@@ -69,3 +72,45 @@ def whole_integers(root) -> bool:
     """Whether `root`'s `$schema` names a dialect in which an integer has no fraction part."""
     dialect = root.get("$schema") if isinstance(root, dict) else None
     return isinstance(dialect, str) and dialect.rstrip("#") in _WHOLE_INTEGER_DIALECTS
+
+
+def dependencies_compat(root):
+    """`root` with draft-07's `dependencies` also written as what 2019-09 split it into, where
+    its dialect's validator does not know it (2019-09, 2020-12, no `$schema`): a list of names
+    as `dependentRequired`, a schema as `dependentSchemas` (JSON-Schema-Test-Suite's optional
+    dependencies-compatibility: schemas written for draft-07 mean them). The keyword stays,
+    so JSON pointers into it still resolve. Any other schema is returned as is."""
+    if not isinstance(root, dict):
+        return root
+    if "dependencies" in validator_for(root, default=Draft202012Validator).VALIDATORS:
+        return root  # (draft-07 and older: the keyword itself)
+    return _split_dependencies(root, 0)
+
+
+def _split_dependencies(s, depth: int):
+    if not isinstance(s, dict) or depth > 512:
+        return s
+    out = {}
+    for k, v in s.items():
+        if k in _SCHEMA_MAPS and isinstance(v, dict):
+            v = {name: _split_dependencies(x, depth + 1) for name, x in v.items()}
+        elif k in _SCHEMA_LISTS and isinstance(v, list):
+            v = [_split_dependencies(x, depth + 1) for x in v]
+        elif k in _SCHEMA_ONE:
+            v = _split_dependencies(v, depth + 1)
+        out[k] = v
+    deps = out.get("dependencies")
+    required, schemas = out.get("dependentRequired", {}), out.get("dependentSchemas", {})
+    if not isinstance(deps, dict) or not isinstance(required, dict) or not isinstance(schemas, dict):
+        return out
+    required, schemas = dict(required), dict(schemas)
+    for name, dep in deps.items():
+        if isinstance(dep, list):
+            required[name] = list(dict.fromkeys(list(required.get(name, ())) + dep))
+        else:
+            schemas[name] = dep if name not in schemas else {"allOf": [schemas[name], dep]}
+    if required:
+        out["dependentRequired"] = required
+    if schemas:
+        out["dependentSchemas"] = schemas
+    return out

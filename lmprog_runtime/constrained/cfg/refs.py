@@ -26,6 +26,13 @@ from lmprog_runtime.constrained.schema_merge import walk_pointer
 MAX_INDEXED = 200_000  # schema objects indexed per compile
 _DATA = frozenset(("enum", "const", "default", "examples", "example"))  # values, not schemas
 _NAMED = frozenset(("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"))
+# keywords whose values are schemas (or hold them): an `$id` or anchor anywhere else (inside an
+# unknown keyword) is no identifier (JSON Schema 2020-12 §9.4.2); it is kept only as a fallback
+# for a `$ref` no real one answers (real-world schemas park definitions in such keys)
+_SCHEMA_KEYWORDS = _NAMED | frozenset((
+    "additionalProperties", "propertyNames", "items", "contains", "not", "if", "then", "else", "unevaluatedItems",
+    "unevaluatedProperties", "additionalItems", "allOf", "anyOf", "oneOf", "prefixItems", "dependencies",
+    "contentSchema", "extends"))
 
 
 class RefIndex:
@@ -34,6 +41,7 @@ class RefIndex:
         self.registry = registry or SchemaRegistry()
         self.base: dict[int, str] = {}        # id(schema object) -> its base URI ($id applied)
         self.resources: dict[str, object] = {}  # URI (no fragment) or "URI#anchor" -> schema
+        self._unknown: dict[str, object] = {}   # the same, of `$id`s and anchors inside unknown keywords
         self.docs: dict[str, object] = {}     # retrieval URI -> remote document loaded
         self.dynamic = False                  # a $dynamicRef / $recursiveRef was indexed
         self._seen = 0
@@ -65,7 +73,7 @@ class RefIndex:
         doc_uri, frag = split(uri)
         target = self._resource(doc_uri, ref, uri)
         if frag and not frag.startswith("/"):
-            got = self.resources.get(doc_uri + "#" + frag)
+            got = self.resources.get(doc_uri + "#" + frag) or self._unknown.get(doc_uri + "#" + frag)
             if got is None:
                 raise UnsupportedSchemaError(f"$ref {ref!r}: unknown anchor {frag!r} in {doc_uri or 'the schema'}")
             return got
@@ -78,6 +86,8 @@ class RefIndex:
         if got is not None:
             return got
         doc = self.registry.get(doc_uri) if doc_uri else None
+        if doc is None and doc_uri in self._unknown:
+            return self._unknown[doc_uri]
         if doc is None:
             raise UnsupportedSchemaError(f"$ref {ref!r} (= {uri!r}): a remote reference that is neither in the "
                                          "schema nor in the local schema registry (schemas are never fetched)")
@@ -89,32 +99,36 @@ class RefIndex:
     def _index(self, doc, base: str, refs: Optional[list] = None) -> str:
         """Index `doc` read at base URI `base`; returns the document's own base."""
         top = _with_id(doc, base)
-        stack = [(doc, base, False)] if isinstance(doc, (dict, list)) else []
+        stack = [(doc, base, False, True)] if isinstance(doc, (dict, list)) else []
         while stack:
-            s, here, names = stack.pop()  # names: `s` maps names to schemas (properties, $defs, ...)
+            # names: `s` maps names to schemas (properties, $defs, ...); known: reached through
+            # schema keywords only
+            s, here, names, known = stack.pop()
             self._seen += 1
             if self._seen > MAX_INDEXED:
                 raise UnsupportedSchemaError(f"schema has more than {MAX_INDEXED} subschemas")
             if isinstance(s, list):
-                stack.extend((v, here, False) for v in s if isinstance(v, (dict, list)))
+                stack.extend((v, here, False, known) for v in s if isinstance(v, (dict, list)))
                 continue
             if names:
-                stack.extend((v, here, False) for v in s.values() if isinstance(v, (dict, list)))
+                stack.extend((v, here, False, known) for v in s.values() if isinstance(v, (dict, list)))
                 continue
+            named = self.resources if known else self._unknown
             if "$dynamicRef" in s or "$recursiveRef" in s:
                 self.dynamic = True
             here = _with_id(s, here)
             if isinstance(s.get("$id"), str):
-                self.resources.setdefault(here if not s["$id"].startswith("#") else here + s["$id"], s)
+                named.setdefault(here if not s["$id"].startswith("#") else here + s["$id"], s)
             elif isinstance(s.get("id"), str):  # draft-4 `id`: names the schema, base unchanged
-                self.resources.setdefault(join(here, s["id"]).rstrip("#"), s)
+                named.setdefault(join(here, s["id"]).rstrip("#"), s)
             self.base[id(s)] = here
             if refs is not None and isinstance(s.get("$ref"), str):
                 refs.append((s["$ref"], s))
             for key in ("$anchor", "$dynamicAnchor"):
                 if isinstance(s.get(key), str):
-                    self.resources.setdefault(here + "#" + s[key], s)
-            stack.extend((v, here, k in _NAMED) for k, v in s.items() if k not in _DATA and isinstance(v, (dict, list)))
+                    named.setdefault(here + "#" + s[key], s)
+            stack.extend((v, here, k in _NAMED, known and k in _SCHEMA_KEYWORDS) for k, v in s.items()
+                         if k not in _DATA and isinstance(v, (dict, list)))
         return top
 
 
