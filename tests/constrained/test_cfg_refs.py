@@ -121,3 +121,20 @@ def test_vocabularies_a_metaschema_leaves_out_do_not_assert(cfg_remote, tokenize
     for dialect in ("https://json-schema.org/draft/2020-12/schema", "https://json-schema.org/draft/2019-09/schema"):
         check(cfg_remote, tokenizer, {"$schema": dialect, "properties": {"n": {"minimum": 10}}, "required": ["n"]},
               [{"n": 10}], [{"n": 1}, {}])
+
+
+def test_ref_siblings_follow_the_dialect(cfg_remote, tokenizer):
+    """Draft-07 and older ignore every keyword beside a `$ref` (its `$id` too: the base does
+    not move); 2019-09 on they apply beside the reference. Pointers into a sibling that is
+    no keyword (`definitions`) still resolve."""
+    d7 = "http://json-schema.org/draft-07/schema#"
+    body = {"definitions": {"reffed": {"type": "array"}},
+            "properties": {"foo": {"$ref": "#/definitions/reffed", "maxItems": 2}}}
+    check(cfg_remote, tokenizer, dict(body, **{"$schema": d7}), [{"foo": [1, 2, 3]}, {"foo": []}], [{"foo": "x"}])
+    check(cfg_remote, tokenizer, body, [{"foo": [1, 2]}], [{"foo": [1, 2, 3]}, {"foo": "x"}])
+    moved = {"$schema": d7, "$id": BASE + "sibling/base/",
+             "definitions": {"foo": {"$id": "foo.json", "type": "integer"}},
+             "allOf": [{"$id": BASE + "sibling/", "$ref": "foo.json"}]}
+    check(cfg_remote, tokenizer, moved, [1], ["a"])
+    root_ref = {"$schema": d7, "$ref": "#/definitions/s", "type": "integer", "definitions": {"s": {"type": "string"}}}
+    check(cfg_remote, tokenizer, root_ref, ["abc"], [1])

@@ -1,7 +1,8 @@
 """Vocabularies of a custom metaschema: keywords of a vocabulary it does not list are not
 assertions (JSON Schema 2020-12 §8.1.2), so they are removed before compiling. Draft-07's
-`dependencies` read in the dialects that split it (`dependencies_compat`). And the dialects
-whose `integer` is written without a fraction (`whole_integers`).
+`dependencies` read in the dialects that split it (`dependencies_compat`); a `$ref`'s sibling
+keywords dropped where the dialect ignores them (`ref_siblings`). And the dialects whose
+`integer` is written without a fraction (`whole_integers`).
 
 A schema whose `$schema` names a metaschema of the local registry that carries
 `$vocabulary` (e.g. one listing core and applicator but not validation) is rewritten with
@@ -11,7 +12,8 @@ rewritten schema. Any other schema is returned as is.
 """
 from __future__ import annotations
 
-from jsonschema.validators import Draft202012Validator, validator_for
+from jsonschema.validators import (Draft3Validator, Draft4Validator, Draft6Validator, Draft7Validator,
+                                   Draft202012Validator, validator_for)
 
 _V20 = "https://json-schema.org/draft/2020-12/vocab/"
 _V19 = "https://json-schema.org/draft/2019-09/vocab/"
@@ -113,4 +115,35 @@ def _split_dependencies(s, depth: int):
         out["dependentRequired"] = required
     if schemas:
         out["dependentSchemas"] = schemas
+    return out
+
+
+def ref_siblings(root):
+    """`root` with every `$ref`'s sibling keywords removed where its dialect ignores them
+    (draft-07 and older: "all other properties in a `$ref` object MUST be ignored"), its
+    `$id` / `id` too (it does not move the base there); what is no keyword of the dialect
+    stays (`definitions`: JSON pointers into it still resolve). 2019-09 on, the siblings
+    apply beside the reference (the compiler joins them, schema.py `deref`)."""
+    if not isinstance(root, dict):
+        return root
+    cls = validator_for(root, default=Draft202012Validator)
+    if cls not in (Draft3Validator, Draft4Validator, Draft6Validator, Draft7Validator):
+        return root
+    return _without_siblings(root, frozenset(cls.VALIDATORS) - {"$ref"} | {"$id", "id"}, 0)
+
+
+def _without_siblings(s, ignored: frozenset, depth: int):
+    if not isinstance(s, dict) or depth > 512:
+        return s
+    if isinstance(s.get("$ref"), str):
+        s = {k: v for k, v in s.items() if k not in ignored}
+    out = {}
+    for k, v in s.items():
+        if k in _SCHEMA_MAPS and isinstance(v, dict):
+            v = {name: _without_siblings(x, ignored, depth + 1) for name, x in v.items()}
+        elif k in _SCHEMA_LISTS and isinstance(v, list):
+            v = [_without_siblings(x, ignored, depth + 1) for x in v]
+        elif k in _SCHEMA_ONE:
+            v = _without_siblings(v, ignored, depth + 1)
+        out[k] = v
     return out
