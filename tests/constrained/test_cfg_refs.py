@@ -138,3 +138,12 @@ def test_ref_siblings_follow_the_dialect(cfg_remote, tokenizer):
     check(cfg_remote, tokenizer, moved, [1], ["a"])
     root_ref = {"$schema": d7, "$ref": "#/definitions/s", "type": "integer", "definitions": {"s": {"type": "string"}}}
     check(cfg_remote, tokenizer, root_ref, ["abc"], [1])
+
+
+def test_array_items_without_schema_are_read_as_draft_07(cfg_remote, tokenizer):
+    """`items` as an array of schemas has no meaning in 2020-12 (the default dialect): a
+    schema without `$schema` that writes it is a draft-07 one (tuple items, additionalItems)."""
+    tuple_ = {"type": "array", "items": [{"type": "integer"}, {"type": "string"}], "additionalItems": False}
+    check(cfg_remote, tokenizer, tuple_, [[1, "a"], [1], []], [["a"], [1, "a", 2], [1, 2]])
+    nested = {"properties": {"p": {"items": [{"const": 1}], "additionalItems": {"type": "string"}}}}
+    check(cfg_remote, tokenizer, nested, [{"p": [1, "x"]}], [{"p": [2]}, {"p": [1, 2]}])

@@ -2,7 +2,8 @@
 assertions (JSON Schema 2020-12 §8.1.2), so they are removed before compiling. Draft-07's
 `dependencies` read in the dialects that split it (`dependencies_compat`); a `$ref`'s sibling
 keywords dropped where the dialect ignores them (`ref_siblings`). And the dialects whose
-`integer` is written without a fraction (`whole_integers`).
+`integer` is written without a fraction (`whole_integers`). A schema without `$schema` that
+writes `items` as an array is read as draft-07 (`inferred_dialect`).
 
 A schema whose `$schema` names a metaschema of the local registry that carries
 `$vocabulary` (e.g. one listing core and applicator but not validation) is rewritten with
@@ -147,3 +148,32 @@ def _without_siblings(s, ignored: frozenset, depth: int):
             v = _without_siblings(v, ignored, depth + 1)
         out[k] = v
     return out
+
+
+DRAFT_07 = "http://json-schema.org/draft-07/schema#"
+
+
+def inferred_dialect(root):
+    """`root` with `$schema` draft-07 where it names none and writes `items` as an array of
+    schemas somewhere (draft-07's tuple form, which 2020-12, the default, has no meaning for:
+    such a schema is written for an older draft); otherwise `root` itself."""
+    if not isinstance(root, dict) or "$schema" in root or not _array_items(root, 0):
+        return root
+    return dict(root, **{"$schema": DRAFT_07})
+
+
+def _array_items(s, depth: int) -> bool:
+    if not isinstance(s, dict) or depth > 512:
+        return False
+    if isinstance(s.get("items"), list):
+        return True
+    for k, v in s.items():
+        if k in _SCHEMA_MAPS and isinstance(v, dict):
+            if any(_array_items(x, depth + 1) for x in v.values()):
+                return True
+        elif k in _SCHEMA_LISTS and isinstance(v, list):
+            if any(_array_items(x, depth + 1) for x in v):
+                return True
+        elif k in _SCHEMA_ONE and _array_items(v, depth + 1):
+            return True
+    return False
