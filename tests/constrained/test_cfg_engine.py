@@ -197,6 +197,11 @@ def test_draft04_integers_take_no_fraction(cfg, tokenizer):
 
 def test_object_keywords(cfg, tokenizer):
     check(cfg, tokenizer, {"propertyNames": {"pattern": "^[a-z]+$"}}, [{"ab": 1}], [{"aB": 1}])
+    # branches of a key's rule: checked on each key's text (they were dropped, any key taken)
+    check(cfg, tokenizer, {"propertyNames": {"const": "foo", "anyOf": [{"maxLength": 2}, {"type": "number"}]}},
+          [{}], [{"foo": 1}, {"bar": 1}, {"fo": 1}])
+    check(cfg, tokenizer, {"propertyNames": {"oneOf": [{"maxLength": 2}, {"pattern": "^x"}]}},
+          [{"ab": 1}, {"xyz": 2}, {}], [{"xy": 2}, {"abc": 1}])
     check(cfg, tokenizer, {"minProperties": 1, "maxProperties": 2}, [{"a": 1}, {"a": 1, "b": 2}],
           [{}, {"a": 1, "b": 2, "c": 3}])
     check(cfg, tokenizer, {"dependentRequired": {"a": ["b"]}}, [{"a": 1, "b": 2}, {"b": 1}], [{"a": 1}])

@@ -147,3 +147,32 @@ def test_array_items_without_schema_are_read_as_draft_07(cfg_remote, tokenizer):
     check(cfg_remote, tokenizer, tuple_, [[1, "a"], [1], []], [["a"], [1, "a", 2], [1, 2]])
     nested = {"properties": {"p": {"items": [{"const": 1}], "additionalItems": {"type": "string"}}}}
     check(cfg_remote, tokenizer, nested, [{"p": [1, "x"]}], [{"p": [2]}, {"p": [1, 2]}])
+
+
+def test_a_reference_back_to_an_enclosing_schema_with_siblings(cfg_remote, tokenizer):
+    """`{"$ref": "#", ...}` inside the root: the conjunction's structure is the root's, read
+    as it will be once compiled (not a copy of it half made: its keys' rule was unset, and
+    the first mask inside such an object raised), the whole conjunction checked at its end."""
+    schema = {"properties": {"foo": {"$ref": "#", "additionalProperties": False}}, "additionalProperties": False}
+    check(cfg_remote, tokenizer, schema, [{"foo": {}}, {"foo": False}, {}, {"foo": 1}],
+          [{"foo": {"foo": {}}}, {"foo": {"bar": 1}}, {"bar": 1}])
+
+
+def test_keywords_and_formats_of_later_drafts_are_annotations_in_older_ones(cfg_remote, tokenizer):
+    """A keyword or format a later draft introduced asserts nothing where the schema declares
+    an older dialect, as that dialect's validator ignores it: `const` / `propertyNames` in
+    draft-04, `if` in draft-06, `prefixItems` in draft-07, `format: date` in draft-04,
+    `format: uuid` in draft-07; they do assert in the draft that has them."""
+    d4, d6, d7 = (f"http://json-schema.org/draft-0{n}/schema#" for n in (4, 6, 7))
+    check(cfg_remote, tokenizer, {"$schema": d4, "properties": {"a": {"type": "string", "const": "x"}}},
+          [{"a": "y"}, {"a": "x"}], [{"a": 1}])
+    check(cfg_remote, tokenizer, {"$schema": d6, "properties": {"a": {"type": "string", "const": "x"}}},
+          [{"a": "x"}], [{"a": "y"}])
+    check(cfg_remote, tokenizer, {"$schema": d4, "propertyNames": {"maxLength": 1}}, [{"ab": 1}], [])
+    check(cfg_remote, tokenizer, {"$schema": d6, "if": {"type": "string"}, "then": {"maxLength": 1}}, ["abc"], [])
+    check(cfg_remote, tokenizer, {"$schema": d7, "if": {"type": "string"}, "then": {"maxLength": 1}}, ["a"], ["abc"])
+    check(cfg_remote, tokenizer, {"$schema": d7, "prefixItems": [{"type": "string"}]}, [[1]], [])
+    check(cfg_remote, tokenizer, {"$schema": d4, "type": "string", "format": "date"}, ["x"], [])
+    check(cfg_remote, tokenizer, {"$schema": d7, "type": "string", "format": "date"}, ["2024-01-02"], ["x"])
+    check(cfg_remote, tokenizer, {"$schema": d7, "type": "string", "format": "uuid"}, ["x"], [])
+    check(cfg_remote, tokenizer, {"type": "string", "format": "uuid"}, ["123e4567-e89b-12d3-a456-426614174000"], ["x"])

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
-from lmprog_runtime.constrained.cfg.dialect import (apply_vocabularies, dependencies_compat, inferred_dialect, ref_siblings,
-                                                   whole_integers)
+from lmprog_runtime.constrained.cfg.dialect import (apply_vocabularies, dependencies_compat, inferred_dialect, older_keywords,
+                                                   ref_siblings, whole_integers)
 from lmprog_runtime.constrained.cfg.ebnf import EbnfMachine
 from lmprog_runtime.constrained.cfg.machine import Machine
 from lmprog_runtime.constrained.cfg.mask import MaskEngine, VocabInfo
@@ -248,7 +248,7 @@ def compile_machine(kind: str, spec: str, whitespace: str = whitespace_regex(DEF
 def _json_machine(spec: str, pool: RegexPool, whitespace: str, timeout_s: float,
                   registry: SchemaRegistry) -> Machine:
     schema = apply_vocabularies(inferred_dialect(True if spec.strip() == ANY_JSON else json.loads(spec)), registry)
-    schema = ref_siblings(dependencies_compat(schema))
+    schema = older_keywords(ref_siblings(dependencies_compat(schema)))
     compiler = SchemaCompiler(schema, pool, time.monotonic() + timeout_s, registry)
     root = compiler.compile()
     lock = threading.Lock()

@@ -3,7 +3,9 @@ assertions (JSON Schema 2020-12 §8.1.2), so they are removed before compiling. 
 `dependencies` read in the dialects that split it (`dependencies_compat`); a `$ref`'s sibling
 keywords dropped where the dialect ignores them (`ref_siblings`). And the dialects whose
 `integer` is written without a fraction (`whole_integers`). A schema without `$schema` that
-writes `items` as an array is read as draft-07 (`inferred_dialect`).
+writes `items` as an array is read as draft-07 (`inferred_dialect`). A keyword a later draft
+introduced asserts nothing in a schema that declares an older one (`older_keywords`: `const`
+in draft-04, `if` in draft-06, `prefixItems` in draft-07 ...), as its validator ignores it.
 
 A schema whose `$schema` names a metaschema of the local registry that carries
 `$vocabulary` (e.g. one listing core and applicator but not validation) is rewritten with
@@ -14,7 +16,7 @@ rewritten schema. Any other schema is returned as is.
 from __future__ import annotations
 
 from jsonschema.validators import (Draft3Validator, Draft4Validator, Draft6Validator, Draft7Validator,
-                                   Draft202012Validator, validator_for)
+                                   Draft201909Validator, Draft202012Validator, validator_for)
 
 _V20 = "https://json-schema.org/draft/2020-12/vocab/"
 _V19 = "https://json-schema.org/draft/2019-09/vocab/"
@@ -177,3 +179,24 @@ def _array_items(s, depth: int) -> bool:
         elif k in _SCHEMA_ONE and _array_items(v, depth + 1):
             return True
     return False
+
+
+# the keywords each older dialect lacks (later drafts introduced them); `$anchor` and the like
+# stay: they only name schemas, and a reference the dialect cannot resolve fails either way
+_AFTER_07 = frozenset(("dependentRequired", "dependentSchemas", "prefixItems", "unevaluatedItems",
+                       "unevaluatedProperties", "minContains", "maxContains", "$dynamicRef", "$recursiveRef"))
+_LACKS = {Draft3Validator: _AFTER_07 | {"const", "contains", "propertyNames", "if", "then", "else"},
+          Draft4Validator: _AFTER_07 | {"const", "contains", "propertyNames", "if", "then", "else"},
+          Draft6Validator: _AFTER_07 | {"if", "then", "else"},
+          Draft7Validator: _AFTER_07,
+          Draft201909Validator: frozenset(("prefixItems", "$dynamicRef"))}
+
+
+def older_keywords(root):
+    """`root` without the keywords its declared dialect does not have (`_LACKS`) in any
+    subschema: an unknown keyword is an annotation there, and the dialect's validator (the
+    residual's) ignores it too. Any other schema is returned as is."""
+    if not isinstance(root, dict):
+        return root
+    lacks = _LACKS.get(validator_for(root, default=Draft202012Validator))
+    return _strip(root, lacks, 0) if lacks else root

@@ -73,6 +73,21 @@ _ASSERTION_VOCABS = ("https://json-schema.org/draft/2020-12/vocab/format-asserti
                      "https://json-schema.org/draft/2019-09/vocab/format-assertion")
 
 
+# the formats of ours each older dialect defines (later drafts added the others: an unknown
+# format is an annotation); 2019-09 on and without `$schema`: all of them
+_DRAFT4_FORMATS = frozenset(("date-time", "email", "hostname", "ipv4", "ipv6", "uri"))
+_DIALECT_FORMATS = {f"{scheme}://json-schema.org/draft-{n}/schema": formats for scheme in ("http", "https")
+                    for n, formats in (("03", _DRAFT4_FORMATS), ("04", _DRAFT4_FORMATS), ("06", _DRAFT4_FORMATS),
+                                       ("07", _DRAFT4_FORMATS | {"date", "time"}))}
+
+
+def dialect_formats(root) -> frozenset:
+    """The formats of FORMATS that `root`'s dialect defines (asserted where format_asserted)."""
+    dialect = root.get("$schema") if isinstance(root, dict) else None
+    got = _DIALECT_FORMATS.get(dialect.rstrip("#")) if isinstance(dialect, str) else None
+    return frozenset(FORMATS) if got is None else got
+
+
 def format_asserted(root, registry) -> bool:
     """Whether `format` is an assertion for the schema `root`: an annotation when `$schema`
     names draft 2020-12 or 2019-09 (their default format-annotation vocabulary) or a

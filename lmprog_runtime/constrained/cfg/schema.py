@@ -15,7 +15,7 @@ from typing import Optional
 
 from jsonschema.validators import Draft202012Validator, validator_for
 
-from lmprog_runtime.constrained.cfg.formats import FORMATS, HOSTNAME_CHARS, format_asserted
+from lmprog_runtime.constrained.cfg.formats import FORMATS, HOSTNAME_CHARS, dialect_formats, format_asserted
 from lmprog_runtime.constrained.cfg.nodes import _EXACT, ALL_TYPES, Node
 from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
 from lmprog_runtime.constrained.cfg.refs import RefIndex
@@ -44,6 +44,7 @@ class SchemaCompiler:
         self._keep: list = []  # schemas built here (merges) stay alive: the memo keys are ids
         self.refs = RefIndex(root, registry)
         self.assert_format = format_asserted(root, self.refs.registry)
+        self.formats = dialect_formats(root)  # (those an older draft defines: the others are annotations)
         # keywords the residual's validator asserts (residual.py picks the same class): any
         # other keyword is an annotation (`x-...`, `_format`), for which no check is kept
         cls = validator_for(root, default=Draft202012Validator) if isinstance(root, dict) else Draft202012Validator
@@ -52,6 +53,7 @@ class SchemaCompiler:
         self.any = self._any_node()
         self.n_nodes = 0
         self._scalars: dict = {}  # _scalar_signature -> the first node compiled with it
+        self._filling: set = set()  # ids of the nodes whose _fill is running (_take)
 
     def compile(self) -> Node:
         root = self.node(self.root)
@@ -114,7 +116,11 @@ class SchemaCompiler:
             return n
         if not isinstance(s, dict):
             raise UnsupportedSchemaError(f"a schema must be an object or a boolean, got {type(s).__name__}")
-        self._fill(n, s)
+        self._filling.add(id(n))
+        try:
+            self._fill(n, s)
+        finally:
+            self._filling.discard(id(n))
         if n.residual is not None:
             n.residual = self._origin.get(id(n.residual), n.residual)
         if self.refs.dynamic:
@@ -138,12 +144,12 @@ class SchemaCompiler:
                 except UnsupportedSchemaError:
                     merged = None
             if merged is not None and not _has_ref_cycle(merged, s):
-                self._copy(n, self.node(merged))
+                self._take(n, self.node(merged))
                 if n.residual is not None:
                     n.residual = s  # the conjunction as written: merging may move keywords' scope
                 return
             n.residual = s  # structure from the first part, the whole conjunction checked at the end
-            self._copy(n, self.node(parts[0]))
+            self._take(n, self.node(parts[0]))
             n.residual = s
             return
         for combo in ("anyOf", "oneOf"):
@@ -162,6 +168,15 @@ class SchemaCompiler:
         checked = (set(local) - EXACT) & self._asserting
         if checked:  # (checked as written)
             _keep_check(n, s, _checked_kinds(checked, local))
+
+    def _take(self, n: Node, src: Node) -> None:
+        """n gets src's structure: a copy of it, or where src is still being filled (a
+        reference back to an enclosing schema: `{"$ref": "#", ...}` inside the root) src
+        itself as n's one alternative, so n reads it as it will be, not as it is now."""
+        if id(src) in self._filling:
+            n.alts = (src,)
+        else:
+            self._copy(n, src)
 
     def _copy(self, n: Node, src: Node) -> None:
         for slot in Node.__slots__:
@@ -257,7 +272,7 @@ class SchemaCompiler:
         if "pattern" in s:
             pats.append(self._regex(s["pattern"], True))
         fmt = s.get("format")
-        if isinstance(fmt, str) and fmt in FORMATS and self.assert_format:
+        if isinstance(fmt, str) and fmt in self.formats and self.assert_format:
             pats.append(self._regex(FORMATS[fmt], False))
             if fmt == "hostname":
                 n.max_len = HOSTNAME_CHARS if n.max_len is None else min(n.max_len, HOSTNAME_CHARS)
@@ -315,6 +330,12 @@ class SchemaCompiler:
         n.dep_required = {k: tuple(v) for k, v in deps.items()}
         names = s.get("propertyNames")
         key = self.node(names) if names is not None else self.any.key_node
+        if key.alts is not None and not key.never:
+            # a key is read as a plain string rule (no branches): its anyOf / oneOf branches
+            # are checked on the key's text at its close (Machine._key_done)
+            plain = Node(names)
+            plain.types, plain.residual = frozenset(("string",)), names
+            key = plain
         if n.additional is None and not n.pattern_props:
             closed = Node({"enum": sorted(n.props)})
             closed.types = frozenset(("string",)) & key.types
