@@ -210,6 +210,15 @@ def test_object_keywords(cfg, tokenizer):
           [{"x-a": 1}], [{"x-a": "s"}, {"y": 1}])
 
 
+def test_a_checked_literal_under_an_undeclared_key(cfg, tokenizer):
+    """A literal (`null`, `true`) whose value a check reads, under an additionalProperties key:
+    the literal's end is decided ahead through the object's abstracted key (it raised)."""
+    check(cfg, tokenizer, {"additionalProperties": {"type": "null", "enum": [1, "a", None, [1], {"a": 1}]}},
+          [{"foo": None}, {"a": None, "b": None}, {}], [{"foo": []}, {"foo": {}}, {"a": 1}])
+    check(cfg, tokenizer, {"additionalProperties": {"enum": [1, True, [1]]}},
+          [{"a": True}, {"a": True, "b": [1]}, {"foo": 1}], [{"foo": None}, {"a": True, "b": None}, {"foo": []}])
+
+
 def test_regex_kind_and_masks_agree_with_acceptance(cfg, tokenizer):
     assert accepts(cfg, tokenizer, r"[0-9]{2,3}", "123", kind="regex")
     assert not accepts(cfg, tokenizer, r"[0-9]{2,3}", "1", kind="regex")
