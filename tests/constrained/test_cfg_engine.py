@@ -219,6 +219,15 @@ def test_a_checked_literal_under_an_undeclared_key(cfg, tokenizer):
           [{"a": True}, {"a": True, "b": [1]}, {"foo": 1}], [{"foo": None}, {"a": True, "b": None}, {"foo": []}])
 
 
+def test_unique_items_under_a_check_keep_their_items_seen(cfg, tokenizer):
+    """Under a pending check (contains), a uniqueItems array's masks are shared across its
+    check's start offsets but not across its items seen: after `[false,` the token `false`
+    (a duplicate) is not offered, though after `[true,` (met first, in the warm-up) it is."""
+    schema = {"prefixItems": [{"type": "boolean"}, {"type": "boolean"}], "uniqueItems": True,
+              "minContains": 2, "contains": {"type": "integer"}}
+    check(cfg, tokenizer, schema, [[True, False, 1, 2], [False, True, 3, 4]], [[False, False, 1, 2], [True, True, 1, 2]])
+
+
 def test_regex_kind_and_masks_agree_with_acceptance(cfg, tokenizer):
     assert accepts(cfg, tokenizer, r"[0-9]{2,3}", "123", kind="regex")
     assert not accepts(cfg, tokenizer, r"[0-9]{2,3}", "1", kind="regex")

@@ -876,8 +876,10 @@ class MaskEngine:
             st = st[1]
         while st is not None:
             fr = st[0]
-            if start is not None and type(fr) is tuple:
-                fr = unplaced(fr)  # (a check's start: read only with the text)
+            if start is not None and type(fr) is tuple and fr[0] in ("C", "U"):
+                # (a check's start: read only with the text; a uniqueItems array's items seen
+                # stay: a token completing an item reads them without reading the text)
+                fr = unplaced(fr)
             if type(fr) is tuple and fr[0] == "O" and (fr[2] == 4 or (fr[2] in (1, 2) and not frames)):
                 child = self.machine._child_of(fr[1], fr[4]) if fr[2] == 1 and type(fr[4]) is str else None
                 fr = _object_sig(fr, self.vocab.comma_quote_ends, child)
