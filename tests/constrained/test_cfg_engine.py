@@ -228,6 +228,15 @@ def test_unique_items_under_a_check_keep_their_items_seen(cfg, tokenizer):
     check(cfg, tokenizer, schema, [[True, False, 1, 2], [False, True, 3, 4]], [[False, False, 1, 2], [True, True, 1, 2]])
 
 
+def test_all_of_parts_are_not_joined_where_keywords_act_only_beside_each_other(cfg, tokenizer):
+    """`then` / `else` apply only beside their `if`, `minContains` only beside `contains`: in
+    different allOf parts they do nothing, so the parts are not merged into one schema."""
+    check(cfg, tokenizer, {"allOf": [{"if": {"exclusiveMaximum": 0}}, {"then": {"minimum": -10}},
+                                     {"else": {"multipleOf": 2}, "oneOf": [{"type": "string"}, {"type": "integer"}]}]},
+          [-100, 3, 1, "a"], [1.5, None])
+    check(cfg, tokenizer, {"allOf": [{"contains": {"type": "integer"}}, {"minContains": 2}]}, [[1], [1, 2]], [[], ["a"]])
+
+
 def test_regex_kind_and_masks_agree_with_acceptance(cfg, tokenizer):
     assert accepts(cfg, tokenizer, r"[0-9]{2,3}", "123", kind="regex")
     assert not accepts(cfg, tokenizer, r"[0-9]{2,3}", "1", kind="regex")

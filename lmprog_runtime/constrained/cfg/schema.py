@@ -618,13 +618,21 @@ _ARRAY_SCOPED = ("prefixItems", "items", "additionalItems")
 _OBJECT_SCOPED = ("properties", "patternProperties", "additionalProperties")
 
 
+_ADJACENT = (("if", "then", "else"), ("contains", "minContains", "maxContains"))
+
+
 def _mergeable(parts) -> bool:
-    """Merging keeps the meaning: no `unevaluated*` (they see sibling keywords), and no
+    """Merging keeps the meaning: no `unevaluated*` (they see sibling keywords), no
     item / member keywords split over two parts (`items` applies past *its own* schema's
-    `prefixItems`, `additionalProperties` past its own `properties`)."""
+    `prefixItems`, `additionalProperties` past its own `properties`), and no keywords that
+    act only beside each other in two parts (`then` / `else` beside `if`, `minContains` /
+    `maxContains` beside `contains`: joined, a part's lone `then` would start to apply)."""
     dicts = [p for p in parts if isinstance(p, dict)]
     if any("unevaluatedProperties" in p or "unevaluatedItems" in p for p in dicts):
         return False
+    for group in _ADJACENT:
+        if sum(1 for p in dicts if any(k in p for k in group)) > 1:
+            return False
     for scoped in (_ARRAY_SCOPED, _OBJECT_SCOPED):
         owners = [p for p in dicts if any(k in p for k in scoped)]
         if len(owners) > 1 and any(scoped[-1] in p or (scoped[1] in p and scoped is _ARRAY_SCOPED)
