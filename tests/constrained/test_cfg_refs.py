@@ -176,7 +176,9 @@ def test_keywords_and_formats_of_later_drafts_are_annotations_in_older_ones(cfg_
     check(cfg_remote, tokenizer, {"$schema": d7, "type": "string", "format": "date"}, ["2024-01-02"], ["x"])
     check(cfg_remote, tokenizer, {"$schema": d7, "type": "string", "format": "uuid"}, ["x"], [])
     check(cfg_remote, tokenizer, {"type": "string", "format": "uuid"}, ["123e4567-e89b-12d3-a456-426614174000"], ["x"])
-    # draft-04's exclusiveMaximum is a boolean beside maximum: a number there bounds nothing
+    # draft-04's exclusiveMaximum is a flag on maximum: a number there bounds nothing (a non-zero
+    # one sets the flag, as Draft4Validator reads it)
     check(cfg_remote, tokenizer, {"$schema": d4, "type": "integer", "exclusiveMaximum": 3}, [12345, 3], [])
+    check(cfg_remote, tokenizer, {"$schema": d4, "type": "integer", "minimum": -9, "exclusiveMinimum": -1}, [-8], [-9])
     check(cfg_remote, tokenizer, {"$schema": d4, "type": "integer", "maximum": 3, "exclusiveMaximum": True}, [2], [3])
     check(cfg_remote, tokenizer, {"$schema": d6, "type": "integer", "exclusiveMaximum": 3}, [2], [3, 12345])

@@ -49,8 +49,8 @@ class SchemaCompiler:
         # other keyword is an annotation (`x-...`, `_format`), for which no check is kept
         cls = validator_for(root, default=Draft202012Validator) if isinstance(root, dict) else Draft202012Validator
         self._asserting = frozenset(cls.VALIDATORS)
-        # draft-04 and older: exclusiveMinimum / exclusiveMaximum are booleans beside minimum /
-        # maximum (a number there bounds nothing)
+        # draft-04 and older: exclusiveMinimum / exclusiveMaximum are flags on minimum / maximum
+        # (a number there bounds nothing: a non-zero one sets the flag, as the validator reads it)
         self._boolean_exclusive = cls in (Draft3Validator, Draft4Validator)
         self._origin: dict[int, object] = {}  # id(made schema) -> the schema it stands for
         self.any = self._any_node()
@@ -299,14 +299,14 @@ class SchemaCompiler:
         n.lo, n.hi, n.multiple_of = dec("minimum"), dec("maximum"), dec("multipleOf")
         if s.get("exclusiveMinimum") is True:
             n.lo_excl = True
-        elif self._boolean_exclusive:  # (draft-04: a number there is no bound, its validator ignores it)
-            pass
+        elif self._boolean_exclusive:  # (draft-04: a flag on minimum, whatever its value's type, as its validator reads it)
+            n.lo_excl = bool(s.get("exclusiveMinimum"))
         elif dec("exclusiveMinimum") is not None and (n.lo is None or dec("exclusiveMinimum") >= n.lo):
             n.lo, n.lo_excl = dec("exclusiveMinimum"), True
         if s.get("exclusiveMaximum") is True:
             n.hi_excl = True
         elif self._boolean_exclusive:
-            pass
+            n.hi_excl = bool(s.get("exclusiveMaximum"))
         elif dec("exclusiveMaximum") is not None and (n.hi is None or dec("exclusiveMaximum") <= n.hi):
             n.hi, n.hi_excl = dec("exclusiveMaximum"), True
         if n.multiple_of is not None and n.multiple_of <= 0:
