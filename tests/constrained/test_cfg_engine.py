@@ -237,6 +237,15 @@ def test_all_of_parts_are_not_joined_where_keywords_act_only_beside_each_other(c
     check(cfg, tokenizer, {"allOf": [{"contains": {"type": "integer"}}, {"minContains": 2}]}, [[1], [1, 2]], [[], ["a"]])
 
 
+def test_formats_assert_inside_checks_too(cfg, tokenizer):
+    """Where `format` asserts (no `$schema`, draft-07), it asserts inside the checks that read
+    a value whole (`not`, `anyOf` over keys ...) as in the grammar: `not` a date refuses one."""
+    check(cfg, tokenizer, {"not": {"type": "string", "format": "date"}}, ["x", 1, "2020-02-30"], ["2020-01-01"])
+    check(cfg, tokenizer, {"propertyNames": {"not": {"enum": ["1", "3"], "format": "email"}}}, [{"1": 0}], [])
+    check(cfg, tokenizer, {"$schema": "https://json-schema.org/draft/2020-12/schema",  # (an annotation there)
+                           "not": {"type": "string", "format": "date"}}, [1], ["x", "2020-01-01"])
+
+
 def test_regex_kind_and_masks_agree_with_acceptance(cfg, tokenizer):
     assert accepts(cfg, tokenizer, r"[0-9]{2,3}", "123", kind="regex")
     assert not accepts(cfg, tokenizer, r"[0-9]{2,3}", "1", kind="regex")

@@ -6,6 +6,8 @@ unless the schema's dialect makes `format` an annotation (`format_asserted`: `$s
 """
 from __future__ import annotations
 
+import re
+
 # RFC 3339 full-date: the days of each month, February's 29th in leap years only (every
 # fourth year but the centuries not divisible by 400)
 _DATE = (r"(\d{4}-(0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|\d{4}-(0[469]|11)-(0[1-9]|[12]\d|30)"
@@ -54,11 +56,15 @@ _AUTHORITY = rf"(([A-Za-z0-9\-._~{_SUB}:]|{_PCT})*@)?{_HOST}(:[0-9]*)?"
 _URI = (rf"[A-Za-z][A-Za-z0-9+.\-]*:(//{_AUTHORITY}(/{_PCHAR}*)*|/({_SEGMENT_NZ})?|{_SEGMENT_NZ}|)"
         rf"(\?({_PCHAR}|[/?])*)?(#({_PCHAR}|[/?])*)?")
 
+# ECMA-262's \s spelled out (White_Space and line terminators), so that Python's `re` reads
+# the patterns as the grammar does (`format_checks`)
+_WS = "\t\n\x0b\x0c\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+
 FORMATS = {
     "date": _DATE,
     "time": _TIME,
     "date-time": rf"{_DATE}[Tt]{_TIME}",
-    "email": r"[^@\s\".]+(\.[^@\s\".]+)*@[^@\s\"]+",  # (the local part's dots single, inside it)
+    "email": rf"[^@{_WS}\".]+(\.[^@{_WS}\".]+)*@[^@{_WS}\"]+",  # (the local part's dots single, inside it)
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "ipv4": _IPV4,
     "ipv6": _IPV6,
@@ -104,3 +110,19 @@ def format_asserted(root, registry) -> bool:
     if isinstance(vocab, dict):
         return any(v in vocab for v in _ASSERTION_VOCABS)
     return True
+
+
+def format_checks(root, registry) -> dict:
+    """format -> a test of a value (any non-string passes), for the formats `root`'s grammar asserts (none where
+    format is an annotation): the residual's validator asserts the same ones inside its
+    checks (`not`, `anyOf`, ... read the value whole), with the same patterns (Python's `re`,
+    ASCII classes as ECMA-262's) and hostname length."""
+    if not format_asserted(root, registry):
+        return {}
+    out = {}
+    for name in dialect_formats(root):
+        match = re.compile(FORMATS[name], re.ASCII).fullmatch
+        most = HOSTNAME_CHARS if name == "hostname" else None
+        out[name] = (lambda m, most: lambda v: not isinstance(v, str) or (
+            (most is None or len(v) <= most) and m(v) is not None))(match, most)
+    return out

@@ -1,7 +1,7 @@
 """Compiled checks: a JSON Schema 2020-12 subschema as a Python predicate over a decoded JSON
 value, for the residual's checks (residual.py) on the mask's path. The answer is the
-validator's (jsonschema's Draft202012Validator without a format checker: `format` is an
-annotation) on every schema compiled here; it is only reached faster (a check through
+validator's (jsonschema's Draft202012Validator, whose format checker asserts the formats the
+grammar asserts: formats.format_checks) on every schema compiled here; it is only reached faster (a check through
 jsonschema costs 15-180 µs, most of it its generic descent; a compiled one a few).
 
 Each keyword is tested in the order the schema writes them, as the validator does; a check
@@ -176,8 +176,10 @@ class Compiler:
     """The compiled rules of one document (and what it references), shared by its checks;
     not thread-safe (Residual holds its lock around `check`)."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, formats: Optional[dict] = None):
+        """formats: format -> test of a string, the asserted ones (formats.format_checks)."""
         self.spec = spec
+        self.formats = formats or {}
         self.memo: dict = {}  # (id(schema), base URI, dynamic scope) -> _Rule (filled after it is entered: recursion)
         self.keep: list = []  # the schemas keyed by id
 
@@ -215,6 +217,10 @@ class Compiler:
         r = self.memo[key] = _Rule(schema)
         self.keep.append(schema)
         for word, value in schema.items():
+            if word == "format" and value in self.formats:
+                test = self.formats[value]
+                r.tests.append(lambda v, test=test: type(v) is not str or test(v))
+                continue
             make = _KEYWORDS.get(word)
             if make is not None:
                 test = make(self, r, value, schema, resolver)

@@ -7,7 +7,8 @@ around it; nothing is fetched: an unknown URI fails the check). A schema with dy
 references is checked whole, from the root, so dynamic scopes are followed exactly.
 A JSON Schema 2020-12 check runs as a compiled predicate where predicates.py compiles it (the
 validator's answer, reached in a few µs instead of its generic descent's 15-180).
-`format` is not asserted here (formats are patterns in the grammar, formats.py).
+The formats the grammar asserts (patterns, formats.py) are asserted here too, inside the
+checks that read a value whole (`not`, `anyOf`, ...): `formats.format_checks`.
 """
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ import json
 import threading
 from decimal import Decimal
 
+from jsonschema import FormatChecker
 from jsonschema.validators import Draft202012Validator, validator_for
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012, specification_with
 
+from lmprog_runtime.constrained.cfg.formats import format_checks
 from lmprog_runtime.constrained.cfg.predicates import Compiler
+from lmprog_runtime.constrained.cfg.registry import SchemaRegistry
 
 
 MEMO_TEXTS = 2048      # memoized value checks per grammar (at most 2048 x 256 bytes of text)
@@ -31,8 +35,13 @@ class Residual:
         """registry: the SchemaRegistry remote `$ref`s resolve in; docs: retrieval URI ->
         remote document whose subschemas may be checked (the compiler's, filled as it loads)."""
         cls = validator_for(root, default=Draft202012Validator) if isinstance(root, dict) else Draft202012Validator
+        formats = format_checks(root, registry if registry is not None else SchemaRegistry())
+        checker = FormatChecker(formats=())
+        for name, test in formats.items():
+            checker.checks(name)(test)
         # an explicit registry: jsonschema's default one would fetch unknown URIs over the network
-        validator = cls(root, registry=registry.referencing() if registry is not None else Registry())
+        validator = cls(root, registry=registry.referencing() if registry is not None else Registry(),
+                        format_checker=checker)
         self._validator = validator.evolve(_resolver=_crawled(validator._resolver))
         self._spec = specification_with(cls.META_SCHEMA.get("$schema", ""), default=DRAFT202012)
         self._root = root
@@ -42,7 +51,7 @@ class Residual:
         self._lock = threading.Lock()  # the referencing resolver is not documented as thread-safe
         self._memo: dict = {}  # (id(schema), text) -> valid_text (schemas live as long as the root)
         self._validators: dict = {}  # id(schema) -> (its validator, from its scope's resolver; its compiled check)
-        self._compiler = Compiler(self._spec)  # (the checks' rules, shared: a subschema's is compiled once)
+        self._compiler = Compiler(self._spec, formats)  # (the checks' rules, shared: a subschema's is compiled once)
 
     def valid(self, value, schema) -> bool:
         """`value` satisfies `schema` (a subschema of the root, whose `$ref`s resolve from
