@@ -55,6 +55,12 @@ ADDITIONS = (
     {"enum": [1, "a", None, [1], {"a": 1}]}, {"const": "abc"}, {"type": "integer"}, {"type": ["string", "null"]},
     {"required": ["zz"]}, {"dependentRequired": {"a": ["b"]}}, {"minContains": 2, "contains": {"type": "integer"}},
     {"allOf": [{"minimum": 0}, {"maximum": 10}]}, {"format": "date"}, {"format": "email"},
+    {"patternProperties": {"^a": {"type": "integer"}}, "additionalProperties": False},
+    {"items": {"enum": [1, 2, "a"]}, "uniqueItems": True}, {"dependentSchemas": {"a": {"required": ["b"]}}},
+    {"$ref": "#"}, {"propertyNames": {"enum": ["a", "b", "foo"]}}, {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+    {"not": {"required": ["a"]}}, {"maxLength": 0}, {"minimum": 0.5, "multipleOf": 0.25},
+    {"prefixItems": [{"type": "integer"}], "items": False}, {"unevaluatedProperties": False},
+    {"contains": {"const": 1}, "maxContains": 1},
 )
 _ECMA_CLASSES = re.compile(r"\\[wWdDsSbB]")
 _STANDARD = re.compile(r"^https?://json-schema\.org/")

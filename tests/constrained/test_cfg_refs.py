@@ -182,3 +182,16 @@ def test_keywords_and_formats_of_later_drafts_are_annotations_in_older_ones(cfg_
     check(cfg_remote, tokenizer, {"$schema": d4, "type": "integer", "minimum": -9, "exclusiveMinimum": -1}, [-8], [-9])
     check(cfg_remote, tokenizer, {"$schema": d4, "type": "integer", "maximum": 3, "exclusiveMaximum": True}, [2], [3])
     check(cfg_remote, tokenizer, {"$schema": d6, "type": "integer", "exclusiveMaximum": 3}, [2], [3, 12345])
+
+
+def test_dynamic_reference_beside_unevaluated_keywords_under_a_sibling(cfg_remote, tokenizer):
+    """A `$dynamicRef` evaluates members for the unevaluatedProperties beside it: the structure
+    drops both (a superset; the whole value is checked), also where the root's `$ref` has a
+    sibling keyword (the conjunction's path read unevaluatedProperties alone: `bar` refused)."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "https://example.com/derived",
+              "$ref": "./base", "minItems": 1,
+              "$defs": {"derived": {"$dynamicAnchor": "addons", "properties": {"bar": {"type": "string"}}},
+                        "base": {"$id": "./base", "unevaluatedProperties": False,
+                                 "properties": {"foo": {"type": "string"}}, "$dynamicRef": "#addons",
+                                 "$defs": {"defaultAddons": {"$dynamicAnchor": "addons"}}}}}
+    check(cfg_remote, tokenizer, schema, [{"foo": "foo", "bar": "bar"}, {"foo": "foo"}], [{"foo": "foo", "baz": 1}])

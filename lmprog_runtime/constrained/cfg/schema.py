@@ -98,7 +98,9 @@ class SchemaCompiler:
     def node(self, s) -> Node:
         if isinstance(s, dict) and ("$dynamicRef" in s or "$recursiveRef" in s):
             self.refs.dynamic = True  # its target is checked by the whole-value residual (compile)
-            s = self._made({k: v for k, v in s.items() if k not in ("$dynamicRef", "$recursiveRef")}, s)
+            # (and the unevaluated* beside it, which it evaluates for: read alone they would be
+            # narrower than the schema, while a superset is all the structure must be)
+            s = self._made({k: v for k, v in s.items() if k not in _DYNAMIC_DROPPED}, s)
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise UnsupportedSchemaError("compile budget exhausted")
         s = self.deref(s)
@@ -625,6 +627,7 @@ _ARRAY_SCOPED = ("prefixItems", "items", "additionalItems")
 _OBJECT_SCOPED = ("properties", "patternProperties", "additionalProperties")
 
 
+_DYNAMIC_DROPPED = frozenset(("$dynamicRef", "$recursiveRef", "unevaluatedProperties", "unevaluatedItems"))
 _ADJACENT = (("if", "then", "else"), ("contains", "minContains", "maxContains"))
 
 
