@@ -50,20 +50,25 @@ def apply_vocabularies(root, registry):
 
 
 def _strip(s, dropped: frozenset, depth: int):
+    return _rewrite(s, lambda d: {k: v for k, v in d.items() if k not in dropped}, None, depth)
+
+
+def _rewrite(s, before, after, depth: int):
+    """A copy of schema `s` with `before` applied to each subschema object on the way down
+    (its result's subschemas are the ones descended into) and `after` (where given) to each
+    rebuilt one on the way up."""
     if not isinstance(s, dict) or depth > 512:
         return s
     out = {}
-    for k, v in s.items():
-        if k in dropped:
-            continue
+    for k, v in before(s).items():
         if k in _SCHEMA_MAPS and isinstance(v, dict):
-            v = {name: _strip(x, dropped, depth + 1) for name, x in v.items()}
+            v = {name: _rewrite(x, before, after, depth + 1) for name, x in v.items()}
         elif k in _SCHEMA_LISTS and isinstance(v, list):
-            v = [_strip(x, dropped, depth + 1) for x in v]
+            v = [_rewrite(x, before, after, depth + 1) for x in v]
         elif k in _SCHEMA_ONE:
-            v = _strip(v, dropped, depth + 1)
+            v = _rewrite(v, before, after, depth + 1)
         out[k] = v
-    return out
+    return after(out) if after is not None else out
 
 
 # dialects whose `integer` is "a JSON number without a fraction or exponent part" (draft-04
@@ -89,21 +94,10 @@ def dependencies_compat(root):
         return root
     if "dependencies" in validator_for(root, default=Draft202012Validator).VALIDATORS:
         return root  # (draft-07 and older: the keyword itself)
-    return _split_dependencies(root, 0)
+    return _rewrite(root, lambda d: d, _split_dependencies, 0)
 
 
-def _split_dependencies(s, depth: int):
-    if not isinstance(s, dict) or depth > 512:
-        return s
-    out = {}
-    for k, v in s.items():
-        if k in _SCHEMA_MAPS and isinstance(v, dict):
-            v = {name: _split_dependencies(x, depth + 1) for name, x in v.items()}
-        elif k in _SCHEMA_LISTS and isinstance(v, list):
-            v = [_split_dependencies(x, depth + 1) for x in v]
-        elif k in _SCHEMA_ONE:
-            v = _split_dependencies(v, depth + 1)
-        out[k] = v
+def _split_dependencies(out: dict) -> dict:
     deps = out.get("dependencies")
     required, schemas = out.get("dependentRequired", {}), out.get("dependentSchemas", {})
     if not isinstance(deps, dict) or not isinstance(required, dict) or not isinstance(schemas, dict):
@@ -132,24 +126,9 @@ def ref_siblings(root):
     cls = validator_for(root, default=Draft202012Validator)
     if cls not in (Draft3Validator, Draft4Validator, Draft6Validator, Draft7Validator):
         return root
-    return _without_siblings(root, frozenset(cls.VALIDATORS) - {"$ref"} | {"$id", "id"}, 0)
-
-
-def _without_siblings(s, ignored: frozenset, depth: int):
-    if not isinstance(s, dict) or depth > 512:
-        return s
-    if isinstance(s.get("$ref"), str):
-        s = {k: v for k, v in s.items() if k not in ignored}
-    out = {}
-    for k, v in s.items():
-        if k in _SCHEMA_MAPS and isinstance(v, dict):
-            v = {name: _without_siblings(x, ignored, depth + 1) for name, x in v.items()}
-        elif k in _SCHEMA_LISTS and isinstance(v, list):
-            v = [_without_siblings(x, ignored, depth + 1) for x in v]
-        elif k in _SCHEMA_ONE:
-            v = _without_siblings(v, ignored, depth + 1)
-        out[k] = v
-    return out
+    ignored = frozenset(cls.VALIDATORS) - {"$ref"} | {"$id", "id"}
+    return _rewrite(root, lambda d: {k: v for k, v in d.items() if k not in ignored}
+                    if isinstance(d.get("$ref"), str) else d, None, 0)
 
 
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
