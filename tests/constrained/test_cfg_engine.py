@@ -106,6 +106,26 @@ def test_patterns_formats_and_unicode_properties(cfg, tokenizer):
         compile_(cfg, {"type": "string", "pattern": "(?=a)b"})
 
 
+def test_a_search_pattern_is_one_state_past_its_match():
+    """`pattern` searches (`f.*` is `[^]*f.*[^]*`): once matched, whatever follows, the
+    pattern's state is one (Σ* absorbs what it is joined with), so keys and strings matched
+    by it share their states and masks; the languages are unchanged."""
+    from lmprog_runtime.constrained.cfg.regex import RegexPool
+    from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
+    pool = RegexPool()
+    after = {}
+    for pattern in ("f.*", "f", "^f", "(a|f)o*", "x+f"):
+        term = compile_pattern(pool, pattern, True)
+        for text in ("f", "foo", "xfoo", "afof", "ff\n", "x"):
+            state = term
+            for ch in text:
+                state = pool.step(state, ord(ch))
+            after[pattern, text] = state
+            assert pool.nullable(state) == bool(re.search(pattern, text)), (pattern, text)
+    assert after["f.*", "f"] == after["f.*", "foo"] == after["f.*", "xfoo"] == after["f", "afof"] == pool.any_star()
+    assert after["^f", "foo"] == after["^f", "ff\n"] == pool.any_star() != after["x+f", "x"]
+
+
 def test_uri_format_is_rfc3986(cfg, tokenizer):
     """`format: uri` is RFC 3986's grammar: ASCII only (an IRI's `é` is written %C3%A9), a
     `%` followed by two hex digits, an IP literal in brackets, a port of digits; the

@@ -101,6 +101,9 @@ class RegexPool:
         self._lock = threading.Lock()
         self.max_terms = max_terms
         self._n_charsets = 0
+        # Σ* (any text): absorbs what it is joined with, so that a search pattern's states
+        # after its match are one state, whatever came after the match (`alt`, `cat`)
+        self._any = self._intern(("*", self._intern(("c", ((0, MAX_CP),)))))
 
     def _intern(self, key: tuple) -> int:
         got = self._ids.get(key)
@@ -129,6 +132,8 @@ class RegexPool:
             return b
         if b == self.EPS:
             return a
+        if b == self._any and self.nullable(a):  # (a Σ*, a nullable: every text)
+            return b
         ta = self._terms[a]
         if ta[0] == ".":  # right-nested: (x y) b -> x (y b)
             return self.cat(ta[1], self.cat(ta[2], b))
@@ -150,6 +155,8 @@ class RegexPool:
                 flat.add(t)
         if not flat:
             return self.NONE
+        if self._any in flat:
+            return self._any
         if len(flat) == 1:
             return next(iter(flat))
         return self._intern(("|", tuple(sorted(flat))))
@@ -272,4 +279,4 @@ class RegexPool:
         return sorted(out)
 
     def any_star(self) -> int:
-        return self.star(self.chars(((0, MAX_CP),)))
+        return self._any
