@@ -158,6 +158,20 @@ def test_a_reference_back_to_an_enclosing_schema_with_siblings(cfg_remote, token
           [{"foo": {"foo": {}}}, {"foo": {"bar": 1}}, {"bar": 1}])
 
 
+def test_a_schema_that_is_one_of_its_own_alternatives(cfg_remote, tokenizer):
+    """`{"anyOf": [..., {"$ref": "#", ...}]}`: the root is an alternative of itself; a value's
+    start expands it once (met again it adds only its own values under more checks: its
+    start recursed without end). Only the other branches can be met: an instance that fails
+    them meets the reference again and again (the validator's recursion has no end)."""
+    schema = {"properties": {"foo": {"type": "string"}}, "anyOf": [
+        {"properties": {"bar": {"const": "bar"}}, "required": ["bar"]},
+        {"properties": {"baz": {"const": "baz"}}, "required": ["baz"]},
+        {"properties": {"quux": {"const": "quux"}}, "required": ["quux"], "$ref": "#"}],
+        "unevaluatedProperties": False}
+    check(cfg_remote, tokenizer, schema, [{"foo": "foo", "bar": "bar"}, {"baz": "baz"}],
+          [{"quux": "quux"}, {"bar": "x"}, {"foo": 1, "bar": "bar"}, {}, {"bar": "bar", "x": 1}])
+
+
 def test_keywords_and_formats_of_later_drafts_are_annotations_in_older_ones(cfg_remote, tokenizer):
     """A keyword or format a later draft introduced asserts nothing where the schema declares
     an older dialect, as that dialect's validator ignores it: `const` / `propertyNames` in

@@ -237,15 +237,21 @@ class Machine(StringFrames):
             return head + tail[max(start - pos, 0):stop - pos]
         return bool(self.finish(rest, None, end, ahead))
 
-    def start_value(self, rest, node: Node, b: int, pos: int, ctx: Ctx) -> list:
+    def start_value(self, rest, node: Node, b: int, pos: int, ctx: Ctx, entered: tuple = ()) -> list:
+        """entered: the alternatives' nodes this value's start is already inside. A schema
+        can be one of its own alternatives (`{"anyOf": [..., {"$ref": "#", ...}]}`): met
+        again, such a node's values are those it starts with above, under more checks
+        (a subset), so it is not expanded again."""
         if node.never:
             return []
         if node.residual is not None and (node.checked_kinds is None or _KIND_OF.get(b) in node.checked_kinds):
             rest = (("C", node, pos), rest)  # (a value of a kind the check passes whatever it is: none)
         if node.alts is not None:
             out: list = []
+            entered += (node,)
             for alt in node.alts:
-                out.extend(self.start_value(rest, alt, b, pos, ctx))
+                if alt not in entered:
+                    out.extend(self.start_value(rest, alt, b, pos, ctx, entered))
             return out
         types = node.types
         if b == 0x22:
