@@ -572,20 +572,112 @@ def test_subschemas_of_one_scalar_rule_share_one_node(cfg, tokenizer):
     {"type": "array", "contains": {"type": "string"}, "unevaluatedItems": {"type": "integer"}},
     {"type": "object", "allOf": [{"properties": {"b": True}}], "properties": {"a": True},
      "unevaluatedProperties": False},
+    {"type": "object", "allOf": [{"allOf": [{"$ref": "#/$defs/b"}], "patternProperties": {"^x": {"type": "string"}}}],
+     "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": False, "$defs": {"b": {"properties": {"b": True}}}},
+    {"$ref": "#/$defs/b", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": {"type": "integer"},
+     "$defs": {"b": {"properties": {"b": {"type": "boolean"}}}}},
+    {"type": "object", "not": {"required": ["c"]}, "properties": {"a": True}, "unevaluatedProperties": False},
+    {"allOf": [{"additionalProperties": {"type": "integer"}}], "unevaluatedProperties": False},
+    {"allOf": [{"prefixItems": [{"type": "string"}]}], "unevaluatedItems": {"type": "integer"}},
+    {"allOf": [{"prefixItems": [{"type": "string"}]}, {"minItems": 1}], "unevaluatedItems": False},
+    {"anyOf": [{"properties": {"b": True}}, {"properties": {"x1": True}}], "properties": {"a": True},
+     "unevaluatedProperties": False},
+    {"allOf": [{"if": {"required": ["a"]}, "then": {"properties": {"b": True}}}], "properties": {"a": True},
+     "unevaluatedProperties": False},
+    {"allOf": [{"contains": {"type": "string"}}], "unevaluatedItems": {"type": "integer"}},
+    {"$schema": "https://json-schema.org/draft/2019-09/schema", "allOf": [{"items": [{"type": "string"}]}],
+     "unevaluatedItems": {"type": "integer"}},
+    {"$schema": "https://json-schema.org/draft/2019-09/schema", "unevaluatedItems": False,
+     "allOf": [{"items": [{"type": "string"}], "additionalItems": {"type": "integer"}}]},
 ])
 def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tokenizer, schema):
-    """unevaluatedProperties / unevaluatedItems beside no in-place applicator are the
-    structure they stand for (additionalProperties / items where those are absent, nothing
-    where present: no check on the complete value); beside one (allOf, contains) they stay
-    checks. Either way every instance is decided as the JSON Schema validator decides it."""
+    """unevaluatedProperties / unevaluatedItems beside no in-place applicator, or beside
+    only those that apply whatever the instance (allOf, `$ref`, `not`), are the structure
+    they stand for (additionalProperties / items past every member / item the parts
+    declare, nothing where a part evaluates them all: no check on the complete value);
+    beside one whose annotations depend on which branches pass (anyOf, if, contains) they
+    stay checks. Either way every instance is decided as the JSON Schema validator decides it."""
     from lmprog_runtime.constrained.cfg.backend import compile_machine
     machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
-    structural = "allOf" not in schema and "contains" not in schema
-    assert (machine.root.residual is None) == structural
-    validator = jsonschema.Draft202012Validator(schema)
+    text = json.dumps(schema)
+    structural = not any(w in text for w in ('"contains"', '"anyOf"', '"if"'))
+    if "not" in schema:  # (a check of its own: the undeclared keys are refused by the structure)
+        assert machine.root.additional is None and machine.root.residual is not None
+    else:
+        assert (machine.root.residual is None) == structural
+    validator = jsonschema.validators.validator_for(schema)(schema)
     for value in ({"a": 1}, {"a": 1, "x1": "s"}, {"a": 1, "b": True}, {"a": 1, "c": 2}, {"x2": 3}, {"b": 1},
                   ["s"], ["s", 1, 2], ["s", True], [1, "s"], ["s", "t"], [], ["s", 1, True]):
         assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
+
+
+def test_unevaluated_keywords_beside_random_in_place_applicators(cfg):
+    """Random objects / arrays with unevaluatedProperties / unevaluatedItems beside allOf
+    (nested), `$ref`, `not` and anyOf parts declaring properties, patternProperties,
+    additionalProperties, prefixItems, items, their own unevaluated* (a third in 2019-09's
+    spelling: `items` arrays, additionalItems): every instance decided at byte level as the
+    validator of the schema's dialect decides it (where those parts apply whatever the
+    instance, the keyword is structure: an undeclared member is refused at its key)."""
+    from lmprog_runtime.constrained.cfg.backend import accepts_text, compile_machine
+    rng = random.Random(7)
+    keys = ["a", "b", "c", "xa", "xb"]
+
+    def value():
+        return rng.choice([True, False, {"type": "integer"}, {"type": "string"}, {"const": 1}])
+
+    def part(depth):
+        s = {}
+        for word, p, make in (
+                ("properties", 0.6, lambda: {k: value() for k in rng.sample(keys, rng.randint(1, 2))}),
+                ("patternProperties", 0.3, lambda: {"^x": value()}), ("additionalProperties", 0.15, value),
+                ("unevaluatedProperties", 0.15, value), ("required", 0.15, lambda: rng.sample(keys, 1)),
+                ("prefixItems", 0.3, lambda: [value() for _ in range(rng.randint(1, 2))]), ("items", 0.25, value),
+                ("unevaluatedItems", 0.1, value)):
+            if rng.random() < p:
+                s[word] = make()
+        if depth < 2 and rng.random() < 0.4:
+            s["allOf"] = [part(depth + 1) for _ in range(rng.randint(1, 2))]
+        if depth == 0 and rng.random() < 0.3:
+            s["$ref"] = "#/$defs/d"
+        if depth < 2 and rng.random() < 0.15:
+            s["not"] = {"required": [rng.choice(keys)]}
+        if depth < 2 and rng.random() < 0.1:
+            s["anyOf"] = [part(depth + 1), part(depth + 1)]
+        return s
+
+    def as_2019(s):  # (tuples as `items` arrays, the items past them as additionalItems)
+        if isinstance(s, list):
+            return [as_2019(x) for x in s]
+        if not isinstance(s, dict):
+            return s
+        out = {k: as_2019(v) for k, v in s.items() if k not in ("prefixItems", "items")}
+        if "prefixItems" in s:
+            out["items"] = as_2019(s["prefixItems"])
+            if "items" in s:
+                out["additionalItems"] = as_2019(s["items"])
+        elif "items" in s:  # (a boolean there as an object: jsonschema's 2019-09 item annotations take its len())
+            out["items"] = s["items"] if not isinstance(s["items"], bool) else {} if s["items"] else {"not": {}}
+        return out
+
+    structural = valid = 0
+    for k in range(150):
+        schema = part(0)
+        schema["unevaluatedProperties" if rng.random() < 0.6 else "unevaluatedItems"] = value()
+        schema["$defs"] = {"d": part(2)}
+        if k % 3 == 0:
+            schema = dict(as_2019(schema), **{"$schema": "https://json-schema.org/draft/2019-09/schema"})
+        machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        structural += machine.root.residual is None
+        for _ in range(30):
+            if rng.random() < 0.7:
+                x = {k: rng.choice([1, "s", True]) for k in rng.sample(keys, rng.randint(0, 3))}
+            else:
+                x = [rng.choice([1, "s", True]) for _ in range(rng.randint(0, 3))]
+            got = accepts_text(machine, json.dumps(x, separators=(",", ":")))
+            assert got == validator.is_valid(x), (schema, x)
+            valid += got
+    assert structural >= 30 and valid >= 1000  # (the structural path and valid instances were met)
 
 
 @pytest.mark.parametrize("schema,kinds", [

@@ -79,8 +79,8 @@ class SchemaCompiler:
         while isinstance(s, dict) and isinstance(s.get("$ref"), str) and depth < 64:
             target = self.resolve(s["$ref"], s)
             rest = {k: v for k, v in s.items() if k != "$ref" and k not in ANNOTATIONS}
-            if rest:
-                made = self._made({"allOf": [target, rest]}, s)
+            if rest:  # (the siblings beside the allOf: the schema's own keywords, as _fill reads them)
+                made = self._made({"allOf": [target], **rest} if "allOf" not in rest else {"allOf": [target, rest]}, s)
                 self._origin[id(made)] = self._origin.get(id(s), s)  # checks run on the schema as written
                 s = made
             else:
@@ -143,7 +143,9 @@ class SchemaCompiler:
         if "allOf" in s:
             parts = [self.deref(x) for x in s["allOf"]] + [{k: v for k, v in s.items() if k != "allOf"}]
             merged = None
-            if _mergeable(parts):
+            if _UNEVALUATED & set(parts[-1]):
+                merged = self._merge_evaluated(parts, s)
+            elif _mergeable(parts):
                 try:
                     merged = self._made(merge_all(parts), s)
                 except UnsupportedSchemaError:
@@ -173,6 +175,66 @@ class SchemaCompiler:
         checked = (set(local) - EXACT) & self._asserting
         if checked:  # (checked as written)
             _keep_check(n, s, _checked_kinds(checked, local))
+
+    def _merge_evaluated(self, parts: list, s: dict):
+        """The conjunction of `parts` (an allOf's, the last the schema's own keywords) whose
+        own keywords include unevaluatedProperties / unevaluatedItems, as one schema where
+        what the other parts evaluate is known without the instance: every part applies
+        unconditionally (allOf, `$ref`, `not`, whose annotations a valid instance never
+        keeps; no anyOf / oneOf / if / dependentSchemas / contains / dynamic reference,
+        whose annotations depend on which branches pass). The members no part declares are
+        then additionalProperties of the merged schema (the items past every part's
+        prefix, its items), and where some part has additionalProperties (items as a
+        schema, additionalItems after a tuple) it evaluates every member, the keyword none.
+        None where neither holds or the parts do not merge (a part with unevaluated* of its
+        own among them): the conjunction is then checked on the complete value."""
+        leaves = self._in_place_leaves(parts[:-1], 0)
+        if leaves is None:
+            return None
+        own = parts[-1]
+        flat = leaves + [{k: v for k, v in own.items() if k not in _UNEVALUATED}]
+        dicts = [p for p in flat if isinstance(p, dict)]
+        words = set().union(*dicts) if dicts else set()
+        if _CONDITIONAL & words or any(isinstance(v, (dict, bool)) for p in dicts
+                                         for v in (p.get("dependencies") or {}).values()):
+            return None
+        extra = {}
+        if "unevaluatedProperties" in own and "additionalProperties" not in words:
+            extra["additionalProperties"] = own["unevaluatedProperties"]
+        if "unevaluatedItems" in own:
+            if "contains" in words:  # (it evaluates the items it matches)
+                return None
+            tuples = [p for p in dicts if isinstance(p.get("items"), list)]
+            every = any("additionalItems" in p for p in tuples) or any(
+                "items" in p and not isinstance(p["items"], list) for p in dicts)
+            if not every:
+                extra["additionalItems" if tuples else "items"] = own["unevaluatedItems"]
+        if not _mergeable(flat):
+            return None
+        try:
+            merged = merge_all(flat)
+        except UnsupportedSchemaError:
+            return None
+        if merged is False or not extra:
+            return self._made(merged, s)
+        return self._made({**(merged if isinstance(merged, dict) else {}), **extra}, s)
+
+    def _in_place_leaves(self, parts: list, depth: int) -> Optional[list]:
+        """`parts` with their allOfs and `$ref`s flattened into the schemas that apply in
+        place; None for a reference cycle or nesting past 16."""
+        out = []
+        for p in parts:
+            p = self.deref(p)
+            if isinstance(p, dict) and "$ref" in p:
+                return None  # (deref gave up: a cycle of references)
+            if isinstance(p, dict) and "allOf" in p:
+                inner = self._in_place_leaves(p["allOf"], depth + 1) if depth < 16 else None
+                if inner is None:
+                    return None
+                out += inner
+                p = {k: v for k, v in p.items() if k != "allOf"}
+            out.append(p)
+        return out
 
     def _take(self, n: Node, src: Node) -> None:
         """n gets src's structure: a copy of it, or where src is still being filled (a
@@ -372,8 +434,13 @@ class SchemaCompiler:
 _CONTAINERS = frozenset(("object", "array"))
 # keywords that apply other schemas to the same instance: their annotations reach the
 # unevaluated* keywords beside them (JSON Schema 2020-12, 11.2 / 11.3)
-_IN_PLACE = frozenset(("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref", "$dynamicRef", "$recursiveRef",
+# unevaluated* keywords beside them (JSON Schema 2020-12, 11.2 / 11.3; `not` keeps none: its
+# subschema fails wherever the instance is valid)
+_IN_PLACE = frozenset(("allOf", "anyOf", "oneOf", "if", "then", "else", "$ref", "$dynamicRef", "$recursiveRef",
                        "dependentSchemas"))
+# ... those among them whose annotations depend on which of their subschemas pass
+_CONDITIONAL = _IN_PLACE - {"allOf", "$ref"}
+_UNEVALUATED = frozenset(("unevaluatedProperties", "unevaluatedItems"))
 
 
 def _unevaluated_locally(s: dict) -> dict:
