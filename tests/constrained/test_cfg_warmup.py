@@ -198,6 +198,18 @@ def test_sample_joins_all_of_branches_and_required_keys_not_declared():
     assert warmup.sample(schema, required=True) == {"b": True, "c": {"a": "abc", "b": 1}}
 
 
+def test_sample_keeps_the_siblings_of_a_reference_and_writes_keys_unevaluated_properties_allows():
+    """A `$ref`'s siblings hold too (2019-09 on: as an allOf's branches), so the sample has
+    the properties of both; beside no additionalProperties, an undeclared key gets a value
+    of unevaluatedProperties' schema (none where that is false)."""
+    schema = {"$ref": "#/$defs/b", "properties": {"foo": {"type": "string"}}, "unevaluatedProperties": False,
+              "$defs": {"b": {"properties": {"bar": {"type": "integer"}}}}}
+    assert warmup.sample(schema) == {"foo": "abc", "bar": 1}
+    assert warmup.sample(schema, alt=1) == {"foo": "Abc de-f 12", "bar": 0}
+    opened = {"type": "object", "properties": {"foo": {"type": "string"}}, "unevaluatedProperties": {"type": "integer"}}
+    assert warmup.sample(opened, alt=1) == {"foo": "Abc de-f 12", "extra_key": 0}
+
+
 def test_sample_keeps_the_properties_beside_a_choice_and_follows_any_reference():
     """An anyOf / oneOf branch sampled keeps the properties written beside the choice; a
     `$ref` is resolved as the compiler resolves it (relative URIs against the `$id`s around

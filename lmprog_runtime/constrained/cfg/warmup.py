@@ -12,8 +12,8 @@ the structural rows every output needs (the object's keys and their closes, `:` 
 property's value starts and string bodies) are derived then, and the masks of those states
 are in the grammar's cache when the first request asks. References are followed as the
 compiler resolves them (refs.RefIndex: relative URIs against the `$id`s around them, remote
-documents of the local registry; a `$dynamicRef` to its static target), and a sampled anyOf /
-oneOf branch keeps the properties written beside the choice. A string with a `pattern` gets one
+documents of the local registry; a `$dynamicRef` to its static target; its siblings hold
+too), and a sampled anyOf / oneOf branch keeps the properties written beside the choice. A string with a `pattern` gets one
 of the pattern's shortest matches (or its schema's own example), so that the walk passes it
 and goes on to the properties after it, and the pattern's states along it are walked.
 
@@ -130,6 +130,10 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
     for key in ("$ref", "$dynamicRef"):  # (a dynamic one: its static target, a sample the walk checks)
         target = _target(schema, key, root)
         if target is not None:
+            rest = {k: v for k, v in schema.items() if k != key}
+            if isinstance(target, dict) and rest:  # (its siblings apply too: as an allOf's branches)
+                _merge(rest, target)
+                target = rest
             return sample(target, root, depth + 1, alt, budget, required, negative, pick)
     branches = schema.get("allOf")
     if isinstance(branches, list) and branches and all(isinstance(b, dict) for b in branches):
@@ -326,9 +330,11 @@ def _extra_members(schema: dict, root: Any, depth: int, alt: int, budget: list, 
                 value = sample(sub, root, depth + 1, alt, budget, negative=negative, pick=pick)
                 if value is not _NONE:
                     extra[key] = value
-    more = schema.get("additionalProperties", True)
+    # (beside no additionalProperties, unevaluatedProperties' schema: that of the keys no
+    # other part declares, as an undeclared key likely is)
+    more = schema.get("additionalProperties", schema.get("unevaluatedProperties", True))
     names = schema.get("propertyNames")
-    if more is not False and not extra and "unevaluatedProperties" not in schema:
+    if more is not False and not extra:
         key = "extra_key"
         if isinstance(names, dict):  # (the keys its propertyNames allow: a member of its enum, a match of its pattern)
             members = [names["const"]] if "const" in names else names.get("enum")
