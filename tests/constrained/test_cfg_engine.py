@@ -585,6 +585,15 @@ def test_subschemas_of_one_scalar_rule_share_one_node(cfg, tokenizer):
     {"allOf": [{"if": {"required": ["a"]}, "then": {"properties": {"b": True}}}], "properties": {"a": True},
      "unevaluatedProperties": False},
     {"allOf": [{"contains": {"type": "string"}}], "unevaluatedItems": {"type": "integer"}},
+    {"if": {"required": ["a"]}, "then": {"properties": {"b": True}}, "else": {"properties": {"c": True}},
+     "properties": {"a": True}, "unevaluatedProperties": False},
+    {"properties": {"a": True}, "dependentSchemas": {"a": {"properties": {"c": True}}}, "unevaluatedProperties": False},
+    {"anyOf": [{"$ref": "#/$defs/b"}, {"properties": {"x1": True}}], "unevaluatedProperties": False,
+     "$defs": {"b": {"properties": {"b": True}}}},
+    {"oneOf": [{"properties": {"b": True}, "required": ["b"]}, {"properties": {"c": True}, "required": ["c"]}],
+     "unevaluatedProperties": False},
+    {"properties": {"a": True}, "if": {"required": ["a"]}, "then": {"$ref": "#/$defs/bc"}, "unevaluatedProperties": False,
+     "$defs": {"bc": {"oneOf": [{"properties": {"b": True}}, {"properties": {"c": True}, "required": ["c"]}]}}},
     {"$schema": "https://json-schema.org/draft/2019-09/schema", "allOf": [{"items": [{"type": "string"}]}],
      "unevaluatedItems": {"type": "integer"}},
     {"$schema": "https://json-schema.org/draft/2019-09/schema", "unevaluatedItems": False,
@@ -600,24 +609,26 @@ def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tok
     from lmprog_runtime.constrained.cfg.backend import compile_machine
     machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
     text = json.dumps(schema)
-    structural = not any(w in text for w in ('"contains"', '"anyOf"', '"if"'))
+    structural = not any(w in text for w in ('"contains"', '"anyOf"', '"oneOf"', '"if"', '"dependentSchemas"'))
     if "not" in schema:  # (a check of its own: the undeclared keys are refused by the structure)
         assert machine.root.additional is None and machine.root.residual is not None
     else:
         assert (machine.root.residual is None) == structural
     validator = jsonschema.validators.validator_for(schema)(schema)
-    for value in ({"a": 1}, {"a": 1, "x1": "s"}, {"a": 1, "b": True}, {"a": 1, "c": 2}, {"x2": 3}, {"b": 1},
+    for value in ({"a": 1}, {"a": 1, "x1": "s"}, {"a": 1, "b": True}, {"a": 1, "c": 2}, {"x2": 3}, {"b": 1}, {"c": 1},
                   ["s"], ["s", 1, 2], ["s", True], [1, "s"], ["s", "t"], [], ["s", 1, True]):
         assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
 
 
 def test_unevaluated_keywords_beside_random_in_place_applicators(cfg):
     """Random objects / arrays with unevaluatedProperties / unevaluatedItems beside allOf
-    (nested), `$ref`, `not` and anyOf parts declaring properties, patternProperties,
+    (nested), `$ref`, `not`, anyOf, oneOf, if / then / else and dependentSchemas parts
+    declaring properties, patternProperties,
     additionalProperties, prefixItems, items, their own unevaluated* (a third in 2019-09's
     spelling: `items` arrays, additionalItems): every instance decided at byte level as the
     validator of the schema's dialect decides it (where those parts apply whatever the
-    instance, the keyword is structure: an undeclared member is refused at its key)."""
+    instance, the keyword is structure: an undeclared member is refused at its key; beside
+    the others, the members no part declares are refused at their key, the rest checked)."""
     from lmprog_runtime.constrained.cfg.backend import accepts_text, compile_machine
     rng = random.Random(7)
     keys = ["a", "b", "c", "xa", "xb"]
@@ -643,6 +654,12 @@ def test_unevaluated_keywords_beside_random_in_place_applicators(cfg):
             s["not"] = {"required": [rng.choice(keys)]}
         if depth < 2 and rng.random() < 0.1:
             s["anyOf"] = [part(depth + 1), part(depth + 1)]
+        if depth < 2 and rng.random() < 0.1:
+            s["oneOf"] = [part(depth + 1), part(depth + 1)]
+        if depth < 2 and rng.random() < 0.1:
+            s.update({"if": {"required": [rng.choice(keys)]}, "then": part(depth + 1), "else": part(depth + 1)})
+        if depth < 2 and rng.random() < 0.1:
+            s["dependentSchemas"] = {rng.choice(keys): part(depth + 1)}
         return s
 
     def as_2019(s):  # (tuples as `items` arrays, the items past them as additionalItems)
@@ -660,7 +677,7 @@ def test_unevaluated_keywords_beside_random_in_place_applicators(cfg):
         return out
 
     structural = valid = 0
-    for k in range(150):
+    for k in range(300):
         schema = part(0)
         schema["unevaluatedProperties" if rng.random() < 0.6 else "unevaluatedItems"] = value()
         schema["$defs"] = {"d": part(2)}

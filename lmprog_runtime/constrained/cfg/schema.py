@@ -169,10 +169,13 @@ class SchemaCompiler:
             _keep_check(n, s, _enum_kinds([s["const"]] if "const" in s else s["enum"]))
             return
         local = _unevaluated_locally(s)
+        bound = self._unevaluated_bound(s) if local is s and "unevaluatedProperties" in s else None
+        if bound is not None:  # (the structure bounded by the members any part may evaluate; checked as written)
+            local = _bounded({k: v for k, v in s.items() if k != "unevaluatedProperties"}, bound)
         if local is not s:
             self._made(local, s)
         self._typed(n, local)
-        checked = (set(local) - EXACT) & self._asserting
+        checked = ((set(local) - EXACT) | (set(s) & _UNEVALUATED if bound is not None else set())) & self._asserting
         if checked:  # (checked as written)
             _keep_check(n, s, _checked_kinds(checked, local))
 
@@ -219,6 +222,45 @@ class SchemaCompiler:
             return self._made(merged, s)
         return self._made({**(merged if isinstance(merged, dict) else {}), **extra}, s)
 
+    def _unevaluated_bound(self, s: dict) -> Optional[tuple]:
+        """For a schema with unevaluatedProperties beside applicators whose annotations depend
+        on the instance (anyOf / oneOf / if / then / else / dependentSchemas): (the names and
+        patterns some subschema applied in place may declare, the keyword's schema) — a
+        member matched by none is unevaluated whatever passes, so it must satisfy that
+        schema: the structure may say so (a superset still; the schema is checked as written
+        on the complete value). None where a part may evaluate any member
+        (additionalProperties, unevaluatedProperties, a dynamic reference) or there is no
+        such keyword."""
+        if not isinstance(s, dict) or "unevaluatedProperties" not in s:
+            return None
+        names: set = set()
+        patterns: set = set()
+        if not self._declared({k: v for k, v in s.items() if k != "unevaluatedProperties"}, names, patterns,
+                              set(), 0):
+            return None
+        return frozenset(names), frozenset(patterns), s["unevaluatedProperties"]
+
+    def _declared(self, s, names: set, patterns: set, seen: set, depth: int) -> bool:
+        """Add to `names` / `patterns` the properties and patternProperties `s` and every
+        subschema it applies in place declare; False where one may evaluate any member."""
+        if not isinstance(s, dict) or id(s) in seen:
+            return True  # (a boolean evaluates nothing; a cycle adds nothing new)
+        if depth > 32 or {"additionalProperties", "unevaluatedProperties", "$dynamicRef", "$recursiveRef"} & set(s):
+            return False
+        seen.add(id(s))
+        if isinstance(s.get("properties"), dict):
+            names.update(s["properties"])
+        if isinstance(s.get("patternProperties"), dict):
+            patterns.update(s["patternProperties"])
+        subs = [s.get(k) for k in ("if", "then", "else")]
+        for k in ("allOf", "anyOf", "oneOf"):
+            subs += s.get(k) if isinstance(s.get(k), list) else []
+        if isinstance(s.get("dependentSchemas"), dict):
+            subs += list(s["dependentSchemas"].values())
+        if isinstance(s.get("$ref"), str):
+            subs.append(self.resolve(s["$ref"], s))
+        return all(self._declared(x, names, patterns, seen, depth + 1) for x in subs if x is not None)
+
     def _in_place_leaves(self, parts: list, depth: int) -> Optional[list]:
         """`parts` with their allOfs and `$ref`s flattened into the schemas that apply in
         place; None for a reference cycle or nesting past 16."""
@@ -255,12 +297,16 @@ class SchemaCompiler:
 
     def _choice(self, n: Node, s: dict, combo: str) -> None:
         base = {k: v for k, v in s.items() if k != combo}
+        bound = self._unevaluated_bound(s)
+        if bound is not None:  # (each branch's structure bounded by the members any part may evaluate)
+            base = {k: v for k, v in base.items() if k != "unevaluatedProperties"}
+            n.residual = s
         alts = []
         for alt in s[combo]:
             try:
                 if not _mergeable([base, self.deref(alt)]):
                     raise UnsupportedSchemaError("not mergeable")
-                part = self._made(merge_all([base, self.deref(alt)]), alt)
+                part = self._made(_bounded(merge_all([base, self.deref(alt)]), bound), alt)
             except UnsupportedSchemaError:
                 part, n.residual = alt, s
             node = self.node(part)
@@ -537,6 +583,26 @@ def _possible_kinds(s, depth: int = 0) -> frozenset:
         if isinstance(s.get(combo), list):
             out &= frozenset().union(*(_possible_kinds(part, depth + 1) for part in s[combo]))
     return frozenset(out)
+
+
+def _bounded(s, bound: Optional[tuple]):
+    """Schema `s` (a merge, no additionalProperties) with the members no name or pattern of
+    `bound` (SchemaCompiler._unevaluated_bound) covers held to its schema: those declared
+    elsewhere are declared here too, as any value."""
+    if bound is None or not isinstance(s, dict) or "additionalProperties" in s:
+        return s
+    names, patterns, rest = bound
+    out = dict(s)
+    props = dict(s.get("properties") or {})
+    for k in names - set(props):
+        props[k] = True
+    pats = dict(s.get("patternProperties") or {})
+    for p in patterns - set(pats):
+        pats[p] = True
+    out["properties"], out["additionalProperties"] = props, rest
+    if pats:
+        out["patternProperties"] = pats
+    return out
 
 
 def _keep_check(n: Node, s, kinds: Optional[frozenset]) -> None:
