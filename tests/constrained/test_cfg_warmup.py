@@ -210,6 +210,18 @@ def test_sample_keeps_the_siblings_of_a_reference_and_writes_keys_unevaluated_pr
     assert warmup.sample(opened, alt=1) == {"foo": "Abc de-f 12", "extra_key": 0}
 
 
+def test_sample_meets_if_then_and_else_and_dependent_schemas():
+    """The first samples meet an `if` and take its `then`; the alternative one takes its
+    `else`; every dependentSchemas branch's properties are written (their key likely is)."""
+    schema = {"if": {"properties": {"foo": {"const": "then"}}, "required": ["foo"]},
+              "then": {"properties": {"bar": {"type": "string"}}, "required": ["bar"]},
+              "else": {"properties": {"baz": {"type": "integer"}}, "required": ["baz"]},
+              "dependentSchemas": {"bar": {"properties": {"qux": {"type": "boolean"}}}}}
+    assert warmup.sample(schema) == {"foo": "then", "bar": "abc", "qux": True}
+    assert warmup.sample(schema, alt=1) == {"baz": 0, "qux": True, "extra_key": "abc", "extra_num": 1,
+                                            "extra_obj": {"a": "abc", "b": True}}
+
+
 def test_sample_keeps_the_properties_beside_a_choice_and_follows_any_reference():
     """An anyOf / oneOf branch sampled keeps the properties written beside the choice; a
     `$ref` is resolved as the compiler resolves it (relative URIs against the `$id`s around

@@ -13,7 +13,9 @@ property's value starts and string bodies) are derived then, and the masks of th
 are in the grammar's cache when the first request asks. References are followed as the
 compiler resolves them (refs.RefIndex: relative URIs against the `$id`s around them, remote
 documents of the local registry; a `$dynamicRef` to its static target; its siblings hold
-too), and a sampled anyOf / oneOf branch keeps the properties written beside the choice. A string with a `pattern` gets one
+too), and a sampled anyOf / oneOf branch keeps the properties written beside the choice (an
+`if` is met, with its `then`, in the first samples, its `else` taken in the alternative one,
+and every dependentSchemas branch joined). A string with a `pattern` gets one
 of the pattern's shortest matches (or its schema's own example), so that the walk passes it
 and goes on to the properties after it, and the pattern's states along it are walked.
 
@@ -140,6 +142,16 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         merged = {k: v for k, v in schema.items() if k != "allOf"}
         for branch in branches:  # (every branch holds: their properties and required keys together)
             _merge(merged, _resolved(branch, root))
+        return sample(merged, root, depth + 1, alt, budget, required, negative, pick)
+    if isinstance(schema.get("if"), dict) or isinstance(schema.get("dependentSchemas"), dict):
+        # (the `if` met and its `then` in the first samples, its `else` in the alternative
+        # one; every dependentSchemas branch, its key likely written: their properties too)
+        merged = {k: v for k, v in schema.items() if k not in ("if", "then", "else", "dependentSchemas")}
+        branches = [schema.get("else")] if alt else [schema.get("if"), schema.get("then")]
+        branches += list(schema["dependentSchemas"].values()) if isinstance(schema.get("dependentSchemas"), dict) else []
+        for branch in branches:
+            if isinstance(branch, dict):
+                _merge(merged, _resolved(branch, root))
         return sample(merged, root, depth + 1, alt, budget, required, negative, pick)
     for key in ("anyOf", "oneOf"):
         branches = schema.get(key)
