@@ -127,18 +127,13 @@ class VocabInfo:
         self.lists = _lists(self.trie)
         self.special_lists = _lists(self.special)
         self.cut_lists = _lists(self.special_or_cut)
-        # the trie's subtrees under a byte a number may take (MaskEngine._number_mask walks
-        # them), and the other tokens, packed
-        byte, depth, skip = self.lists[:3]
-        subtrees, first = [], np.zeros(self.n_slots, dtype=np.bool_)
-        i = 0
-        while i < len(byte):
-            if byte[i] in NUMBER_BYTES:
-                subtrees.append((i, skip[i]))
-            i = skip[i]
-        self.number_subtrees = tuple(subtrees)
+        # the trie's subtrees under a byte a number may take, cut to the paths of number bytes
+        # (MaskEngine._number_mask walks them: `number_lists`), and the other tokens, packed
+        self.number_lists, roots = _number_trie(self.lists)
+        self.number_subtrees = tuple(r for _, r in roots)
         # the same, without and with only an exponent's `e` / `E` (MaskEngine._number_mask)
-        self.number_subtrees_e = tuple(tuple(r for r in subtrees if (byte[r[0]] in b"eE") == e) for e in (False, True))
+        self.number_subtrees_e = tuple(tuple(r for b, r in roots if (b in b"eE") == e) for e in (False, True))
+        first = np.zeros(self.n_slots, dtype=np.bool_)
         for t, data in enumerate(table):
             first[t] = bool(data) and data[0] not in NUMBER_BYTES
         self.not_number_first = np.packbits(first)
@@ -267,6 +262,41 @@ _ESCAPES = re.compile(r'["\\\x00-\x1f]')  # (what _escaped looks for)
 def _lists(trie: TokenTrie):
     return (trie.byte.tolist(), trie.depth.tolist(), trie.skip.tolist(), trie.node_tok.tolist(),
             list(zip(trie.dup_tok.tolist(), trie.dup_src.tolist())))
+
+
+def _number_trie(lists) -> tuple:
+    """The trie (`_lists`' preorder lists) cut to its paths of bytes a number may take, under
+    each first byte that one may: (byte, depth, skip, tok, other) lists, `other[i]` set where
+    node i has a child of another byte (a token that goes on past a number there), and the
+    (first byte, (start, end)) of each subtree in them. Under `e` / `E` / `.` / `-` most of
+    the trie is words, which a number's walk would visit one by one only to leave."""
+    byte, depth, skip, tok = lists[:4]
+    out: tuple = ([], [], [], [], [])
+    roots, path = [], []  # (path: the cut trie's open nodes, by depth)
+    i = 0
+    while i < len(byte):
+        if byte[i] not in NUMBER_BYTES:
+            i = skip[i]
+            continue
+        start, end = i, skip[i]
+        first = len(out[0])
+        while i < end:
+            d = depth[i]
+            if byte[i] not in NUMBER_BYTES:
+                out[4][path[d - 2]] = True  # (its parent: the open node one level up)
+                i = skip[i]
+                continue
+            while len(path) >= d:
+                out[2][path.pop()] = len(out[0])
+            path.append(len(out[0]))
+            for lst, v in zip(out, (byte[i], d, 0, tok[i], False)):
+                lst.append(v)
+            i += 1
+        while path:
+            out[2][path.pop()] = len(out[0])
+        roots.append((byte[start], (first, len(out[0]))))
+        i = end
+    return out, roots
 
 
 def _shared_prefix(a: list, b: list) -> int:
@@ -673,7 +703,7 @@ class MaskEngine:
         if got is not None:
             return got
         v, step = self.vocab, self.machine.step
-        byte, depth, skip, tok, dups = v.lists
+        byte, depth, skip, tok, other = v.number_lists
         out = np.zeros(v.n_slots, dtype=np.bool_)
         sink = v.trie.sink
         frames = [top] * 258  # frames[d]: the number after the first d bytes of the current path
@@ -684,8 +714,6 @@ class MaskEngine:
                 f = frames[d - 1]
                 got = step((f, None), b, 0, None) if b in NUMBER_STEPS[f[3]] else None
                 if not got:  # (a byte the number does not take: its end's, and none takes a number byte)
-                    if b not in NUMBER_BYTES and f[3] in NUM_COMPLETE:
-                        return None  # (a token going on past the number's end: the stack below reads it)
                     i = skip[i]
                     continue
                 f = frames[d] = got[0][0]
@@ -693,8 +721,10 @@ class MaskEngine:
                     if not any(step((f, None), c, 0, None) for c in NUMBER_STEPS[f[3]]):
                         return None
                     out[tok[i]] = True
+                if other[i] and f[3] in NUM_COMPLETE:
+                    return None  # (a token going on past the number's end: the stack below reads it)
                 i += 1
-        for t, src in dups:
+        for t, src in v.lists[4]:
             out[t] = out[src]
         got = np.packbits(out)
         with self._lock:
