@@ -620,6 +620,16 @@ def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tok
         assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
 
 
+def test_an_unresolvable_reference_in_a_branch_beside_unevaluated_properties(cfg):
+    """A `$ref` that resolves nowhere inside a branch is its check's to fail (the value is
+    refused), not the compile's: the bound on the members is then not made."""
+    from lmprog_runtime.constrained.cfg.backend import accepts_text, compile_machine
+    schema = {"properties": {"a": True}, "if": {"required": ["a"]}, "then": {"$ref": "#/$defs/missing"},
+              "unevaluatedProperties": False}
+    machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
+    assert not accepts_text(machine, '{"a":1}') and not accepts_text(machine, '{"b":1}')
+
+
 def test_unevaluated_keywords_beside_random_in_place_applicators(cfg):
     """Random objects / arrays with unevaluatedProperties / unevaluatedItems beside allOf
     (nested), `$ref`, `not`, anyOf, oneOf, if / then / else and dependentSchemas parts

@@ -258,7 +258,10 @@ class SchemaCompiler:
         if isinstance(s.get("dependentSchemas"), dict):
             subs += list(s["dependentSchemas"].values())
         if isinstance(s.get("$ref"), str):
-            subs.append(self.resolve(s["$ref"], s))
+            try:
+                subs.append(self.resolve(s["$ref"], s))
+            except (UnsupportedSchemaError, ValueError, KeyError):  # (inside a check: its validation decides)
+                return False
         return all(self._declared(x, names, patterns, seen, depth + 1) for x in subs if x is not None)
 
     def _in_place_leaves(self, parts: list, depth: int) -> Optional[list]:
@@ -479,7 +482,6 @@ class SchemaCompiler:
 
 _CONTAINERS = frozenset(("object", "array"))
 # keywords that apply other schemas to the same instance: their annotations reach the
-# unevaluated* keywords beside them (JSON Schema 2020-12, 11.2 / 11.3)
 # unevaluated* keywords beside them (JSON Schema 2020-12, 11.2 / 11.3; `not` keeps none: its
 # subschema fails wherever the instance is valid)
 _IN_PLACE = frozenset(("allOf", "anyOf", "oneOf", "if", "then", "else", "$ref", "$dynamicRef", "$recursiveRef",
