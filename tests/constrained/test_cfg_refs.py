@@ -158,6 +158,19 @@ def test_a_reference_back_to_an_enclosing_schema_with_siblings(cfg_remote, token
           [{"foo": {"foo": {}}}, {"foo": {"bar": 1}}, {"bar": 1}])
 
 
+def test_a_reference_back_with_siblings_that_merge(cfg_remote, tokenizer):
+    """`{"$ref": "#", "type": "integer"}` under a property: the root merged with the sibling
+    holds the property again, whose reference is the same node, not a new merge (each merge
+    made the next: the compile recursed without end). Values nest: the root on an integer
+    asks nothing of it."""
+    schema = {"properties": {"foo": {"$ref": "#", "type": "integer"}}, "additionalProperties": False}
+    check(cfg_remote, tokenizer, schema, [{"foo": 1}, {}], [{"foo": "x"}, {"foo": {"foo": 1}}, {"bar": 1}])
+    tree = {"type": "object", "properties": {"value": {"type": "integer"},
+                                             "kids": {"type": "array", "items": {"$ref": "#", "required": ["value"]}}}}
+    check(cfg_remote, tokenizer, tree, [{"value": 1, "kids": [{"value": 2, "kids": [{"value": 3}]}]}],
+          [{"kids": [{"kids": []}]}, {"kids": [{"value": "x"}]}])
+
+
 def test_a_schema_that_is_one_of_its_own_alternatives(cfg_remote, tokenizer):
     """`{"anyOf": [..., {"$ref": "#", ...}]}`: the root is an alternative of itself; a value's
     start expands it once (met again it adds only its own values under more checks: its

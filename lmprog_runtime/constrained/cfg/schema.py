@@ -53,6 +53,7 @@ class SchemaCompiler:
         # (a number there bounds nothing: a non-zero one sets the flag, as the validator reads it)
         self._boolean_exclusive = cls in (Draft3Validator, Draft4Validator)
         self._origin: dict[int, object] = {}  # id(made schema) -> the schema it stands for
+        self._derefs: dict[int, dict] = {}  # id(schema with a $ref and siblings) -> the allOf deref made of it
         self.any = self._any_node()
         self.n_nodes = 0
         self._scalars: dict = {}  # _scalar_signature -> the first node compiled with it
@@ -80,8 +81,11 @@ class SchemaCompiler:
             target = self.resolve(s["$ref"], s)
             rest = {k: v for k, v in s.items() if k != "$ref" and k not in ANNOTATIONS}
             if rest:  # (the siblings beside the allOf: the schema's own keywords, as _fill reads them)
-                made = self._made({"allOf": [target], **rest} if "allOf" not in rest else {"allOf": [target, rest]}, s)
-                self._origin[id(made)] = self._origin.get(id(s), s)  # checks run on the schema as written
+                made = self._derefs.get(id(s))
+                if made is None:  # (one per schema: met again, through a reference back to it, it is one node)
+                    made = self._made({"allOf": [target], **rest} if "allOf" not in rest else {"allOf": [target, rest]}, s)
+                    self._origin[id(made)] = self._origin.get(id(s), s)  # checks run on the schema as written
+                    self._derefs[id(s)] = made
                 s = made
             else:
                 s = target
