@@ -620,6 +620,18 @@ def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tok
         assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
 
 
+def test_a_refused_compile_says_where_the_schema_is_malformed_or_refers_to_itself(cfg):
+    """A schema its dialect's metaschema refuses is named at its first fault (the compiler's
+    own error there said little: `'int' object is not iterable`); one that refers to itself
+    where no value is read says so."""
+    with pytest.raises(GrammarError, match=r"not a valid schema at '/dependentRequired/a': 1 is not of type 'array'"):
+        compile_(cfg, {"dependentRequired": {"a": 1}})
+    with pytest.raises(GrammarError, match="refers to itself where no value is read"):
+        compile_(cfg, {"not": False, "$ref": "#"})
+    with pytest.raises(GrammarError, match="lookaround"):  # (a valid schema's own reason stays)
+        compile_(cfg, {"type": "string", "pattern": "(?=a)b"})
+
+
 def test_an_unresolvable_reference_in_a_branch_beside_unevaluated_properties(cfg):
     """A `$ref` that resolves nowhere inside a branch is its check's to fail (the value is
     refused), not the compile's: the bound on the members is then not made."""

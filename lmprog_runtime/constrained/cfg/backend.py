@@ -17,6 +17,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 import torch
+from jsonschema.exceptions import best_match
+from jsonschema.validators import Draft202012Validator, validator_for
 
 from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
 from lmprog_runtime.constrained.cfg.dialect import (apply_vocabularies, dependencies_compat, inferred_dialect, older_keywords,
@@ -239,10 +241,32 @@ def compile_machine(kind: str, spec: str, whitespace: str = whitespace_regex(DEF
             return EbnfMachine(spec)
     except GrammarError:
         raise
-    except (UnsupportedSchemaError, RegexError, ValueError, RecursionError) as exc:
-        raise GrammarError(f"Failed to compile {kind} grammar: {exc}") from exc
+    except (UnsupportedSchemaError, RegexError, ValueError, RecursionError, TypeError, AttributeError,
+            KeyError) as exc:
+        raise GrammarError(f"Failed to compile {kind} grammar: {_reason(kind, spec, exc)}") from exc
     raise GrammarError(f"Failed to compile {kind} grammar: {kind} grammars are not supported by the "
                        "cfg backend (they are served by xgrammar)")
+
+
+def _reason(kind: str, spec: str, exc: Exception) -> str:
+    """What a failed compile tells: where a JSON Schema is not a valid schema of its dialect,
+    its metaschema's first complaint and where (the compiler's own error on a malformed
+    schema, `'int' object is not iterable`, says little); a schema that refers to itself in
+    place, so; else the error."""
+    if kind == "json" and not isinstance(exc, (UnsupportedSchemaError, RegexError)):
+        try:
+            schema = json.loads(spec)
+            cls = validator_for(schema, default=Draft202012Validator)
+            err = best_match(cls(cls.META_SCHEMA).iter_errors(schema))
+        except Exception:  # noqa: BLE001 - not JSON, or no metaschema to hold it to: the error says it
+            err = None
+        if err is not None:
+            where = "".join(f"/{p}" for p in err.absolute_path) or "/"
+            return f"not a valid schema at {where!r}: {err.message}"
+        if isinstance(exc, RecursionError):
+            return ("the schema refers to itself where no value is read (a $ref / allOf / anyOf cycle in place: "
+                    "a validator following it may never finish) or nests too deeply")
+    return str(exc)
 
 
 def _json_machine(spec: str, pool: RegexPool, whitespace: str, timeout_s: float,
