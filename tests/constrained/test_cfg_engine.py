@@ -634,12 +634,18 @@ def test_a_refused_compile_says_where_the_schema_is_malformed_or_refers_to_itsel
 
 def test_an_unresolvable_reference_in_a_branch_beside_unevaluated_properties(cfg):
     """A `$ref` that resolves nowhere inside a branch is its check's to fail (the value is
-    refused), not the compile's: the bound on the members is then not made."""
+    refused), not the compile's, and a pattern the structure cannot compile its check's to
+    read: the bound on the members is then not made."""
     from lmprog_runtime.constrained.cfg.backend import accepts_text, compile_machine
     schema = {"properties": {"a": True}, "if": {"required": ["a"]}, "then": {"$ref": "#/$defs/missing"},
               "unevaluatedProperties": False}
     machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
     assert not accepts_text(machine, '{"a":1}') and not accepts_text(machine, '{"b":1}')
+    # a pattern the structure cannot take (a lookahead) in such a branch: read by the check alone
+    schema = {"properties": {"a": True}, "if": {"required": ["a"]}, "then": {"patternProperties": {"^(?=x)xy": True}},
+              "unevaluatedProperties": False}
+    machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
+    assert accepts_text(machine, '{"a":1,"xy":1}') and not accepts_text(machine, '{"a":1,"z":1}')
 
 
 def test_unevaluated_keywords_beside_random_in_place_applicators(cfg):

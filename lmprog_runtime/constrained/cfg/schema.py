@@ -242,6 +242,11 @@ class SchemaCompiler:
         if not self._declared({k: v for k, v in s.items() if k != "unevaluatedProperties"}, names, patterns,
                               set(), 0):
             return None
+        for pattern in patterns:  # (a pattern only a check reads, which the structure cannot take: no bound)
+            try:
+                self._regex(pattern, True)
+            except UnsupportedSchemaError:
+                return None
         return frozenset(names), frozenset(patterns), s["unevaluatedProperties"]
 
     def _declared(self, s, names: set, patterns: set, seen: set, depth: int) -> bool:
