@@ -648,6 +648,23 @@ def test_an_unresolvable_reference_in_a_branch_beside_unevaluated_properties(cfg
     assert accepts_text(machine, '{"a":1,"xy":1}') and not accepts_text(machine, '{"a":1,"z":1}')
 
 
+@pytest.mark.parametrize("schema", [
+    {"allOf": [{"properties": {"a": True}}], "properties": {"b": True},
+     "unevaluatedProperties": {"type": "string", "pattern": "^(?=x)x"}},
+    {"properties": {"a": True}, "if": {"required": ["a"]}, "then": {"properties": {"b": True}},
+     "unevaluatedProperties": {"pattern": "^(?=x)x"}},
+    {"allOf": [{"properties": {"a": True}}, {"patternProperties": {"^(?=x)xy": True}}], "unevaluatedProperties": False},
+])
+def test_unevaluated_keywords_whose_structure_cannot_be_made_stay_checks(cfg, schema):
+    """Where making unevaluated* structure brings in what the structure cannot take (a
+    lookahead only their check read), the schema compiles as before, the keywords checks."""
+    from lmprog_runtime.constrained.cfg.backend import accepts_text, compile_machine
+    machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in ({"a": 1, "z": "xy"}, {"a": 1, "z": "y"}, {"a": 1, "xy": 1}, {"b": 2}):
+        assert accepts_text(machine, json.dumps(value, separators=(",", ":"))) == validator.is_valid(value), value
+
+
 def test_unevaluated_keywords_beside_random_in_place_applicators(cfg):
     """Random objects / arrays with unevaluatedProperties / unevaluatedItems beside allOf
     (nested), `$ref`, `not`, anyOf, oneOf, if / then / else and dependentSchemas parts

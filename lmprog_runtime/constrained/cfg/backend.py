@@ -273,8 +273,17 @@ def _json_machine(spec: str, pool: RegexPool, whitespace: str, timeout_s: float,
                   registry: SchemaRegistry) -> Machine:
     schema = apply_vocabularies(inferred_dialect(True if spec.strip() == ANY_JSON else json.loads(spec)), registry)
     schema = older_keywords(ref_siblings(dependencies_compat(schema)))
-    compiler = SchemaCompiler(schema, pool, time.monotonic() + timeout_s, registry)
-    root = compiler.compile()
+    deadline = time.monotonic() + timeout_s
+    compiler = SchemaCompiler(schema, pool, deadline, registry)
+    try:
+        root = compiler.compile()
+    except UnsupportedSchemaError:
+        if not compiler.unevaluated_tried:
+            raise
+        # unevaluated* made structure brought a subschema into it that only their check read
+        # (a pattern the structure cannot take): compiled again with them checks alone
+        compiler = SchemaCompiler(schema, pool, deadline, registry, unevaluated_structure=False)
+        root = compiler.compile()
     lock = threading.Lock()
 
     def child_of(node, key: str):

@@ -36,8 +36,13 @@ MAX_NODES = 200_000
 
 class SchemaCompiler:
     def __init__(self, root, pool: Optional[RegexPool] = None, deadline: Optional[float] = None,
-                 registry: Optional[SchemaRegistry] = None):
+                 registry: Optional[SchemaRegistry] = None, unevaluated_structure: bool = True):
+        """unevaluated_structure: unevaluatedProperties / unevaluatedItems beside in-place
+        applicators made structure or a bound on it (`_merge_evaluated`, `_unevaluated_bound`);
+        False: checks on the complete value alone (`unevaluated_tried` says whether a compile
+        took that path: backend.py compiles again without it where the structure refused)."""
         self.root = root
+        self.unevaluated_structure, self.unevaluated_tried = unevaluated_structure, False
         self.pool = pool or RegexPool()
         self.deadline = deadline
         self._memo: dict[int, Node] = {}
@@ -148,7 +153,7 @@ class SchemaCompiler:
             parts = [self.deref(x) for x in s["allOf"]] + [{k: v for k, v in s.items() if k != "allOf"}]
             merged = None
             if _UNEVALUATED & set(parts[-1]):
-                merged = self._merge_evaluated(parts, s)
+                merged = self._merge_evaluated(parts, s) if self.unevaluated_structure else None
             elif _mergeable(parts):
                 try:
                     merged = self._made(merge_all(parts), s)
@@ -195,6 +200,7 @@ class SchemaCompiler:
         schema, additionalItems after a tuple) it evaluates every member, the keyword none.
         None where neither holds or the parts do not merge (a part with unevaluated* of its
         own among them): the conjunction is then checked on the complete value."""
+        self.unevaluated_tried = True
         leaves = self._in_place_leaves(parts[:-1], 0)
         if leaves is None:
             return None
@@ -235,8 +241,9 @@ class SchemaCompiler:
         on the complete value). None where a part may evaluate any member
         (additionalProperties, unevaluatedProperties, a dynamic reference) or there is no
         such keyword."""
-        if not isinstance(s, dict) or "unevaluatedProperties" not in s:
+        if not isinstance(s, dict) or "unevaluatedProperties" not in s or not self.unevaluated_structure:
             return None
+        self.unevaluated_tried = True
         names: set = set()
         patterns: set = set()
         if not self._declared({k: v for k, v in s.items() if k != "unevaluatedProperties"}, names, patterns,
