@@ -36,6 +36,7 @@ _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "depe
 _SCHEMA_ONE = ("additionalProperties", "propertyNames", "items", "contains", "not", "if", "then", "else",
                "unevaluatedItems", "unevaluatedProperties", "additionalItems")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+SCHEMA_KEYWORDS = frozenset(_SCHEMA_MAPS + _SCHEMA_ONE + _SCHEMA_LISTS)  # (those whose values are or hold schemas)
 
 
 def apply_vocabularies(root, registry):

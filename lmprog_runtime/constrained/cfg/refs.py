@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from lmprog_runtime.constrained.cfg.dialect import SCHEMA_KEYWORDS
 from lmprog_runtime.constrained.cfg.registry import SchemaRegistry, join, split
 from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
 from lmprog_runtime.constrained.schema_merge import walk_pointer
@@ -26,13 +27,11 @@ from lmprog_runtime.constrained.schema_merge import walk_pointer
 MAX_INDEXED = 200_000  # schema objects indexed per compile
 _DATA = frozenset(("enum", "const", "default", "examples", "example"))  # values, not schemas
 _NAMED = frozenset(("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"))
-# keywords whose values are schemas (or hold them): an `$id` or anchor anywhere else (inside an
+# keywords whose values are schemas (or hold them: dialect.py's, and draft-03's `extends`,
+# the content vocabulary's `contentSchema`): an `$id` or anchor anywhere else (inside an
 # unknown keyword) is no identifier (JSON Schema 2020-12 §9.4.2); it is kept only as a fallback
 # for a `$ref` no real one answers (real-world schemas park definitions in such keys)
-_SCHEMA_KEYWORDS = _NAMED | frozenset((
-    "additionalProperties", "propertyNames", "items", "contains", "not", "if", "then", "else", "unevaluatedItems",
-    "unevaluatedProperties", "additionalItems", "allOf", "anyOf", "oneOf", "prefixItems", "dependencies",
-    "contentSchema", "extends"))
+_SCHEMA_KEYWORDS = SCHEMA_KEYWORDS | {"contentSchema", "extends"}
 
 
 class RefIndex:
