@@ -222,3 +222,44 @@ def test_dynamic_reference_beside_unevaluated_keywords_under_a_sibling(cfg_remot
                                  "properties": {"foo": {"type": "string"}}, "$dynamicRef": "#addons",
                                  "$defs": {"defaultAddons": {"$dynamicAnchor": "addons"}}}}}
     check(cfg_remote, tokenizer, schema, [{"foo": "foo", "bar": "bar"}, {"foo": "foo"}], [{"foo": "foo", "baz": 1}])
+
+
+D4 = "http://json-schema.org/draft-04/schema#"
+
+
+def test_draft_04_ids_set_base_uris(cfg_remote, tokenizer):
+    # in a draft-04 document `id` is the identifier: it sets the base its `$ref`s resolve
+    # against, here to another schema than the root's base gives (jsonschema's Draft4Validator
+    # reads it so); a remote document reached through such a base too
+    from jsonschema import Draft4Validator
+
+    schema = {"$schema": D4, "id": "http://example.test/root.json",
+              "definitions": {"item": {"id": "item.json", "type": "integer"},
+                              "folder": {"id": "folder/", "properties": {"b": {"$ref": "item.json"}}},
+                              "folder_item": {"id": "folder/item.json", "type": "string"}},
+              "properties": {"a": {"$ref": "item.json"}, "f": {"$ref": "#/definitions/folder"}}}
+    valid, invalid = [{"a": 1, "f": {"b": "x"}}], [{"a": "x"}, {"f": {"b": 1}}]
+    for v in valid:
+        assert Draft4Validator(schema).is_valid(v)
+    for v in invalid:
+        assert not Draft4Validator(schema).is_valid(v)
+    check(cfg_remote, tokenizer, schema, valid, invalid)
+    remote = {"$schema": D4, "id": BASE, "items": {"id": "folder/", "items": {"$ref": "../integer.json"}}}
+    check(cfg_remote, tokenizer, remote, [[[1]]], [[["a"]]])
+    # an `id` in a document of a later draft (or naming none) is a label: the base stays
+    check(cfg_remote, tokenizer, dict(schema, **{"$schema": "http://json-schema.org/draft-06/schema#"}),
+          [{"f": {"b": 1}}], [{"f": {"b": "x"}}])
+
+
+def test_draft_04_ids_used_as_labels_still_compile(cfg_remote, tokenizer):
+    # real-world draft-04 schemas use `id` as a name: read as a base, the pointer below would
+    # look inside the schema named "x" (it has no definitions); such a schema is read with
+    # its ids as labels, as before
+    schema = {"$schema": D4, "definitions": {"x": {"id": "x", "properties": {"y": {"$ref": "#/definitions/z"}}},
+                                             "z": {"type": "integer"}},
+              "properties": {"p": {"$ref": "#/definitions/x"}}}
+    check(cfg_remote, tokenizer, schema, [{"p": {"y": 1}}], [{"p": {"y": "s"}}])
+    # a reference that resolves neither way is refused with the drafts' reading's reason
+    broken = {"$schema": D4, "id": BASE + "d4/", "properties": {"p": {"$ref": "missing.json"}}}
+    with pytest.raises(GrammarError, match="missing.json"):
+        compile_(cfg_remote, broken)

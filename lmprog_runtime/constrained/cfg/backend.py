@@ -21,8 +21,8 @@ from jsonschema.exceptions import best_match
 from jsonschema.validators import Draft202012Validator, validator_for
 
 from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
-from lmprog_runtime.constrained.cfg.dialect import (apply_vocabularies, dependencies_compat, inferred_dialect, older_keywords,
-                                                   ref_siblings, whole_integers)
+from lmprog_runtime.constrained.cfg.dialect import (apply_vocabularies, dependencies_compat, id_dialect, inferred_dialect,
+                                                    older_keywords, ref_siblings, whole_integers)
 from lmprog_runtime.constrained.cfg.ebnf import EbnfMachine
 from lmprog_runtime.constrained.cfg.machine import Machine
 from lmprog_runtime.constrained.cfg.mask import MaskEngine, VocabInfo
@@ -274,16 +274,24 @@ def _json_machine(spec: str, pool: RegexPool, whitespace: str, timeout_s: float,
     schema = apply_vocabularies(inferred_dialect(True if spec.strip() == ANY_JSON else json.loads(spec)), registry)
     schema = older_keywords(ref_siblings(dependencies_compat(schema)))
     deadline = time.monotonic() + timeout_s
-    compiler = SchemaCompiler(schema, pool, deadline, registry)
-    try:
-        root = compiler.compile()
-    except UnsupportedSchemaError:
-        if not compiler.unevaluated_tried:
-            raise
-        # unevaluated* made structure brought a subschema into it that only their check read
-        # (a pattern the structure cannot take): compiled again with them checks alone
-        compiler = SchemaCompiler(schema, pool, deadline, registry, unevaluated_structure=False)
-        root = compiler.compile()
+    options, drafts_error = {"unevaluated_structure": True, "ids_move_base": True}, None
+    while True:
+        compiler = None
+        try:
+            compiler = SchemaCompiler(schema, pool, deadline, registry, **options)
+            root = compiler.compile()
+            break
+        except UnsupportedSchemaError as exc:
+            if compiler is not None and compiler.unevaluated_tried and options["unevaluated_structure"]:
+                # unevaluated* made structure brought a subschema into it that only their check
+                # read (a pattern the structure cannot take): compiled again with them checks alone
+                options["unevaluated_structure"] = False
+            elif options["ids_move_base"] and id_dialect(schema) and (compiler is None or compiler.refs.legacy_ids):
+                # a draft-04 `id` moved a base and a reference no longer resolves: the schema
+                # uses its `id`s as labels, as real-world ones do (refs.py); read so
+                options["ids_move_base"], drafts_error = False, exc
+            else:
+                raise drafts_error or exc  # (the drafts' reading's refusal, where the labels' failed too)
     lock = threading.Lock()
 
     def child_of(node, key: str):

@@ -2,7 +2,8 @@
 assertions (JSON Schema 2020-12 §8.1.2), so they are removed before compiling. Draft-07's
 `dependencies` read in the dialects that split it (`dependencies_compat`); a `$ref`'s sibling
 keywords dropped where the dialect ignores them (`ref_siblings`). And the dialects whose
-`integer` is written without a fraction (`whole_integers`). A schema without `$schema` that
+`integer` is written without a fraction (`whole_integers`), and those whose `id` sets a base
+URI (`id_dialect`: draft-04 and draft-03; `$id` from draft-06 on). A schema without `$schema` that
 writes `items` as an array is read as draft-07 (`inferred_dialect`). A keyword a later draft
 introduced asserts nothing in a schema that declares an older one (`older_keywords`: `const`
 in draft-04, `if` in draft-06, `prefixItems` in draft-07 ...), as its validator ignores it.
@@ -14,6 +15,8 @@ the keywords of the validation, applicator and unevaluated vocabularies (2020-12
 rewritten schema. Any other schema is returned as is.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 from jsonschema.validators import (Draft3Validator, Draft4Validator, Draft6Validator, Draft7Validator,
                                    Draft201909Validator, Draft202012Validator, validator_for)
@@ -83,6 +86,16 @@ def whole_integers(root) -> bool:
     """Whether `root`'s `$schema` names a dialect in which an integer has no fraction part."""
     dialect = root.get("$schema") if isinstance(root, dict) else None
     return isinstance(dialect, str) and dialect.rstrip("#") in _WHOLE_INTEGER_DIALECTS
+
+
+def id_dialect(doc) -> Optional[bool]:
+    """Whether document `doc`'s `$schema` names a dialect whose identifier keyword is `id`
+    (draft-04 and draft-03: it sets the base URI of the schema that holds it), False where
+    it names another, None where it names none."""
+    dialect = doc.get("$schema") if isinstance(doc, dict) else None
+    if not isinstance(dialect, str):
+        return None
+    return dialect.rstrip("#") in _WHOLE_INTEGER_DIALECTS
 
 
 def dependencies_compat(root):

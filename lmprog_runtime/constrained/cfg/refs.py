@@ -3,8 +3,11 @@
 `RefIndex(root, registry)` indexes every schema object of the root document (and of each
 remote document the moment a `$ref` first needs it) with its base URI: the enclosing
 `$id`s joined as RFC 3986 says, starting from the root's `$id` ("" when it has none) or
-from a remote document's retrieval URI. A draft-4 `id` names its schema (a `$ref` to it
-resolves) but does not move the base: real-world schemas use `id` as a plain label.
+from a remote document's retrieval URI. In a document whose `$schema` names draft-04 or
+draft-03, `id` is that identifier, as those drafts say; elsewhere an `id` names its schema
+(a `$ref` to it resolves) but does not move the base, and `ids_move_base=False` reads it
+so in those drafts' documents too (real-world schemas use `id` as a plain label: the
+compiler falls back to that reading where a reference does not resolve the drafts' way).
 `resolve(ref, at)` joins `ref` against the base of the schema object `at` that holds it
 and returns the target: a resource (`$id`), an anchor (`$anchor`, or a `$dynamicAnchor`
 reached by a plain `$ref`) or a JSON pointer into one.
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from lmprog_runtime.constrained.cfg.dialect import SCHEMA_KEYWORDS
+from lmprog_runtime.constrained.cfg.dialect import SCHEMA_KEYWORDS, id_dialect
 from lmprog_runtime.constrained.cfg.registry import SchemaRegistry, join, split
 from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
 from lmprog_runtime.constrained.schema_merge import walk_pointer
@@ -35,9 +38,11 @@ _SCHEMA_KEYWORDS = SCHEMA_KEYWORDS | {"contentSchema", "extends"}
 
 
 class RefIndex:
-    def __init__(self, root, registry: Optional[SchemaRegistry] = None):
+    def __init__(self, root, registry: Optional[SchemaRegistry] = None, ids_move_base: bool = True):
         self.root = root
         self.registry = registry or SchemaRegistry()
+        self._ids_move_base = ids_move_base
+        self.legacy_ids = False               # an `id` moved a base (a compile may then fall back)
         self.base: dict[int, str] = {}        # id(schema object) -> its base URI ($id applied)
         self.resources: dict[str, object] = {}  # URI (no fragment) or "URI#anchor" -> schema
         self._unknown: dict[str, object] = {}   # the same, of `$id`s and anchors inside unknown keywords
@@ -97,7 +102,9 @@ class RefIndex:
 
     def _index(self, doc, base: str, refs: Optional[list] = None) -> str:
         """Index `doc` read at base URI `base`; returns the document's own base."""
-        top = _with_id(doc, base)
+        # (a remote document naming no dialect is 2020-12's, as the residual's registry reads it)
+        legacy = self._ids_move_base and id_dialect(doc) is True
+        top = self._with_id(doc, base, legacy)
         stack = [(doc, base, False, True)] if isinstance(doc, (dict, list)) else []
         while stack:
             # names: `s` maps names to schemas (properties, $defs, ...); known: reached through
@@ -115,11 +122,11 @@ class RefIndex:
             named = self.resources if known else self._unknown
             if "$dynamicRef" in s or "$recursiveRef" in s:
                 self.dynamic = True
-            here = _with_id(s, here)
+            outer, here = here, self._with_id(s, here, legacy)
             if isinstance(s.get("$id"), str):
                 named.setdefault(here if not s["$id"].startswith("#") else here + s["$id"], s)
-            elif isinstance(s.get("id"), str):  # draft-4 `id`: names the schema, base unchanged
-                named.setdefault(join(here, s["id"]).rstrip("#"), s)
+            elif isinstance(s.get("id"), str):  # draft-04's `id`: names the schema (its base, where it moved it)
+                named.setdefault(join(outer, s["id"]).rstrip("#"), s)
             self.base[id(s)] = here
             if refs is not None and isinstance(s.get("$ref"), str):
                 refs.append((s["$ref"], s))
@@ -131,11 +138,16 @@ class RefIndex:
         return top
 
 
-def _with_id(s, base: str) -> str:
-    """The base URI inside schema object `s` read at `base`."""
-    if not isinstance(s, dict):
-        return base
-    sid = s.get("$id")
-    if not isinstance(sid, str) or sid.startswith("#"):
-        return base
-    return join(base, sid).partition("#")[0]
+    def _with_id(self, s, base: str, legacy: bool) -> str:
+        """The base URI inside schema object `s` read at `base` (`legacy`: a draft-04 or
+        draft-03 document, whose `id` sets it where no `$id` does)."""
+        if not isinstance(s, dict):
+            return base
+        sid = s.get("$id")
+        if sid is None and legacy:
+            sid = s.get("id")
+            if isinstance(sid, str) and not sid.startswith("#") and join(base, sid).partition("#")[0] != base:
+                self.legacy_ids = True
+        if not isinstance(sid, str) or sid.startswith("#"):
+            return base
+        return join(base, sid).partition("#")[0]

@@ -36,18 +36,22 @@ MAX_NODES = 200_000
 
 class SchemaCompiler:
     def __init__(self, root, pool: Optional[RegexPool] = None, deadline: Optional[float] = None,
-                 registry: Optional[SchemaRegistry] = None, unevaluated_structure: bool = True):
+                 registry: Optional[SchemaRegistry] = None, unevaluated_structure: bool = True,
+                 ids_move_base: bool = True):
         """unevaluated_structure: unevaluatedProperties / unevaluatedItems beside in-place
         applicators made structure or a bound on it (`_merge_evaluated`, `_unevaluated_bound`);
         False: checks on the complete value alone (`unevaluated_tried` says whether a compile
-        took that path: backend.py compiles again without it where the structure refused)."""
+        took that path: backend.py compiles again without it where the structure refused).
+        ids_move_base: a draft-04 / draft-03 document's `id`s set base URIs (refs.RefIndex;
+        `refs.legacy_ids` says whether one did: backend.py compiles again reading them as
+        labels where a reference then does not resolve)."""
         self.root = root
         self.unevaluated_structure, self.unevaluated_tried = unevaluated_structure, False
         self.pool = pool or RegexPool()
         self.deadline = deadline
         self._memo: dict[int, Node] = {}
         self._keep: list = []  # schemas built here (merges) stay alive: the memo keys are ids
-        self.refs = RefIndex(root, registry)
+        self.refs = RefIndex(root, registry, ids_move_base)
         self.assert_format = format_asserted(root, self.refs.registry)
         self.formats = dialect_formats(root)  # (those an older draft defines: the others are annotations)
         # keywords the residual's validator asserts (residual.py picks the same class): any
