@@ -75,27 +75,26 @@ def _rewrite(s, before, after, depth: int):
     return after(out) if after is not None else out
 
 
-# dialects whose `integer` is "a JSON number without a fraction or exponent part" (draft-04
-# and draft-03): `1.0` is not one there; from draft-06 on any number with a zero fractional
-# part is (the residual's validator, of the same dialect, agrees)
-_WHOLE_INTEGER_DIALECTS = frozenset(f"{scheme}://json-schema.org/draft-{n}/schema"
-                                    for scheme in ("http", "https") for n in ("03", "04"))
+# draft-04 and draft-03: their `integer` is "a JSON number without a fraction or exponent
+# part" (`1.0` is not one there; from draft-06 on any number with a zero fractional part is:
+# the residual's validator, of the same dialect, agrees), and their identifier keyword is `id`
+_OLD_DIALECTS = frozenset(f"{scheme}://json-schema.org/draft-{n}/schema"
+                          for scheme in ("http", "https") for n in ("03", "04"))
+
+
+def id_dialect(doc) -> Optional[bool]:
+    """Whether document `doc`'s `$schema` names draft-04 or draft-03 (whose identifier keyword
+    is `id`: it sets the base URI of the schema that holds it), False where it names another
+    dialect, None where it names none."""
+    dialect = doc.get("$schema") if isinstance(doc, dict) else None
+    if not isinstance(dialect, str):
+        return None
+    return dialect.rstrip("#") in _OLD_DIALECTS
 
 
 def whole_integers(root) -> bool:
     """Whether `root`'s `$schema` names a dialect in which an integer has no fraction part."""
-    dialect = root.get("$schema") if isinstance(root, dict) else None
-    return isinstance(dialect, str) and dialect.rstrip("#") in _WHOLE_INTEGER_DIALECTS
-
-
-def id_dialect(doc) -> Optional[bool]:
-    """Whether document `doc`'s `$schema` names a dialect whose identifier keyword is `id`
-    (draft-04 and draft-03: it sets the base URI of the schema that holds it), False where
-    it names another, None where it names none."""
-    dialect = doc.get("$schema") if isinstance(doc, dict) else None
-    if not isinstance(dialect, str):
-        return None
-    return dialect.rstrip("#") in _WHOLE_INTEGER_DIALECTS
+    return id_dialect(root) is True
 
 
 def dependencies_compat(root):

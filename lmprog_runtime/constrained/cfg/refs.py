@@ -144,10 +144,12 @@ class RefIndex:
         if not isinstance(s, dict):
             return base
         sid = s.get("$id")
-        if sid is None and legacy:
+        by_id = sid is None and legacy
+        if by_id:
             sid = s.get("id")
-            if isinstance(sid, str) and not sid.startswith("#") and join(base, sid).partition("#")[0] != base:
-                self.legacy_ids = True
         if not isinstance(sid, str) or sid.startswith("#"):
             return base
-        return join(base, sid).partition("#")[0]
+        here = join(base, sid).partition("#")[0]
+        if by_id and here != base:
+            self.legacy_ids = True
+        return here
