@@ -5,7 +5,8 @@ Corpora: `dev` = tests/data/jsonschemabench-dev (252 real-world schemas, JSONSch
 schema group). Per backend and corpus: compiles %, valid accepted %, invalid rejected %
 (over compiled schemas), fully correct % (compiled and every instance right, over all
 schemas), compile p50 / p95 (ms), mask µs per token mean and p99 (the scheduler's
-`write_mask` into a numpy row, over the valid instances' tokens; wall clock, the
+`write_bitmask` into an int32 bitmask row, SGLang's layout, which xgrammar and llguidance
+fill natively, over the valid instances' tokens; wall clock, the
 thread's CPU time, steadier when the machine is shared, and the wall clock less the
 process's garbage collections that landed inside a mask, with their sum). An instance is walked
 token by token (its compact JSON, SmolLM2 tokenizer): each token must be in the mask and
@@ -96,16 +97,16 @@ def walk(g, ids, eos, vocab, times=None, cpu=None, net=None, refused=None):
     `times` (wall), `cpu` (this thread's CPU time: steadier on a loaded machine) and `net`
     (wall less the garbage collections inside the mask); a token the mask offered but
     accept_token refused appended to `refused` (a decode would fail there)."""
-    row = np.zeros(vocab, dtype=np.bool_)
+    words = np.zeros(-(-vocab // 32), dtype=np.int32)
     for t in ids + [eos]:
         t0, c0, g0 = time.perf_counter(), time.thread_time(), GC.total
-        g.write_mask(row)
+        g.write_bitmask(words)
         if times is not None:
             dt = time.perf_counter() - t0
             times.append(dt)
             cpu.append(time.thread_time() - c0)
             net.append(dt - (GC.total - g0))
-        if not row[t]:
+        if not (words[t >> 5] >> (t & 31)) & 1:
             return False
         try:
             g.accept_token(t)

@@ -5,12 +5,20 @@ The scheduler only uses these names:
     backend = create_grammar_backend(name, tokenizer, vocab_size, eos_token_ids)
     fut = backend.get_future(kind, spec)        # kind: json | regex | ebnf | structural_tag
     grammar = fut.result()                      # or GrammarError
+    grammar.write_bitmask(words)                # int32 bitmask row (the step's mask), overwriting it
     grammar.fill_mask(mask_row)                 # bool [vocab_size], preset False
     grammar.write_mask(np_row)                  # the same into a numpy row, overwriting it
     grammar.accept_token(token_id)              # GrammarError if illegal
     grammar.is_terminated()
     grammar.rollback(k)                         # undo the last k accepted tokens
     grammar.jump_forward_str()                  # text forced from here, or None
+
+A step's masks travel as SGLang's / xgrammar's / llguidance's bitmask: int32
+[ceil(vocab_size / 32)] per row, bit j of word w set iff token 32w + j is allowed
+(`write_bitmask`; on a little-endian host its bytes are `np.packbits(row, bitorder="little")`).
+The sampler applies it as it is (the Triton kernel on CUDA; on the CPU a greedy row reads
+one bit of it, and only a row whose favourite is banned or a sampled row is unpacked).
+Bool rows (`write_mask`) serve the drafts' verification masks.
 
 Jump-forward needs nothing else from a backend: the scheduler tokenizes the forced text,
 walks the matcher through it for the draft's masks and rolls it back
@@ -30,6 +38,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
 from lmprog_runtime.config import (GRAMMAR_COMPILE_MEMORY_MB, GRAMMAR_COMPILE_TIMEOUT_S, GRAMMAR_MAX_SPEC_BYTES,
@@ -74,10 +83,19 @@ class Grammar(abc.ABC):
         """Set True in `mask_row` (bool [vocab_size], preset False) for allowed tokens."""
 
     def write_mask(self, row) -> None:
-        """Overwrite the numpy bool row `row` with the allowed tokens (any prior content);
-        the scheduler's path. Default: clear it and `fill_mask` a torch view."""
+        """Overwrite the numpy bool row `row` with the allowed tokens (any prior content).
+        Default: clear it and `fill_mask` a torch view."""
         row.fill(False)
         self.fill_mask(torch.from_numpy(row))
+
+    def write_bitmask(self, words) -> None:
+        """Overwrite the numpy int32 row `words` ([ceil(V / 32)], C-contiguous) with the
+        allowed tokens as a bitmask: bit j of word w set iff token 32w + j is allowed (the
+        bits of tokens past the backend's vocab_size are not read); the scheduler's path. Default: the bool row of
+        `write_mask`, packed."""
+        row = np.zeros(words.shape[0] * 32, dtype=np.bool_)
+        self.write_mask(row)
+        words.view(np.uint8)[:] = np.packbits(row, bitorder="little")
 
     @abc.abstractmethod
     def accept_token(self, token_id: int) -> None:

@@ -1,4 +1,5 @@
-"""Packed int32 token bitmasks (llguidance / xgrammar layout) -> bool mask rows."""
+"""Packed int32 token bitmasks (SGLang's / llguidance's / xgrammar's layout: bit j of word w =
+token 32w + j) and bool mask rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,3 +18,22 @@ def unpack_into(bitmask_row: torch.Tensor, mask_row: torch.Tensor, n_tokens: int
         np.logical_or(view, allowed, out=view)
     else:
         mask_row[: allowed.shape[0]] |= torch.from_numpy(allowed).to(mask_row.device)
+
+
+def copy_words(src: np.ndarray, dst: np.ndarray) -> None:
+    """The int32 bitmask row `src` over `dst` of another width: the shared words copied, the
+    rest of `dst` clear (tokens past `src`'s width not allowed)."""
+    n = min(src.shape[0], dst.shape[0])
+    dst[:n] = src[:n]
+    dst[n:] = 0
+
+
+def unpack_rows(words: np.ndarray, width: int) -> np.ndarray:
+    """bool [B, width] of int32 bitmask rows [B, W] (C-contiguous): bit j of word w = column
+    32w + j; columns past 32W False."""
+    b = words.shape[0]
+    bits = np.unpackbits(words.view(np.uint8).reshape(b, -1), axis=1, count=min(width, words.shape[1] * 32),
+                         bitorder="little").view(np.bool_)
+    if bits.shape[1] < width:
+        bits = np.concatenate([bits, np.zeros((b, width - bits.shape[1]), dtype=np.bool_)], axis=1)
+    return bits

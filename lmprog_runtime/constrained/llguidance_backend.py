@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 import torch
 
 from lmprog_runtime.constrained.base import Grammar, GrammarBackend, GrammarBackendConfig, GrammarError
-from lmprog_runtime.constrained.bitmask import unpack_into
+from lmprog_runtime.constrained.bitmask import copy_words as _copy_words, unpack_into
 
 try:
     import llguidance
@@ -38,6 +38,15 @@ class LLGuidanceGrammar(Grammar):
     def fill_mask(self, mask_row: torch.Tensor) -> None:
         llg_torch.fill_next_token_bitmask(self.matcher, self._bitmask, 0)
         unpack_into(self._bitmask[0], mask_row, min(self._tok.vocab_size, self._vocab_size))
+
+    def write_bitmask(self, words) -> None:
+        """llguidance fills our layout itself: straight into the row where it has the
+        bitmask's width, else into its own and copied."""
+        if words.shape[0] == self._bitmask.shape[1]:
+            llg_torch.fill_next_token_bitmask(self.matcher, torch.from_numpy(words)[None], 0)
+            return
+        llg_torch.fill_next_token_bitmask(self.matcher, self._bitmask, 0)
+        _copy_words(self._bitmask[0].numpy(), words)
 
     def accept_token(self, token_id: int) -> None:
         if not self.matcher.consume_token(token_id) or self.matcher.is_error():

@@ -15,6 +15,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
+from lmprog_runtime.constrained.bitmask import unpack_rows
 from lmprog_runtime.sampling_params import TOP_K_ALL
 
 
@@ -32,7 +33,8 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, reqs: list, grammar_mask: Optional[torch.Tensor] = None,
                  need_logprobs: bool = False) -> SampleResult:
-        """logits [B, V] float32 (modified in place); grammar_mask [B, V] bool (True = allowed)."""
+        """logits [B, V] float32 (modified in place); grammar_mask [B, V'] bool (True = allowed)
+        or an int32 bitmask [B, W] (bit j of word w = token 32w + j allowed: MaskBuilder's)."""
         scaled = self.scaled_logits(logits, reqs, grammar_mask)
         logprobs = torch.log_softmax(scaled, dim=-1) if need_logprobs else torch.empty(0)
 
@@ -62,8 +64,9 @@ class Sampler:
         is greedy and nothing but a grammar mask edits its logits (no penalty, stop-token ban or
         bias; the caller wants no logprobs): their argmax, read in place, the token `__call__`
         picks (the same first index of the maximum). `grammar_mask` [len(rows), V'] bool (True =
-        allowed, columns past V' banned) as `__call__` takes it: the maximum over the allowed
-        columns. None where that does not hold or the logits are not float32 on the CPU.
+        allowed, columns past V' banned) or int32 bitmask [len(rows), W] as `__call__` takes
+        it: the maximum over the allowed columns (a bitmask row is unpacked only where its
+        favourite is banned). None where that does not hold or the logits are not float32 on the CPU.
         numpy runs on the calling thread; torch's row copy, mask fill, divide and argmax are each
         a parallel region, whose wake-up and join took ~15% of a batch-1 decode step on two
         cores (and a 9-row masked verify's pipeline ~1 ms)."""
@@ -72,9 +75,10 @@ class Sampler:
         lg = logits.numpy()
         if grammar_mask is None:  # row by row on views: the fancy-indexed [rows, V] copy took 16-300 us at 1-8 rows
             return [int(np.argmax(lg[row, : self.vocab_size])) for row in rows]
-        width = grammar_mask.shape[-1]
-        if (grammar_mask.device.type != "cpu" or grammar_mask.dtype != torch.bool or width > self.vocab_size
-                or grammar_mask.shape[0] != len(rows)):
+        packed = grammar_mask.dtype == torch.int32
+        width = min(grammar_mask.shape[-1] * 32, self.vocab_size) if packed else grammar_mask.shape[-1]
+        if (grammar_mask.device.type != "cpu" or not (packed or grammar_mask.dtype == torch.bool)
+                or width > self.vocab_size or grammar_mask.shape[0] != len(rows)):
             return None
         # A row's first maximum over all columns, when its mask allows it, is also the first
         # maximum over the allowed ones (nothing before it reaches that value): the usual case,
@@ -82,8 +86,10 @@ class Sampler:
         mk, out = grammar_mask.numpy(), []
         for i, row in enumerate(rows):
             t = int(np.argmax(lg[row, :width]))
-            if not mk[i, t]:
-                t = int(np.argmax(np.where(mk[i], lg[row, :width], -np.inf)))
+            ok = (mk[i, t >> 5] >> (t & 31)) & 1 if packed else mk[i, t]
+            if not ok:
+                allowed = unpack_rows(mk[i:i + 1], width)[0] if packed else mk[i]
+                t = int(np.argmax(np.where(allowed, lg[row, :width], -np.inf)))
             out.append(t)
         return out
 
@@ -138,9 +144,24 @@ class Sampler:
 
     @staticmethod
     def _apply_grammar_mask(logits: torch.Tensor, mask: torch.Tensor) -> None:
-        """mask [B, V'] bool, True = allowed; logits columns past V' (a vocabulary padded past its
-        tokens) are banned. On CUDA it is packed to a 32x smaller bitmask before the copy and
-        applied by a Triton kernel (`bitmask_kernel.py`)."""
+        """mask [B, V'] bool, True = allowed, or an int32 bitmask [B, W]; logits columns past V'
+        (32W: a vocabulary padded past its tokens) are banned. On CUDA a bitmask is applied as
+        it is by a Triton kernel (`bitmask_kernel.py`; a bool mask is packed first, 32x smaller
+        to copy); on the CPU a bitmask is unpacked (one numpy call for the batch)."""
+        V = logits.shape[-1]
+        if mask.dtype == torch.int32:
+            if logits.is_cuda:
+                from lmprog_runtime.constrained.bitmask_kernel import apply_token_bitmask_
+
+                words = -(-V // 32)
+                if mask.shape[-1] != words:
+                    fit = torch.zeros((mask.shape[0], words), dtype=torch.int32)
+                    n = min(words, mask.shape[-1])
+                    fit[:, :n] = mask[:, :n]
+                    mask = fit
+                apply_token_bitmask_(logits, mask.to(logits.device, non_blocking=True))
+                return
+            mask = torch.from_numpy(unpack_rows(mask.numpy(), V))
         if mask.shape[-1] < logits.shape[-1]:
             pad = torch.zeros((mask.shape[0], logits.shape[-1] - mask.shape[-1]), dtype=torch.bool)
             mask = torch.cat([mask, pad], dim=-1)

@@ -474,7 +474,7 @@ def test_rows_written_and_ored_equal_the_engine_mask(cfg, tokenizer):
         assert np.array_equal(row[:min(n, size)], want[:size]) and not row[n:].any()
     for _ in range(2 * cfg_mask.UNPACKED_ROWS):  # (past the LRU's size: old arrays freed)
         b = np.random.rand(n) < 0.5
-        assert np.array_equal(cfg_mask._unpacked(np.packbits(b), n), b)
+        assert np.array_equal(cfg_mask._unpacked(np.packbits(b, bitorder="little"), n), b)
 
 
 @pytest.mark.parametrize("branches,checked", [

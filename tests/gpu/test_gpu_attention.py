@@ -81,6 +81,29 @@ def test_grammar_bitmask_kernel_matches_masked_fill(vocab):
     assert torch.equal(pack_token_bitmask(mask.cuda()).cpu(), pack_token_bitmask(mask))
 
 
+@pytest.mark.parametrize("vocab", [49152, 151936 + 5])
+def test_sampler_applies_maskbuilders_bitmask_on_cuda_as_on_the_cpu(vocab):
+    """MaskBuilder's int32 bitmask goes to the kernel as it is (no bool rows): the logits the
+    CPU path leaves, words past the logits' width ignored and missing ones banned."""
+    needs("triton")
+    import numpy as np
+
+    from lmprog_runtime.model_executor.sampler import Sampler
+
+    g = torch.Generator().manual_seed(1)
+    mask = torch.rand(5, vocab, generator=g) < 0.2
+    logits = torch.randn(5, vocab, generator=g)
+    for width in (vocab, vocab - 70, vocab + 70):
+        bits = np.zeros((5, -(-width // 32) * 32), dtype=np.bool_)
+        bits[:, :min(width, vocab)] = mask[:, :width].numpy()
+        words = torch.from_numpy(np.packbits(bits, axis=1, bitorder="little").view(np.int32).copy())
+        cpu, gpu = logits.clone(), logits.cuda()
+        Sampler._apply_grammar_mask(cpu, words)
+        Sampler._apply_grammar_mask(gpu, words)
+        assert torch.equal(gpu.cpu(), cpu)
+        assert torch.isinf(cpu[:, min(width, vocab):]).all()
+
+
 def test_gpu_sampler_matches_cpu_sampler():
     """Same logits on CPU and CUDA: the same tokens (greedy and seeded sampling), grammar mask,
     penalties, top-k/top-p/min-p included."""

@@ -3,6 +3,7 @@ wherever the pipeline would change a row before its argmax."""
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -81,3 +82,38 @@ def test_plain_argmax_with_a_grammar_mask_is_the_pipelines_greedy_token():
     bad = [mask.float(), mask[:2], torch.ones((len(rows), PADDED), dtype=torch.bool)]  # dtype, rows, width
     assert all(sampler.plain_argmax(x, rows, reqs, m) is None for m in bad)
     assert sampler.plain_argmax(x, rows, reqs[:3] + [req(temperature=0.5)], mask) is None
+
+
+def pack(mask: torch.Tensor) -> torch.Tensor:
+    """bool [B, V'] -> MaskBuilder's int32 bitmask [B, ceil(V' / 32)] (bit j of word w = token 32w + j)."""
+    bits = np.zeros((mask.shape[0], -(-mask.shape[1] // 32) * 32), dtype=np.bool_)
+    bits[:, :mask.shape[1]] = mask.numpy()
+    return torch.from_numpy(np.packbits(bits, axis=1, bitorder="little").view(np.int32).copy())
+
+
+def test_a_bitmask_is_the_same_mask_as_its_bool_rows():
+    """MaskBuilder's int32 bitmask gives the pipeline's and the shortcut's tokens the bool
+    rows give (narrower than the vocabulary and padded past it: those columns banned), and
+    logits equal to the last bit where the full pipeline applies it on the CPU."""
+    sampler = Sampler(VOCAB, eos_token_ids=[2])
+    x = logits_with_ties(6)
+    rows = [5, 0, 3, 1]
+    reqs = [req(temperature=0), req([7, 7], temperature=0), req(temperature=0, ignore_eos=True), req(temperature=0)]
+    g = torch.Generator().manual_seed(2)
+    for width, density in ((VOCAB, 0.3), (VOCAB - 20, 0.3), (VOCAB - 7, 0.97), (VOCAB, 0.97)):
+        mask = torch.rand((len(rows), width), generator=g) < density
+        mask[3] = False
+        mask[3, [7, 11, 250]] = True
+        words = pack(mask)
+        assert words.shape[1] * 32 >= width
+        fast = sampler.plain_argmax(x, rows, reqs, words)
+        assert fast == sampler.plain_argmax(x, rows, reqs, mask) == sampler(x[rows], reqs, words).token_ids
+        assert all(mask[i, t] for i, t in enumerate(fast))
+        a, b = x[rows].clone(), x[rows].clone()
+        Sampler._apply_grammar_mask(a, mask)
+        Sampler._apply_grammar_mask(b, words)
+        assert torch.equal(a, b)
+    padded = torch.full((len(rows), -(-PADDED // 32)), -1, dtype=torch.int32)  # all set, past the vocab too
+    assert sampler.plain_argmax(x, rows, reqs, padded) == sampler(x[rows].clone(), reqs).token_ids
+    sampled = [req(temperature=0.8) for _ in rows]
+    assert all(mask[i, t] for i, t in enumerate(sampler(x[rows].clone(), sampled, words).token_ids))

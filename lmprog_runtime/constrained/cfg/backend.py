@@ -89,6 +89,17 @@ class CfgGrammar(Grammar):
     def write_mask(self, row) -> None:
         self._or_into(row, overwrite=True)
 
+    def write_bitmask(self, words) -> None:
+        sh, out = self._shared, words.view(np.uint8)
+        if self.finished:
+            out.fill(0)
+        else:
+            sh.engine.write_words(self.state, bytes(self._hist), out)
+        if self.finished or self._accepting():
+            for e in sh.eos:
+                if e < out.shape[0] * 8:
+                    out[e >> 3] |= 1 << (e & 7)
+
     def _or_into(self, row: np.ndarray, overwrite: bool = False) -> None:
         """Set the allowed tokens True in the numpy bool row (others untouched, or False
         with `overwrite`)."""

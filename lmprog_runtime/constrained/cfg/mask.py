@@ -136,7 +136,7 @@ class VocabInfo:
         first = np.zeros(self.n_slots, dtype=np.bool_)
         for t, data in enumerate(table):
             first[t] = bool(data) and data[0] not in NUMBER_BYTES
-        self.not_number_first = np.packbits(first)
+        self.not_number_first = np.packbits(first, bitorder="little")
 
     def in_string(self, left: int, deficit: int) -> np.ndarray:
         """Packed: the walked tokens whose part inside a plain string body (no pattern, no
@@ -145,7 +145,7 @@ class VocabInfo:
         got = self._in_string.get((left, deficit))
         if got is None:
             ok = (self.str_need <= left) & ((self.str_chars < 0) | (self.str_chars >= deficit))
-            got = self._in_string[(left, deficit)] = np.packbits(ok)
+            got = self._in_string[(left, deficit)] = np.packbits(ok, bitorder="little")
         return got
 
 
@@ -357,7 +357,7 @@ def _unpacked(packed: np.ndarray, n: int) -> np.ndarray:
         except KeyError:  # (evicted meanwhile by another thread)
             pass
         return got[1]
-    row = np.unpackbits(packed, count=n).view(np.bool_)
+    row = np.unpackbits(packed, count=n, bitorder="little").view(np.bool_)
     with _ROWS_LOCK:
         _ROWS[id(packed)] = (packed, row)
         while len(_ROWS) > UNPACKED_ROWS:
@@ -437,11 +437,12 @@ class MaskEngine:
 
     def mask(self, state: tuple, hist: bytes) -> np.ndarray:
         """bool [n_slots]: the tokens allowed from `state` after the output `hist`."""
-        return np.unpackbits(self.mask_packed(state, hist), count=self.vocab.n_slots).view(np.bool_)
+        return np.unpackbits(self.mask_packed(state, hist), count=self.vocab.n_slots, bitorder="little").view(np.bool_)
 
     def mask_packed(self, state: tuple, hist: bytes) -> np.ndarray:
-        """The same, packed (np.packbits, uint8 [ceil(n_slots / 8)]): memo hits are ORed as
-        packed words, unpacked once by the caller."""
+        """The same, packed (np.packbits, bitorder="little": an int32 bitmask's bytes; uint8
+        [ceil(n_slots / 8)]): memo hits are ORed as packed words, unpacked (if at all) once by
+        the caller."""
         if len(state) > 1:  # alternatives are independent: the union of their masks (each cached)
             out = self.mask_packed(state[:1], hist)
             for st in state[1:]:
@@ -525,6 +526,18 @@ class MaskEngine:
             row[n:] = False
         else:
             np.logical_or(row[:n], allowed, out=row[:n])
+
+    def write_words(self, state: tuple, hist: bytes, out: np.ndarray) -> None:
+        """The allowed tokens of `state` written over the uint8 view `out` of an int32
+        bitmask row (bit j of byte b: token 8b + j; the masks are packed in that order): the
+        packed mask copied, the trie's sink slot and everything past the vocabulary clear."""
+        packed = self.mask_packed(state, hist)
+        n, m = self.vocab.n_slots - 1, out.shape[0]  # (the sink slot: n, past the tokens)
+        k = min(m, n >> 3)  # whole bytes of tokens
+        out[:k] = packed[:k]
+        if k < m:
+            out[k] = packed[k] & ((1 << (n & 7)) - 1) if n & 7 else 0
+            out[k + 1:] = 0
 
     def _masked(self, key, state: tuple, hist: bytes) -> np.ndarray:
         """The walked part of the mask, memoized by `key` (or the state). Under a pending
@@ -726,7 +739,7 @@ class MaskEngine:
                 i += 1
         for t, src in v.lists[4]:
             out[t] = out[src]
-        got = np.packbits(out)
+        got = np.packbits(out, bitorder="little")
         with self._lock:
             if len(self._numbers) >= MEMO_UNIONS:
                 self._numbers.clear()
@@ -946,7 +959,7 @@ class MaskEngine:
                 got = v.plain if not key[0] else self._alive_all(key[0])
                 if key[1] is not None:
                     got = got & (v.chars <= key[1])
-            got = np.packbits(got)
+            got = np.packbits(got, bitorder="little")
             with self._lock:
                 if len(self._parts) >= MEMO_PARTS:
                     self._parts.clear()
@@ -1014,10 +1027,10 @@ class MaskEngine:
         self._local.read_text = True
         if self._walker():
             with self._walk_lock:  # (packed under the lock: the walker's row is its next walk's)
-                out = np.packbits(self._tw.walk(state, hist, trie, lists))
+                out = np.packbits(self._tw.walk(state, hist, trie, lists), bitorder="little")
                 self._local.read_text = self._tw.read_text  # (read under the lock: this thread's walk)
             return out
-        return np.packbits(self._walk_py(state, hist, trie, lists))
+        return np.packbits(self._walk_py(state, hist, trie, lists), bitorder="little")
 
     def _walk_py(self, state: tuple, hist: bytes, trie: TokenTrie, lists) -> np.ndarray:
         """The Python walk (the oracle of the C walk; its fallback): bool [n_slots]."""

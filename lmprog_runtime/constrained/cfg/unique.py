@@ -231,7 +231,7 @@ def unique_mask(engine, key, state: tuple, hist: bytes) -> Optional[np.ndarray]:
     got = engine._masked(engine._fast_key(state0) if key is not None else None, state0, hist)
     ids = np.concatenate(check) if len(check) > 1 else check[0]
     if len(ids):
-        maybe = ids[(got[ids >> 3] >> (7 - (ids & 7))) & 1 == 1]
+        maybe = ids[(got[ids >> 3] >> (ids & 7)) & 1 == 1]
         drop.extend(np.asarray([t], dtype=np.int64) for t in set(maybe.tolist())
                     if not _allowed(engine, state, hist, engine.vocab.table[t]))
     if not drop:
@@ -242,7 +242,7 @@ def unique_mask(engine, key, state: tuple, hist: bytes) -> Optional[np.ndarray]:
 
 
 def _clear(packed: np.ndarray, ids: np.ndarray) -> None:
-    np.bitwise_and.at(packed, ids >> 3, (~(np.uint8(0x80) >> (ids & 7).astype(np.uint8))).astype(np.uint8))
+    np.bitwise_and.at(packed, ids >> 3, (~(np.uint8(1) << (ids & 7).astype(np.uint8))).astype(np.uint8))
 
 
 def _allowed(engine, state: tuple, hist: bytes, data: bytes) -> bool:

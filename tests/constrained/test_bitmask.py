@@ -1,0 +1,108 @@
+"""The step's mask as SGLang's int32 bitmask: every backend's `write_bitmask` is its bool mask
+packed (bit j of word w = token 32w + j), with the vocabulary padded past the tokenizer's
+too, and MaskBuilder's rows (unconstrained, dead end, failed grammar) read as the bool ones
+did."""
+import importlib.util
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from lmprog_runtime.constrained import create_grammar_backend
+from lmprog_runtime.scheduler.grammar_mask import DEAD_END, MaskBuilder
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8},
+    "n": {"type": "integer", "minimum": -3, "maximum": 300},
+    "tags": {"type": "array", "items": {"enum": ["a", "bc"]}, "maxItems": 3}},
+    "required": ["name"], "additionalProperties": False}
+UNIQUE = dict(SCHEMA, properties=dict(SCHEMA["properties"], tags={"type": "array", "uniqueItems": True}))
+DOCS = ['{"name":"Ann","n":-2,"tags":["a","bc"]}', '{"name":"x y","n":300,"tags":[]}']
+BACKENDS = ["cfg", "outlines"] + [n for n in ("xgrammar", "llguidance") if importlib.util.find_spec(n)]
+
+
+def packed(row: np.ndarray, words: int) -> np.ndarray:
+    bits = np.zeros(words * 32, dtype=np.bool_)
+    bits[:row.shape[0]] = row
+    return np.packbits(bits, bitorder="little").view(np.int32)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("pad", [0, 40])
+def test_write_bitmask_is_the_bool_mask_packed(tokenizer, name, pad):
+    vocab = len(tokenizer) + pad
+    be = create_grammar_backend(name, tokenizer, vocab, [tokenizer.eos_token_id])
+    words = -(-vocab // 32)
+    try:
+        g0 = be.get_future("json", json.dumps(UNIQUE if name == "cfg" else SCHEMA)).result(timeout=120)
+        for doc in DOCS:
+            g = g0.copy()
+            row = np.zeros(vocab, dtype=np.bool_)
+            out = np.full(words, 0x5A5A5A5A, dtype=np.int32)  # (overwritten, whatever it held)
+            steps = 0
+            for t in tokenizer.encode(doc, add_special_tokens=False) + [tokenizer.eos_token_id]:
+                g.write_mask(row)
+                g.write_bitmask(out)
+                got = np.unpackbits(out.view(np.uint8), bitorder="little")[:vocab].view(np.bool_)
+                assert np.array_equal(got, row), (name, doc, steps)
+                if not pad:
+                    assert np.array_equal(out, packed(row, words))
+                assert row[t]
+                g.accept_token(t)
+                steps += 1
+            assert steps > 10
+    finally:
+        be.shutdown()
+
+
+def reqs_of(*grammars):
+    out = []
+    for i, g in enumerate(grammars):
+        r = SimpleNamespace(rid=f"r{i}", grammar=g, finished=False, output_ids=[1, 2], kv_suspect=False,
+                            reason=None)
+
+        def finish(reason, r=r):
+            r.finished, r.reason = True, reason
+        r.finish = finish
+        out.append(r)
+    return out
+
+
+class Fixed:
+    """A grammar whose mask is the given bool row (or raises)."""
+
+    def __init__(self, row=None, error=None):
+        self.row, self.error = row, error
+
+    def is_terminated(self):
+        return False
+
+    def write_bitmask(self, words):
+        if self.error:
+            raise self.error
+        words.view(np.uint8)[:] = np.packbits(np.resize(self.row, words.shape[0] * 32), bitorder="little")
+
+
+@pytest.mark.parametrize("vocab", [320, 300])
+def test_mask_builder_rows(vocab):
+    """Bits past the vocabulary are cleared (a row of only those is a dead end: its request
+    fails with a 400 and the row allows everything, as a failed grammar's does); rows
+    without a grammar allow everything."""
+    stats = {"mask_s": 0.0, "mask_rows": 0}
+    mb = MaskBuilder(vocab, stats)
+    some = np.zeros(vocab, dtype=np.bool_)
+    some[[3, vocab - 1]] = True
+    past = np.zeros(-(-vocab // 32) * 32, dtype=np.bool_)
+    past[vocab:] = True  # (only tokens past the vocabulary)
+    reqs = reqs_of(Fixed(some), None, Fixed(past), Fixed(error=RuntimeError("boom")))
+    mask = mb.build(reqs)
+    assert mask.shape == (4, -(-vocab // 32)) and str(mask.dtype) == "torch.int32"
+    bits = np.unpackbits(mask.numpy().view(np.uint8).reshape(4, -1), axis=1, bitorder="little").view(np.bool_)
+    assert np.flatnonzero(bits[0]).tolist() == [3, vocab - 1]
+    assert bits[1].all() and bits[2].all() and bits[3].all()
+    assert not reqs[0].finished and not reqs[1].finished
+    assert reqs[2].finished and reqs[2].reason.status_code == 400 and DEAD_END in reqs[2].reason.message
+    assert reqs[3].finished and reqs[3].reason.status_code == 500
+    assert stats["mask_rows"] == 3
+    assert mb.build(reqs_of(None, None)) is None
