@@ -177,6 +177,15 @@ def test_sample_writes_undeclared_and_pattern_keys_where_allowed():
     assert warmup.sample(schema, alt=1, required=True) == {"a": 0}
 
 
+def test_sample_writes_an_item_past_the_prefix_where_allowed():
+    tup = {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}]}
+    assert warmup.sample(tup) == [1, "abc"]
+    assert len(warmup.sample(tup, alt=1)) == 3  # (alt 1: one of `items`, any value without one)
+    assert warmup.sample(dict(tup, items={"type": "boolean"}), alt=1)[2] is True
+    assert len(warmup.sample(dict(tup, items=False), alt=1)) == 2
+    assert len(warmup.sample(dict(tup, maxItems=2), alt=1)) == 2
+
+
 def test_sample_enum_members_of_the_schemas_type():
     """An enum member the schema's type refuses is no sample (a walk would stop there)."""
     schema = {"type": "object", "properties": {"kind": {"enum": ["A", "B"], "type": "object"},

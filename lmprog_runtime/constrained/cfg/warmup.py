@@ -190,6 +190,10 @@ def sample(schema: Any, root: Any = None, depth: int = 0, alt: int = 0, budget: 
         items = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else None
         if items:
             vals = [sample(s, root, depth + 1, alt, budget, required, negative, pick) for s in items]
+            most, rest = schema.get("maxItems"), schema.get("items", {})
+            if (alt or pick) and rest is not False and not (_is_count(most) and most <= len(items)):
+                # (alt: an item past the prefix, where `items` and maxItems allow one: a state of its own)
+                vals.append(sample(rest, root, depth + 1, alt, budget, required, negative, pick))
         else:
             # (alt: two items at least, where maxItems allows: the array's count past its
             # checks is one state, that of every item after the first)
