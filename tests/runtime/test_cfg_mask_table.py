@@ -228,6 +228,29 @@ def test_number_masks_from_their_end_equal_python_walk(backend, monkeypatch):
     assert not [st for st in walked if st[0][0][0] == "N"], "a number walked the vocabulary"
 
 
+def test_free_number_parts_are_shared_by_grammars_and_tell_their_rules_apart(backend):
+    """A free number's own tokens (no bounds, multipleOf or enum) are read once per tokenizer
+    (VocabInfo.free_numbers) and serve every grammar: an integer's apart from a number's, a
+    draft-04 integer (no fraction at all) apart from a later one's (`1.0` is one), each
+    equal to the Python walk."""
+    tok, be = backend
+    shared = None
+    texts = {"number": ['[1.5,-0.25e+3,1E-2,0 ]', '[12,3.0]'], "integer": ['[12,3.0,-7]', '[1 ,0]']}
+    for dialect in (None, "http://json-schema.org/draft-04/schema#"):
+        for kind in ("number", "integer"):
+            for extra in ({}, {"maxItems": 9}):  # (two grammars of each rule: the second reads the first's parts)
+                schema = dict({"type": "array", "items": {"type": kind}}, **extra)
+                if dialect:
+                    schema["$schema"] = dialect
+                got = [t for t in texts[kind] if not (dialect and kind == "integer" and ".0" in t)]
+                assert _compare_texts(tok, be, schema, got) > 5
+                g0 = be.compile("json", json.dumps(schema))
+                assert shared is None or g0._shared.engine.vocab.free_numbers is shared
+                shared = g0._shared.engine.vocab.free_numbers
+    keys = {k[:2] for k in shared}
+    assert {(False, False), (True, False), (True, True)} <= keys, keys
+
+
 def test_number_masks_with_tokens_past_a_number_end_equal_python_walk():
     """In a vocabulary whose tokens go on past a number's end (`5,`, `12]`, `1e5}`), a
     number's mask is still the Python walk's (those tokens read the stack below: walked)."""

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from lmprog_runtime.constrained.cfg.canonical import free_number_exponent, unplaced
+from lmprog_runtime.constrained.cfg.canonical import _free_node, free_number_exponent, unplaced
 from lmprog_runtime.constrained.cfg.classtable import ClassTable
 from lmprog_runtime.constrained.cfg.machine import NUM_COMPLETE, NUMBER_BYTES, NUMBER_STEPS, Machine, utf8_start
 from lmprog_runtime.constrained.cfg.nodes import Node
@@ -137,6 +137,13 @@ class VocabInfo:
         for t, data in enumerate(table):
             first[t] = bool(data) and data[0] not in NUMBER_BYTES
         self.not_number_first = np.packbits(first, bitorder="little")
+        # MaskEngine._number_part of free number frames (no bounds, multipleOf or enum: their
+        # steps read only the text, the DFA state and whether the rule is an integer's), for
+        # every grammar: (integer only, whole integers, text, DFA state, id(subtrees)) -> packed
+        self.free_numbers: dict = {}
+        # an int32 bitmask row's bytes of tokens (MaskEngine.write_words): whole ones, and the
+        # bits of the last, partial one (the sink slot's bit and those past it clear)
+        self.token_bytes, self.token_tail = self.trie.sink >> 3, (1 << (self.trie.sink & 7)) - 1
 
     def in_string(self, left: int, deficit: int) -> np.ndarray:
         """Packed: the walked tokens whose part inside a plain string body (no pattern, no
@@ -365,6 +372,7 @@ def _unpacked(packed: np.ndarray, n: int) -> np.ndarray:
     return row
 
 
+_CROSSES = object()  # VocabInfo.free_numbers: a number part the walk decides (MaskEngine._number_part's None)
 _BY_STATES = object()  # _key_near: a key's text told by the names it may complete and its pattern states
 
 
@@ -531,13 +539,27 @@ class MaskEngine:
         """The allowed tokens of `state` written over the uint8 view `out` of an int32
         bitmask row (bit j of byte b: token 8b + j; the masks are packed in that order): the
         packed mask copied, the trie's sink slot and everything past the vocabulary clear."""
-        packed = self.mask_packed(state, hist)
-        n, m = self.vocab.n_slots - 1, out.shape[0]  # (the sink slot: n, past the tokens)
-        k = min(m, n >> 3)  # whole bytes of tokens
+        packed = None
+        if len(state) == 1 and state[0] is not None:  # (a memo hit keyed by the state itself: mask_packed's
+            top = state[0][0]                         # first lookup, less the calls around it)
+            if type(top) is tuple and top[0] not in ("S", "R"):
+                got = self._memo.get(state)
+                if got is not None and got is not _BY_TEXT:
+                    try:
+                        self._memo.move_to_end(state)
+                    except KeyError:  # (evicted meanwhile by another thread)
+                        pass
+                    packed = got
+        if packed is None:
+            packed = self.mask_packed(state, hist)
+        m = out.shape[0]
+        k = self.vocab.token_bytes  # whole bytes of tokens (the trie's sink slot is past them)
+        if k >= m:
+            out[:] = packed[:m]
+            return
         out[:k] = packed[:k]
-        if k < m:
-            out[k] = packed[k] & ((1 << (n & 7)) - 1) if n & 7 else 0
-            out[k + 1:] = 0
+        out[k] = packed[k] & self.vocab.token_tail
+        out[k + 1:] = 0
 
     def _masked(self, key, state: tuple, hist: bytes) -> np.ndarray:
         """The walked part of the mask, memoized by `key` (or the state). Under a pending
@@ -716,6 +738,13 @@ class MaskEngine:
         if got is not None:
             return got
         v, step = self.vocab, self.machine.step
+        node = top[1]
+        shared = None
+        if _free_node(node):  # (the same for every grammar: read once per tokenizer)
+            shared = (node.integer_only(), self.machine.whole_integers, top[2], top[3], id(subtrees))
+            got = v.free_numbers.get(shared)
+            if got is not None:
+                return None if got is _CROSSES else got
         byte, depth, skip, tok, other = v.number_lists
         out = np.zeros(v.n_slots, dtype=np.bool_)
         sink = v.trie.sink
@@ -732,10 +761,10 @@ class MaskEngine:
                 f = frames[d] = got[0][0]
                 if tok[i] != sink:
                     if not any(step((f, None), c, 0, None) for c in NUMBER_STEPS[f[3]]):
-                        return None
+                        return self._free_part(shared, None)
                     out[tok[i]] = True
                 if other[i] and f[3] in NUM_COMPLETE:
-                    return None  # (a token going on past the number's end: the stack below reads it)
+                    return self._free_part(shared, None)  # (a token going on past the number's end: the stack below reads it)
                 i += 1
         for t, src in v.lists[4]:
             out[t] = out[src]
@@ -744,6 +773,17 @@ class MaskEngine:
             if len(self._numbers) >= MEMO_UNIONS:
                 self._numbers.clear()
             self._numbers[(top, subtrees)] = got
+        return self._free_part(shared, got)
+
+    def _free_part(self, shared, got: Optional[np.ndarray]) -> Optional[np.ndarray]:
+        """`got` (a free number's part, or None: the walk decides), kept for every grammar
+        under `shared` (None: not a free number's)."""
+        if shared is not None:
+            numbers = self.vocab.free_numbers
+            with self._lock:
+                if len(numbers) >= MEMO_STATES:
+                    numbers.clear()
+                numbers[shared] = _CROSSES if got is None else got
         return got
 
     @contextlib.contextmanager
