@@ -91,8 +91,8 @@ class Grammar(abc.ABC):
     def write_bitmask(self, words) -> None:
         """Overwrite the numpy int32 row `words` ([ceil(V / 32)], C-contiguous) with the
         allowed tokens as a bitmask: bit j of word w set iff token 32w + j is allowed (the
-        bits of tokens past the backend's vocab_size are not read); the scheduler's path. Default: the bool row of
-        `write_mask`, packed."""
+        bits of tokens past the backend's vocab_size are not read); the scheduler's path.
+        Default: the bool row of `write_mask`, packed."""
         row = np.zeros(words.shape[0] * 32, dtype=np.bool_)
         self.write_mask(row)
         words.view(np.uint8)[:] = np.packbits(row, bitorder="little")

@@ -1,12 +1,13 @@
 """Allowed-token masks for the sampled rows of a step, from the requests' grammar states.
 
 `build(reqs)` needs only the grammar states after the previous step, so the overlap
-loop builds it while the forward runs. The mask is SGLang's bitmask (int32 [B, ceil(V /
-32)], bit j of word w = token 32w + j allowed; `Grammar.write_bitmask`), 8x smaller to
-write than bool rows, what xgrammar and llguidance fill natively and the CUDA kernel reads
-as it is. Rows of requests without a grammar (or whose grammar has terminated) allow everything. A grammar that fails to write its mask fails
-its own request (faults.Stage.GRAMMAR_MASK, a 500; the row allows everything, and the
-request, now finished, is not sampled). A mask that allows no token (a dead end: a constraint
+loop builds it while the forward runs. The mask is SGLang's bitmask (int32
+[B, ceil(V / 32)], bit j of word w = token 32w + j allowed; `Grammar.write_bitmask`), 8x
+smaller to write than bool rows, what xgrammar and llguidance fill natively and the CUDA
+kernel reads as it is. Rows of requests without a grammar (or whose grammar has
+terminated) allow everything. A grammar that fails to write its mask fails its own
+request (faults.Stage.GRAMMAR_MASK, a 500; the row allows everything, and the request,
+now finished, is not sampled). A mask that allows no token (a dead end: a constraint
 no output satisfies, such as `{"const": true, "not": {"const": true}}`, or cfg's semantic
 checks refusing every continuation of a prefix), which would otherwise be sampled from all
 -inf logits, fails its request with a 400: the constraint's doing, not the server's.

@@ -763,8 +763,8 @@ class MaskEngine:
                     if not any(step((f, None), c, 0, None) for c in NUMBER_STEPS[f[3]]):
                         return self._free_part(shared, None)
                     out[tok[i]] = True
-                if other[i] and f[3] in NUM_COMPLETE:
-                    return self._free_part(shared, None)  # (a token going on past the number's end: the stack below reads it)
+                if other[i] and f[3] in NUM_COMPLETE:  # (a token going on past the number's end:
+                    return self._free_part(shared, None)  # the stack below reads it)
                 i += 1
         for t, src in v.lists[4]:
             out[t] = out[src]
