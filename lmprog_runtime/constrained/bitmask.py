@@ -28,6 +28,18 @@ def copy_words(src: np.ndarray, dst: np.ndarray) -> None:
     dst[n:] = 0
 
 
+def fit_words(words: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int32 bitmask rows [B, W] cut or padded (clear bits: banned) to the ceil(vocab / 32)
+    words of logits `vocab` wide, as the CUDA kernel takes them."""
+    need = -(-vocab // 32)
+    if words.shape[-1] == need:
+        return words
+    fit = torch.zeros((words.shape[0], need), dtype=torch.int32)
+    n = min(need, words.shape[-1])
+    fit[:, :n] = words[:, :n]
+    return fit
+
+
 def unpack_rows(words: np.ndarray, width: int) -> np.ndarray:
     """bool [B, width] of int32 bitmask rows [B, W] (C-contiguous): bit j of word w = column
     32w + j; columns past 32W False."""

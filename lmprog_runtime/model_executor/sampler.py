@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-from lmprog_runtime.constrained.bitmask import unpack_rows
+from lmprog_runtime.constrained.bitmask import fit_words, unpack_rows
 from lmprog_runtime.sampling_params import TOP_K_ALL
 
 
@@ -153,13 +153,7 @@ class Sampler:
             if logits.is_cuda:
                 from lmprog_runtime.constrained.bitmask_kernel import apply_token_bitmask_
 
-                words = -(-V // 32)
-                if mask.shape[-1] != words:
-                    fit = torch.zeros((mask.shape[0], words), dtype=torch.int32)
-                    n = min(words, mask.shape[-1])
-                    fit[:, :n] = mask[:, :n]
-                    mask = fit
-                apply_token_bitmask_(logits, mask.to(logits.device, non_blocking=True))
+                apply_token_bitmask_(logits, fit_words(mask, V).to(logits.device, non_blocking=True))
                 return
             mask = torch.from_numpy(unpack_rows(mask.numpy(), V))
         if mask.shape[-1] < logits.shape[-1]:

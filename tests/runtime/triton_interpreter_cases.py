@@ -148,6 +148,33 @@ def test_grammar_bitmask_kernel_matches_masked_fill():
         apply_token_bitmask_(logits, bitmask[:, :5])
 
 
+def test_maskbuilders_bitmask_through_the_kernel_is_the_bool_mask():
+    """MaskBuilder's rows (np.packbits little-endian, viewed as int32: the layout the grammars
+    write) are pack_token_bitmask's; fitted to the logits' width (fit_words: the sampler's
+    CUDA path) the kernel bans exactly what a bool mask of that width bans (columns past it
+    too)."""
+    import numpy as np
+
+    from lmprog_runtime.constrained.bitmask import fit_words
+    from lmprog_runtime.constrained.bitmask_kernel import apply_token_bitmask_, pack_token_bitmask
+
+    g = torch.Generator().manual_seed(6)
+    vocab = 1000 + 37
+    for width in (vocab, vocab - 70, vocab + 70):
+        mask = torch.rand(3, width, generator=g) < 0.3
+        mask[0, [0, 31, 32, width - 1]] = True
+        bits = np.zeros((3, -(-width // 32) * 32), dtype=np.bool_)
+        bits[:, :width] = mask.numpy()
+        words = torch.from_numpy(np.packbits(bits, axis=1, bitorder="little").view(np.int32).copy())
+        assert torch.equal(words, pack_token_bitmask(mask))
+        logits = torch.randn(3, vocab + 8, generator=g)[:, :vocab]
+        allowed = torch.zeros(3, vocab, dtype=torch.bool)
+        allowed[:, :min(width, vocab)] = mask[:, :vocab]
+        expected = logits.clone().masked_fill_(~allowed, float("-inf"))
+        apply_token_bitmask_(logits, fit_words(words, vocab))
+        assert torch.equal(logits, expected)
+
+
 def test_tiny_model_through_triton_matches_transformers(tiny_model_path):
     """The whole model with the triton backend (default tiles): prefills, a cached-prefix extend
     mixed with decodes, and decodes, every logits row against transformers."""
