@@ -21,23 +21,22 @@ def unpack_into(bitmask_row: torch.Tensor, mask_row: torch.Tensor, n_tokens: int
 
 
 def copy_words(src: np.ndarray, dst: np.ndarray) -> None:
-    """The int32 bitmask row `src` over `dst` of another width: the shared words copied, the
-    rest of `dst` clear (tokens past `src`'s width not allowed)."""
-    n = min(src.shape[0], dst.shape[0])
-    dst[:n] = src[:n]
-    dst[n:] = 0
+    """The int32 bitmask row(s) `src` over `dst` of another width (the last axis): the shared
+    words copied, the rest of `dst` clear (tokens past `src`'s width not allowed)."""
+    n = min(src.shape[-1], dst.shape[-1])
+    dst[..., :n] = src[..., :n]
+    dst[..., n:] = 0
 
 
 def fit_words(words: torch.Tensor, vocab: int) -> torch.Tensor:
-    """int32 bitmask rows [B, W] cut or padded (clear bits: banned) to the ceil(vocab / 32)
-    words of logits `vocab` wide, as the CUDA kernel takes them."""
+    """int32 bitmask rows [B, W] (on the CPU) cut or padded (clear bits: banned) to the
+    ceil(vocab / 32) words of logits `vocab` wide, as the CUDA kernel takes them."""
     need = -(-vocab // 32)
     if words.shape[-1] == need:
         return words
-    fit = torch.zeros((words.shape[0], need), dtype=torch.int32)
-    n = min(need, words.shape[-1])
-    fit[:, :n] = words[:, :n]
-    return fit
+    fit = np.empty((words.shape[0], need), dtype=np.int32)
+    copy_words(words.numpy(), fit)
+    return torch.from_numpy(fit)
 
 
 def unpack_rows(words: np.ndarray, width: int) -> np.ndarray:
