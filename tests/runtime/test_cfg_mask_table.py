@@ -939,6 +939,13 @@ def test_steps_filled_without_a_derivation_per_byte_match_python_walk(backend):
                                                {"type": "string", "minLength": 2}]}},
          ['[true,null,"ab"]', '["a b c d",false]'], ['[false,"a"]', '[1]', '[{}]', '[nul]']),
         ({"type": ["string", "null"], "maxLength": 3}, ['"abc"', "null", '"a\\"b"'], ['"abcd"', "12"]),
+        # UTF-8 lead bytes of each decoder state (C2-DF, E0, E1-EC / EE-EF, ED, F0, F1-F3,
+        # F4) and every continuation byte's range, in count-only values and FREE keys
+        ({"type": "object", "properties": {"s": {"type": "string", "maxLength": 4}},
+          "additionalProperties": {"type": "string"}},
+         ['{"s":"\u00e9\U0001f4a9\u4e2d\u0800","\u043a\u043b\u044e\u0447":"\ud7ff\ue000\uffef\u1100\U000f0000"}',
+          '{"\U00010000\U000e0041":"\U00100000\U0010ffff\u07ff\u00ff"}'],
+         ['{"s":"\u00e9\u00e9\u00e9\u00e9\u00e9"}']),
     ]
     n = 0
     for schema, valid, invalid in cases:
@@ -953,6 +960,12 @@ def test_steps_filled_without_a_derivation_per_byte_match_python_walk(backend):
             tab = g0._shared.engine._tw.table
             assert any(len(st) == 1 and st[0][0][0] == "S" and st[0][0][6] and tab.trans[i * 256 + 0xC3] == -2
                        for i, st in enumerate(tab.states)), "no pattern state had its lead bytes dead at interning"
+        if schema is cases[-1][0]:  # (a lead byte's step filled for its whole group, a continuation's for its range)
+            tab = g0._shared.engine._tw.table
+            rows = [tab.trans[i * 256:(i + 1) * 256] for i, st in enumerate(tab.states)
+                    if len(st) == 1 and st[0][0][0] == "S" and not st[0][0][3] and tab.trans[i * 256 + 0xE4] >= 0]
+            assert rows and all((row[0xE1:0xED] == row[0xE4]).all() and (row[0xEE:0xF0] == row[0xE4]).all()
+                                and (row[0xC2:0xE0] == row[0xC3]).all() for row in rows)
     assert n > 300
 
 

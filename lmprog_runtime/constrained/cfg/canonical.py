@@ -11,7 +11,7 @@ import numpy as np
 
 from lmprog_runtime.constrained.cfg.machine import _NUM, ANY_SEEN, MAX_NUMBER_CHARS, NeedsText  # noqa: F401
 from lmprog_runtime.constrained.cfg.nodes import _EXACT, _reachable
-from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
+from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE, utf8_start
 
 
 def canonical(state: tuple, exponent_free: bool = False) -> tuple:
@@ -158,12 +158,21 @@ _CHAR_BYTE[0x20:0x80] = True
 _CHAR_BYTE[[0x22, 0x5C]] = False
 _CHAR_BYTES = np.nonzero(_CHAR_BYTE)[0]
 _DIGITS = np.arange(0x30, 0x3A)  # (number digits: the JSON-number DFA of machine.py)
+# UTF-8 lead bytes by the decoder state they start (strings.py utf8_start: bytes still
+# needed and the next byte's bounds; the code point's bits are not kept where no pattern or
+# enum reads them): C2-DF, E1-EC with EE-EF, F1-F3 step alike; E0, ED, F0, F4 alone
+_LEADS: dict = {}
+for _b in range(0xC2, 0xF5):
+    _LEADS.setdefault(utf8_start(_b)[0:1] + utf8_start(_b)[2:4], []).append(_b)
+_LEAD_GROUP = {b: np.array(g) for g in _LEADS.values() for b in g}
 
 
 def alike_bytes(state: tuple, b: int) -> Optional[np.ndarray]:
     """Bytes that step canonical `state` where b does (table.py derives b's step and fills
     theirs from it), or None: in a string body that keeps only its count (no pattern, no
-    text: an enum's string keeps its text) every one-byte character; in a free number's
+    text: an enum's string keeps its text) every one-byte character, the UTF-8 lead bytes
+    that start the same decoder state (`_LEAD_GROUP`), and inside a character every next
+    byte within its bounds (the bits are dropped: canonical keeps the bounds); in a free number's
     integer or fraction digits ("0" whatever they were) every digit (the fraction's only of
     a non-integer); at the value start of a free number rule the digits 1-9."""
     if len(state) != 1 or state[0] is None or type(state[0][0]) is not tuple:
@@ -171,8 +180,13 @@ def alike_bytes(state: tuple, b: int) -> Optional[np.ndarray]:
     top = state[0][0]
     kind = top[0]
     if kind == "S":
-        if _CHAR_BYTE[b] and not top[3] and not top[4] and not top[6] and (top[7] is None or top[7] is FREE):
-            return _CHAR_BYTES
+        if top[4] or top[6] or not (top[7] is None or top[7] is FREE):
+            return None
+        utf = top[3]
+        if not utf:
+            return _CHAR_BYTES if _CHAR_BYTE[b] else _LEAD_GROUP.get(b)
+        if utf[1:5:3] == (0, b"") and utf[2] <= b <= utf[3]:  # (a partial character's bits not kept)
+            return np.arange(utf[2], utf[3] + 1)
     elif kind == "N":
         if 0x30 <= b <= 0x39 and top[2] == "0" and _free_node(top[1]):
             if top[3] == 3 or (top[3] in (4, 5) and not top[1].integer_only()):
