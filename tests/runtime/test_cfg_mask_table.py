@@ -13,7 +13,7 @@ import pytest
 
 from lmprog_runtime.constrained.base import GrammarBackendConfig, GrammarError
 from lmprog_runtime.constrained.cfg.backend import CfgBackend, compile_machine
-from lmprog_runtime.constrained.cfg.mask import MaskEngine, _past_value_start
+from lmprog_runtime.constrained.cfg.mask import MaskEngine, VocabInfo, _past_value_start
 from lmprog_runtime.constrained.cfg.canonical import NeedsText, canonical
 from lmprog_runtime.constrained.cfg.table import DEAD, PYTHON, _no_ctx, c_table_walker
 from tiny_model import smollm2_tokenizer
@@ -460,6 +460,76 @@ def test_additional_property_keys_close_in_c(backend):
                 break
     walker = g._shared.engine._tw
     assert (walker.table.generic[:len(walker.table.states)] >= 0).any(), "no generic key close was set"
+
+
+def test_value_ends_under_the_roots_own_extra_key_are_bound_for_one_walk(backend, monkeypatch):
+    """A value's end in a member whose key is EXTRA is stepped from the concrete state (the
+    key joins the keys seen); where the member is the walk root's own and the step reads no
+    text, one such step serves the walk's other paths to the same state and byte (`1,`
+    `2,` `true,` ...: TableWalker._bind) and the table is PYTHON there again after the walk.
+    Masks equal the Python walk's, under pending checks, uniqueItems arrays with items
+    seen, members of nested open objects, and paths that open another member (a colon on
+    the path: not bound) or close the object and open another one."""
+    tok, be = backend
+    from lmprog_runtime.constrained.cfg import table as table_mod
+    bound, kept = [], []
+    original = table_mod.TableWalker._bind
+
+    def spy(self, p, b, t, path, d):
+        n = len(self._bound)
+        original(self, p, b, t, path, d)
+        if len(self._bound) > n:
+            bound.append((self, p, b))
+    monkeypatch.setattr(table_mod.TableWalker, "_bind", spy)
+    original_walk = table_mod.TableWalker.walk
+
+    def walk(self, *args):
+        got = original_walk(self, *args)
+        kept.append(not self._bound and all(self.table.trans[p * 256 + b] == PYTHON for w, p, b in bound
+                                            if w is self))
+        return got
+    monkeypatch.setattr(table_mod.TableWalker, "walk", walk)
+    schemas = [
+        {"type": "object", "additionalProperties": True},
+        {"type": "array", "uniqueItems": True, "items": {"type": "object", "additionalProperties": True}},
+        {"not": {"type": "object", "required": ["zz"]}, "additionalProperties": {"type": ["integer", "boolean",
+                                                                                        "string", "array"]}},
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+         "additionalProperties": {"type": "object", "additionalProperties": {"type": "integer"}}},
+    ]
+    texts = ['{"x":1,"y":true,"z":"s","w":[1,{"q":null}],"v":{"u":2}}', '[{"a":1},{"a":1,"b":2},{"a":[]}]',
+             '{"k":12,"l":false,"m":"a,b:c","n":[true,"x"]}', '{"a":1,"b":{"c":1,"d":2},"e":{}}',
+             '{"p":{"q":1}, "r": {"s": 2}}', '[{"x":{"y":1}},{"x":{"y":1}}]', '{"a":1,"a":2}']
+    assert sum(_compare_texts(tok, be, s, texts) for s in schemas) > 250
+    assert len(bound) > 20, "no step was bound for a walk"
+    assert kept and all(kept), "a bound step outlived its walk"
+
+
+def test_a_value_end_in_a_member_a_token_opened_is_not_bound():
+    """A token that ends the root's member, opens another object's member and ends its value
+    (`1},{"b":2,` in an array of open objects) reaches a state equal to the one the root's
+    own member reaches (the array's count is clamped, the new object's keys seen are
+    empty), but ends the value of another key: the step is not bound there (a colon on the
+    path), so `"a"` stays allowed after it. A vocabulary of such tokens, C walk against the
+    Python walk."""
+    if c_table_walker() is None:
+        pytest.skip("no C compiler: the cfg masks take the Python walk (nothing to compare)")
+    table = [b'1', b'2', b'3', b',', b'}', b']', b'[', b'{', b'"', b'a', b'b', b':', b'1},{"b":2,',
+             b'1},{"b":2,"a":3}', b'1},{"b":2,"a"', b'"a":', b'"b":', b'},{', b'2,"a"', None]
+    vocab = VocabInfo(table)
+    machine = compile_machine("json", json.dumps(
+        {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "integer"}}}))
+    engine, oracle = MaskEngine(machine, vocab), MaskEngine(machine, vocab, use_c=False)
+    n = 0
+    for text in ['[{"a":1},{"b":2,"a":3}]', '[{"a":1,"b":2},{"a":3}]', '[{"b":1},{"b":2}]']:
+        data, state = text.encode(), machine.initial()
+        for k in range(len(data) + 1):
+            got, want = engine.mask(state, data[:k]), oracle.mask(state, data[:k])
+            assert np.array_equal(got, want), (text, data[:k], [table[i] for i in np.nonzero(got != want)[0]])
+            n += 1
+            if k < len(data):
+                state = machine.advance(state, data[k], k, lambda a, b: data[a:b])
+    assert n > 60
 
 
 def test_tables_of_all_grammars_stay_within_the_budget(backend, monkeypatch):

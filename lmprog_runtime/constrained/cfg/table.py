@@ -273,6 +273,8 @@ class TableWalker:
         self._args: dict = {}  # id(trie) -> (trie, the C walk's fixed arguments before `out`, after it)
         self._out = np.zeros(engine.vocab.n_slots, dtype=np.uint8)  # the row a walk writes
         self._replays: dict = {}  # this walk's concrete states by path (_replayed)
+        self._bound: dict = {}  # this walk's PYTHON steps bound to their state (_bind): (state, byte) -> id
+        self._binds = False  # whether this walk binds steps (_bind: a JSON state of one stack)
         # False after a walk that read neither the output text nor a concrete state: its
         # mask is then that of the canonical root, whatever the text (MaskEngine memo)
         self.read_text = True
@@ -286,15 +288,23 @@ class TableWalker:
         tab.account()
         BUDGET.before_walk(tab)
         self.read_text = True
-        root = tab.intern(self._canon(state))
+        canon = self._canon(state)
+        root = tab.intern(canon)
         if root == PYTHON:
             return eng._walk_py(state, hist, trie, lists)
         self.read_text = root_key(state) is not None  # (the C walk reads a key's text at its closes)
         out = self._out  # (one row per walker, cleared: the engine packs it before the next walk)
         out.fill(0)
         self._replays.clear()
+        self._binds = self._json and len(canon) == 1 and canon[0] is not None
         self._stack[0] = root
-        self._run(state, hist, trie, lists, out)
+        try:
+            self._run(state, hist, trie, lists, out)
+        finally:
+            if self._bound:  # (the next walk's root may fix them otherwise: PYTHON again)
+                for s, b in self._bound:
+                    tab.trans[s * 256 + b] = PYTHON
+                self._bound.clear()
         return self._tokens(out, trie)
 
     @staticmethod
@@ -340,11 +350,16 @@ class TableWalker:
         its step if `step`, its token's liveness; returns the node the C walk resumes at
         (its subtree continues in C from the canonical state reached)."""
         eng, tab = self.engine, self.table
-        if not (step and self._class_exponent(d)):
+        b = int(self._path[d - 1])
+        if not (step and b in (0x45, 0x65) and self._class_exponent(d)):
             self.read_text = True
         path = bytearray(self._path[:d].tobytes()) + b"\x00"  # (the C walk wrote the path to node i)
-        ctx = _ctx(hist, path)
-        t = self._key_close(root, hist, trie, path, i, d) if step and self._json else None
+        text, reads = _ctx(hist, path), []
+
+        def ctx(start: int, end: int) -> bytes:  # (a step that reads the text is not bound: _bind)
+            reads.append(start)
+            return text(start, end)
+        t = self._key_close(root, hist, trie, path, i, d) if step and b == 0x22 and self._json else None
         if t == DEAD:
             return lists[2][i]
         state = None
@@ -353,9 +368,14 @@ class TableWalker:
         else:
             state = self._replayed(root, hist, bytes(path[:d]), ctx)
             if not state:
+                if step and t is None and not reads:
+                    self._bind(int(self._stack[d - 1]), b, DEAD, path, d)
                 return lists[2][i]
         if step:
-            t = tab.intern(self._canon(state)) if t is None or t < 0 else t
+            if t is None or t < 0:
+                t = tab.intern(self._canon(state))
+                if t != PYTHON and not reads:
+                    self._bind(int(self._stack[d - 1]), b, t, path, d)
             if t == PYTHON:  # the table is full: the whole subtree in Python
                 return self._python_subtree(root, hist, lists, trie, i, bytes(path[:d - 1]), out)
             self._stack[d] = t
@@ -387,6 +407,34 @@ class TableWalker:
             state = machine.advance(state, prefix[j], base + j, ctx) if state else ()
             memo[prefix[:j + 1]] = state
         return state
+
+    def _bind(self, p: int, b: int, t: int, path: bytearray, d: int) -> None:
+        """Step (p, b), PYTHON in the table, taken as `t` (an id or DEAD) for the rest of this
+        walk where nothing its concrete step read can differ along another path to p: the
+        steps of a value ending in an object member whose key is abstracted (EXTRA: Machine.
+        finish reads the key, which only the concrete state holds) when no member's value
+        began on the path (no colon before b), so that every such member in p is one the
+        walk root is inside, its key the root's. (A token that ends the root's member and
+        opens another object's, `1},{"b":2,`, can reach a state equal to the root member's,
+        the array's count clamped, with another key: tests/runtime/test_cfg_mask_table.py.)
+        The step read no output text (a check completing, or a uniqueItems item compared
+        with those seen: the caller's `reads`), and the byte is neither a key's closing quote
+        nor a number's exponent (their steps read the abstracted key text, mantissa): so the
+        concrete states along different paths to p differ only in what none of their steps
+        on b reads (a pending check's start offset, a uniqueItems array's items seen, a
+        count, a free number's digits), and the step is the same from each. A walk meeting
+        p and b again (`1,` `2,` `true,` ... after such a key) then stays in C; the table
+        is PYTHON there again after the walk (`walk`: the next root's keys may differ)."""
+        if not self._binds or (p, b) in self._bound or 0x3A in path[:d - 1]:
+            return
+        st = self.table.states[p]
+        if len(st) != 1 or st[0] is None or self._replays.get(bytes(path[:d - 1])) == ():
+            return
+        top = st[0][0]
+        if (b == 0x22 and (top[0] != "S" or top[7] is not None)) or (b in (0x45, 0x65) and top[0] == "N"):
+            return  # (a quote: only a value string's close, not a key's; no number's exponent)
+        self._bound[(p, b)] = t
+        self.table.trans[p * 256 + b] = t
 
     def _class_exponent(self, d: int) -> bool:
         """Node d's step is the `e` of a bounded number whose text stands for its class
