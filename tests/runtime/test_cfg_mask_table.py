@@ -1042,8 +1042,9 @@ def test_steps_filled_without_a_derivation_per_byte_match_python_walk(backend):
 def _audit_steps(machine, tab) -> int:
     """Every filled transition of the table (derived, copied, or dead at interning) is the
     matcher's step from its state, canonical; a string frame's node aside (lexeme rows share
-    steps across the nodes of one shape). Steps that read the output text are skipped.
-    Returns how many were checked."""
+    steps across the nodes of one shape); and every liveness known (set at interning, or
+    derived) is the one-byte lookahead's. Steps that read the output text are skipped.
+    Returns how many transitions were checked."""
     def shape(state):
         return tuple((st[0][:1] + st[0][2:], st[1]) if st[0][0] == "S" else st for st in state)
 
@@ -1063,6 +1064,14 @@ def _audit_steps(machine, tab) -> int:
             else:
                 assert shape(tab.canon(nxt)) == shape(tab.states[t]), (st, b)  # (the vocabulary's canonical)
             n += 1
+        if tab.lives[s] in (1, 2):  # (a liveness set at interning, or derived: the lookahead's verdict)
+            cands = machine.candidates(st)
+            try:
+                lives = (cands is None or machine.complete(st) or machine.accepting(st, 0, _no_ctx)
+                         or any(machine.advance(st, c, 0, _no_ctx) for c in cands))
+            except NeedsText:
+                continue
+            assert tab.lives[s] == (1 if lives else 2), st
     return n
 
 

@@ -142,6 +142,9 @@ class StateTable:
         if cands is None:
             self.lives[n] = 1  # (MaskEngine._lives: a state taking any byte lets a token end)
             cands = self.machine.string_bytes(state) if self.lexemes else None
+        elif (self.lexemes and len(state) == 1 and state[0] is not None and state[0][0][0] == "L"
+              and state[0][0][2] + 1 < len(state[0][0][1])):
+            self.lives[n] = 1  # (inside a literal, short of its last byte: its next byte steps it)
         if cands is not None:
             cands = frozenset(cands)
             row = _ROWS.get(cands)
