@@ -46,6 +46,11 @@ from lmprog_runtime.constrained.cfg.table_budget import BUDGET
 UNKNOWN, DEAD, PYTHON = -1, -2, -3  # table_walk.c's transition markers
 IN_PYTHON = 3  # liveness that reads the output text (table_walk.c stops there: a Python subtree)
 SOFT_STATES = 4096
+# a new table's room: a compile reserves 256 states after its warm-up anyway (backend.
+# TABLE_LEAST), and each growth on the way there (copies, the lexeme map rebuilt) took ~0.25
+# ms of a compile; an emptied table (table_budget.py, SOFT_STATES) keeps the least
+FIRST_STATES = 256
+EMPTIED_STATES = 64
 HARD_STATES = 16384
 _SOURCE = pathlib.Path(__file__).with_name("table_walk.c")
 _ROWS: dict = {}  # candidate bytes (frozenset) -> a new state's table row, shared by all grammars (read only)
@@ -80,10 +85,10 @@ class StateTable:
         self.lock = threading.Lock()  # held while a walk uses the table (TableWalker sets the engine's)
         self._held = [0]  # bytes reported to BUDGET (given back when the table is collected)
         weakref.finalize(self, _give_back, self._held)
-        self.reset()
+        self.reset(FIRST_STATES)
         BUDGET.track(self)
 
-    def reset(self) -> None:
+    def reset(self, cap: int = EMPTIED_STATES) -> None:
         self.lex: dict = {}  # a lexeme's top frame -> the first state id interned with it
         self.wsrep: dict = {}  # a whitespace state -> the first state id interned with it
         self.srep: dict = {}  # a plain string body's frame less its node -> its first state id
@@ -91,15 +96,15 @@ class StateTable:
         self.in_c: set = set()  # the closes registered in self.keys (those met twice)
         self.ids: dict = {}
         self.states = States(self)  # (ids the C walk made are built on first read)
-        self.trans = np.full(64 * 256, UNKNOWN, dtype=np.int32)
-        self.lives = np.zeros(64, dtype=np.uint8)
-        self.inside = np.zeros(64, dtype=np.uint8)  # 1: inside a key with FREE text, plain mode
-        self.generic = np.full(64, UNKNOWN, dtype=np.int32)  # the close of an additionalProperties key
+        self.trans = np.full(cap * 256, UNKNOWN, dtype=np.int32)
+        self.lives = np.zeros(cap, dtype=np.uint8)
+        self.inside = np.zeros(cap, dtype=np.uint8)  # 1: inside a key with FREE text, plain mode
+        self.generic = np.full(cap, UNKNOWN, dtype=np.int32)  # the close of an additionalProperties key
         self.addr = (self.trans.ctypes.data, self.lives.ctypes.data)
         self.keys.clear()
         self.keys.set_inside(self.inside, self.generic)
-        self.lexrows.clear(64)
-        self.lexrows.grow(64, self.inside, self.lives, HARD_STATES)
+        self.lexrows.clear(cap)
+        self.lexrows.grow(cap, self.inside, self.lives, HARD_STATES)
         self.account()
 
     def account(self) -> None:
