@@ -63,7 +63,9 @@ def canonical(state: tuple, exponent_free: bool = False) -> tuple:
         if count != top[2] or text is not top[7] or utf is not top[3]:
             out = list(state) if out is None else out
             out[k] = ((top[0], node, count, utf) + top[4:7] + (text,), st[1])
-    return state if out is None else tuple(dict.fromkeys(out))
+    if out is None:
+        return state
+    return (out[0],) if len(out) == 1 else tuple(dict.fromkeys(out))
 
 
 def _free_number(top) -> bool:
@@ -259,14 +261,21 @@ def _captures(st) -> bool:
 
 def _unplace(st):
     """A stack with its C / U frames' start offsets set to -1 (read only through ctx) and its
-    uniqueItems arrays' items seen, where any, ANY_SEEN (`unplaced`)."""
-    frames = []
+    uniqueItems arrays' items seen, where any, ANY_SEEN (`unplaced`); the part below its
+    deepest such frame not yet so is the same tuple (a state stepped from a canonical one
+    rebuilds only the frames it pushed), and a stack already so is itself."""
+    nodes = []
+    deepest = -1
     while st is not None:
-        frames.append(st[0])
+        if unplaced(st[0]) is not st[0]:
+            deepest = len(nodes)
+        nodes.append(st)
         st = st[1]
-    out = None
-    for f in reversed(frames):
-        out = (unplaced(f), out)
+    if deepest < 0:
+        return nodes[0] if nodes else None
+    out = nodes[deepest][1]
+    for node in reversed(nodes[:deepest + 1]):
+        out = (unplaced(node[0]), out)
     return out
 
 
@@ -274,11 +283,11 @@ def unplaced(frame):
     """A C / U frame with its start offset set to -1, a uniqueItems array's items seen (where
     any) ANY_SEEN; any other frame as it is."""
     if frame[0] == "C":
-        return ("C", frame[1], -1)
+        return frame if frame[2] == -1 else ("C", frame[1], -1)
     if frame[0] == "U":
-        return ("U", -1)
-    if frame[0] == "A" and frame[4]:  # (none seen yet stays so: the first item reads no text, Machine.finish)
-        return frame[:4] + (ANY_SEEN,) + frame[5:]
+        return frame if frame[1] == -1 else ("U", -1)
+    if frame[0] == "A" and frame[4] and frame[4] is not ANY_SEEN:  # (none seen yet stays so: the
+        return frame[:4] + (ANY_SEEN,) + frame[5:]                  # first item reads no text, Machine.finish)
     return frame
 
 
