@@ -136,8 +136,13 @@ class LexRows:
         self.rep[n], self.below[n], self.kind[n] = rep, b, kind
         if kind >= 3 and self.ctxrep[b] < 0:
             self.ctxrep[b] = n
-        if self.find(rep, below) < 0:
-            self._put((rep << 32) | b, n)
+        key, cap = (rep << 32) | b, len(self.map)
+        slot = _slot(key, cap)
+        while self.map[slot, 0] != -1:
+            if self.map[slot, 0] == key:
+                return  # (met first by the C walk, or under another state)
+            slot = (slot + 1) & (cap - 1)
+        self.map[slot] = (key, n)
 
 
 def ws_of(frame: tuple) -> int:
@@ -169,10 +174,11 @@ class WsContext(tuple):
         return cls((frame[:at] + (None,) + frame[at + 1:], st[1]))
 
 
-def ws_lexeme(pool, state: tuple):
+def ws_lexeme(pool, state: tuple, kinds: dict):
     """(table_walk.c's kind: 3 a ws byte may follow, 4 none may; the whitespace state;
     its WsContext) of a state in whitespace between JSON tokens (one stack, a V / O / A
-    frame on top with a nullable whitespace state), or None."""
+    frame on top with a nullable whitespace state), or None. kinds: whitespace state ->
+    its kind, or 0 where it is not nullable (the caller's, per grammar)."""
     if len(state) != 1 or state[0] is None:
         return None
     top = state[0][0]
@@ -180,10 +186,11 @@ def ws_lexeme(pool, state: tuple):
     if kind not in ("V", "O", "A") or (kind != "V" and top[2] == 4):
         return None
     ws = top[2] if kind == "V" else top[5]
-    if not pool.nullable(ws):
-        return None
-    more = any(pool.step(ws, c) != pool.NONE for c in b" \t\n\r")
-    return (3 if more else 4), ws, WsContext.of(state[0])
+    got = kinds.get(ws)
+    if got is None:
+        got = kinds[ws] = (0 if not pool.nullable(ws) else
+                           3 if any(pool.step(ws, c) != pool.NONE for c in b" \t\n\r") else 4)
+    return (got, ws, WsContext.of(state[0])) if got else None
 
 
 def string_shape(top: tuple) -> tuple:

@@ -91,6 +91,7 @@ class StateTable:
     def reset(self, cap: int = EMPTIED_STATES) -> None:
         self.lex: dict = {}  # a lexeme's top frame -> the first state id interned with it
         self.wsrep: dict = {}  # a whitespace state -> the first state id interned with it
+        self.ws_kinds: dict = {}  # a whitespace state -> its lexeme kind (lexrows.ws_lexeme)
         self.srep: dict = {}  # a plain string body's frame less its node -> its first state id
         self.closes: dict = {}  # (state id inside a key, key text) -> the id after its closing quote
         self.in_c: set = set()  # the closes registered in self.keys (those met twice)
@@ -121,7 +122,7 @@ class StateTable:
         if got is not None:
             return got
         lexeme = self._string_lexeme(state)
-        ws = ws_lexeme(self.machine.pool, state) if self.lexemes and not lexeme else None
+        ws = ws_lexeme(self.machine.pool, state, self.ws_kinds) if self.lexemes and not lexeme else None
         if lexeme:  # a string state the C walk may have made
             rep = self.srep.get(string_shape(state[0][0]))
             got = self.lexrows.find(rep, StrContext.of(state[0])) if rep is not None else -1
