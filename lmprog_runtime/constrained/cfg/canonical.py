@@ -264,18 +264,19 @@ def _unplace(st):
     uniqueItems arrays' items seen, where any, ANY_SEEN (`unplaced`); the part below its
     deepest such frame not yet so is the same tuple (a state stepped from a canonical one
     rebuilds only the frames it pushed), and a stack already so is itself."""
-    nodes = []
-    deepest = -1
+    top, nodes, frames, deepest = st, [], [], -1
     while st is not None:
-        if unplaced(st[0]) is not st[0]:
+        frame = unplaced(st[0])
+        if frame is not st[0]:
             deepest = len(nodes)
         nodes.append(st)
+        frames.append(frame)
         st = st[1]
     if deepest < 0:
-        return nodes[0] if nodes else None
+        return top
     out = nodes[deepest][1]
-    for node in reversed(nodes[:deepest + 1]):
-        out = (unplaced(node[0]), out)
+    for k in range(deepest, -1, -1):
+        out = (frames[k], out)
     return out
 
 

@@ -101,25 +101,27 @@ class LexRows:
             pending = pending[lost]
             slots[pending] = (slots[pending] + 1) & (cap - 1)
 
-    def _put(self, key: int, value: int) -> None:
+    def _probe(self, key: int) -> int:
+        """The slot holding `key`, or the empty slot its probe chain ends at."""
         cap = len(self.map)
         slot = _slot(key, cap)
-        while self.map[slot, 0] != -1:
+        while self.map[slot, 0] != -1 and self.map[slot, 0] != key:
             slot = (slot + 1) & (cap - 1)
-        self.map[slot] = (key, value)
+        return slot
+
+    def _put(self, key: int, value: int) -> None:
+        """key -> value, unless the map holds key (met first by the C walk, or by another state)."""
+        slot = self._probe(key)
+        if self.map[slot, 0] == -1:
+            self.map[slot] = (key, value)
 
     def find(self, rep: int, below) -> int:
         """The id of (frame of state `rep`, stack `below`), or -1."""
         b = self.below_ids.get(below)
         if b is None:
             return -1
-        key, cap = (rep << 32) | b, len(self.map)
-        slot = _slot(key, cap)
-        while self.map[slot, 0] != -1:
-            if self.map[slot, 0] == key:
-                return int(self.map[slot, 1])
-            slot = (slot + 1) & (cap - 1)
-        return -1
+        slot = self._probe((rep << 32) | b)
+        return int(self.map[slot, 1]) if self.map[slot, 0] != -1 else -1
 
     def ws_source(self, s: int, b: int):
         """The state whose step on b the C walk reads whitespace state s's off (its
@@ -136,13 +138,7 @@ class LexRows:
         self.rep[n], self.below[n], self.kind[n] = rep, b, kind
         if kind >= 3 and self.ctxrep[b] < 0:
             self.ctxrep[b] = n
-        key, cap = (rep << 32) | b, len(self.map)
-        slot = _slot(key, cap)
-        while self.map[slot, 0] != -1:
-            if self.map[slot, 0] == key:
-                return  # (met first by the C walk, or under another state)
-            slot = (slot + 1) & (cap - 1)
-        self.map[slot] = (key, n)
+        self._put((rep << 32) | b, n)
 
 
 def ws_of(frame: tuple) -> int:
