@@ -106,3 +106,42 @@ def test_mask_builder_rows(vocab):
     assert reqs[3].finished and reqs[3].reason.status_code == 500
     assert stats["mask_rows"] == 3
     assert mb.build(reqs_of(None, None)) is None
+
+
+VALUES = {"type": "object", "properties": {
+    "long": {"type": "string", "maxLength": 300},          # counters clamped far from the bound: one mask
+    "short": {"type": "string", "maxLength": 5, "minLength": 2},
+    "least": {"type": "string", "minLength": 30},
+    "free": {"type": "string"},
+    "items": {"type": "array", "items": {"type": "string", "maxLength": 12}},
+    "checked": {"not": {"type": "string", "maxLength": 3}}}}  # (a pending check below: the generic path)
+VALUE_DOCS = ['{"long":"%s","short":"abcd","least":"%s","free":"a b c","items":["x","hello world!"],'
+              '"checked":"abcdef"}' % ("word " * 40, "ab" * 20),
+              '{"items":["","a"],"free":"","short":"ab","long":""}']
+
+
+@pytest.mark.parametrize("pad", [0, 40])
+def test_value_string_masks_written_from_their_parts(tokenizer, pad):
+    """cfg writes a value string's body mask from its parts (MaskEngine._value_mask: the walked
+    part by rule and stack below, the counters' tokens, the plain tokens); it is the mask
+    `mask_packed` makes, at every count, bounded or not, twice over (memoized) and under a check."""
+    vocab = len(tokenizer) + pad
+    be = create_grammar_backend("cfg", tokenizer, vocab, [tokenizer.eos_token_id])
+    words = -(-vocab // 32)
+    try:
+        g0 = be.get_future("json", json.dumps(VALUES)).result(timeout=120)
+        for doc in VALUE_DOCS * 2:
+            g = g0.copy()
+            row = np.zeros(vocab, dtype=np.bool_)
+            out = np.full(words, 0x5A5A5A5A, dtype=np.int32)
+            for t in tokenizer.encode(doc, add_special_tokens=False) + [tokenizer.eos_token_id]:
+                g.write_bitmask(out)
+                g.write_mask(row)
+                got = np.unpackbits(out.view(np.uint8), bitorder="little")[:vocab].view(np.bool_)
+                assert np.array_equal(got, row), (doc, g._hist)
+                assert not np.unpackbits(out.view(np.uint8), bitorder="little")[vocab:].any()
+                assert row[t]
+                g.accept_token(t)
+        assert g0._shared.engine._values  # (the path was taken)
+    finally:
+        be.shutdown()

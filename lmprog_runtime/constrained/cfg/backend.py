@@ -51,6 +51,13 @@ class _Compiled:
     def __init__(self, machine: Machine, engine: MaskEngine, table, eos: Sequence[int], vocab_size: int):
         self.machine, self.engine, self.table = machine, engine, table
         self.eos, self.vocab_size = list(eos), vocab_size
+        self._eos_bits: dict = {}  # bytes of a bitmask row -> its EOS tokens' (byte, bit) pairs
+
+    def eos_bits(self, m: int) -> list:
+        got = self._eos_bits.get(m)
+        if got is None:
+            got = self._eos_bits[m] = [(e >> 3, 1 << (e & 7)) for e in self.eos if e < m * 8]
+        return got
 
 
 class CfgGrammar(Grammar):
@@ -94,11 +101,11 @@ class CfgGrammar(Grammar):
         if self.finished:
             out.fill(0)
         else:
-            sh.engine.write_words(self.state, bytes(self._hist), out)
-        if self.finished or self._accepting():
-            for e in sh.eos:
-                if e < out.shape[0] * 8:
-                    out[e >> 3] |= 1 << (e & 7)
+            sh.engine.write_words(self._states[-1], self._hist, out)  # (hist copied only off a memo hit)
+            if not self._accepting():
+                return
+        for i, bit in sh.eos_bits(out.shape[0]):
+            out[i] |= bit
 
     def _or_into(self, row: np.ndarray, overwrite: bool = False) -> None:
         """Set the allowed tokens True in the numpy bool row (others untouched, or False

@@ -433,8 +433,9 @@ class MaskEngine:
         self._lock = threading.Lock()
         self._alive: dict[int, np.ndarray] = {}
         self._parts: dict = {}
-        self._unions: dict = {}  # (id(walked), id(plain part)) -> (walked, part, their union); _bounded's too
+        self._unions: dict = {}  # (id(walked), id(plain part)) -> (walked, part, their union); _bounded's and _value_mask's too
         self._bodies: dict = {}  # a string body's fast-key parts and id(stack below) -> (that stack, its mask)
+        self._values: dict = {}  # (value string rule, id(stack below)) -> that stack, its body's parts (_value_mask)
         self._local = threading.local()  # read_text: whether this thread's last walk read the text
         self._table: Optional[ClassTable] = None
         self._pstates: dict = {}  # (pattern term, key text) -> its state (_pattern_state)
@@ -535,23 +536,29 @@ class MaskEngine:
         else:
             np.logical_or(row[:n], allowed, out=row[:n])
 
-    def write_words(self, state: tuple, hist: bytes, out: np.ndarray) -> None:
+    def write_words(self, state: tuple, hist, out: np.ndarray) -> None:
         """The allowed tokens of `state` written over the uint8 view `out` of an int32
         bitmask row (bit j of byte b: token 8b + j; the masks are packed in that order): the
-        packed mask copied, the trie's sink slot and everything past the vocabulary clear."""
+        packed mask copied, the trie's sink slot and everything past the vocabulary clear.
+        `hist` (bytes or the matcher's bytearray) is copied only where the memo misses."""
         packed = None
-        if len(state) == 1 and state[0] is not None:  # (a memo hit keyed by the state itself: mask_packed's
-            top = state[0][0]                         # first lookup, less the calls around it)
-            if type(top) is tuple and top[0] not in ("S", "R"):
-                got = self._memo.get(state)
-                if got is not None and got is not _BY_TEXT:
-                    try:
-                        self._memo.move_to_end(state)
-                    except KeyError:  # (evicted meanwhile by another thread)
-                        pass
-                    packed = got
+        if len(state) == 1:  # (a memo hit keyed by the state itself: mask_packed's first lookup,
+            st = state[0]    # less the calls around it)
+            if st is not None:
+                top = st[0]
+                if type(top) is tuple and top[0] == "S" and top[7] is None:
+                    packed = self._value_mask(top, st[1], hist)
+                elif type(top) is tuple and top[0] not in ("S", "R"):
+                    memo = self._memo
+                    got = memo.get(state)
+                    if got is not None and got is not _BY_TEXT:
+                        try:
+                            memo.move_to_end(state)
+                        except KeyError:  # (evicted meanwhile by another thread)
+                            pass
+                        packed = got
         if packed is None:
-            packed = self.mask_packed(state, hist)
+            packed = self.mask_packed(state, bytes(hist))
         m = out.shape[0]
         k = self.vocab.token_bytes  # whole bytes of tokens (the trie's sink slot is past them)
         if k >= m:
@@ -560,6 +567,50 @@ class MaskEngine:
         out[:k] = packed[:k]
         out[k] = packed[k] & self.vocab.token_tail
         out[k + 1:] = 0
+
+    def _value_mask(self, top: tuple, rest, hist) -> Optional[np.ndarray]:
+        """mask_packed of a value string's body at a character boundary (no pattern, no enum,
+        no pending check below it), or None where this does not apply: the same parts, found
+        by the rule and the stack below (the same object along the string's tokens) without
+        making the fast key. A rule without length bounds has one mask for every count; a
+        bounded one's is its walked part under the rule less the bounds (`_bounded`), ANDed
+        with the tokens passing its counters, ORed with the plain tokens within its
+        characters left, memoized per counts (far from the bounds they are clamped: one mask
+        for most of a long string)."""
+        node = top[1]
+        if top[3] or top[4] or top[5] or top[6] or node.enum is not None:
+            return None
+        got = self._values.get((node, id(rest)))  # (an entry holds that stack: its id is not reused meanwhile)
+        if got is None or got[0] is not rest:
+            state = ((top, rest),)
+            if _capture_start(state) is not None:  # (a check below may read the text: the caller's path)
+                got = (rest, None, None)
+            elif node.max_len is None and not node.min_len:  # (every count's mask is the same)
+                got = (rest, self.mask_packed(state, bytes(hist)), None)
+            else:
+                free = ((("S", node.twin(_UNBOUNDED, min_len=0, max_len=None), 0) + top[3:], rest),)
+                got = (rest, None, self._masked(self._fast_key(free), free, bytes(hist)))
+            with self._lock:
+                if len(self._values) >= MEMO_UNIONS:
+                    self._values.clear()
+                self._values[(node, id(rest))] = got
+        base = got[2]
+        if base is None:
+            return got[1]
+        v, count = self.vocab, top[2]
+        cap = v.max_special
+        left = cap if node.max_len is None else min(node.max_len - count, cap)
+        deficit = min(max(node.min_len - count, 0), cap)
+        plain = self._plain_left(top)
+        key = (id(base), left, deficit, plain)
+        done = self._unions.get(key)  # (an entry holds the walked part: its id is not reused meanwhile)
+        if done is None:
+            done = (base, (base & v.in_string(left, deficit)) | self._plain_part(top))
+            with self._lock:
+                if len(self._unions) >= MEMO_UNIONS:
+                    self._unions.clear()
+                self._unions[key] = done
+        return done[1]
 
     def _masked(self, key, state: tuple, hist: bytes) -> np.ndarray:
         """The walked part of the mask, memoized by `key` (or the state). Under a pending
