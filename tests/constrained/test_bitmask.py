@@ -115,21 +115,25 @@ VALUES = {"type": "object", "properties": {
     "free": {"type": "string"},
     "items": {"type": "array", "items": {"type": "string", "maxLength": 12}},
     "checked": {"not": {"type": "string", "maxLength": 3}}}}  # (a pending check below: the generic path)
+# keys of an open object (no enum: any text), bounded by propertyNames, with a pattern property
+KEYS = dict(VALUES, propertyNames={"maxLength": 9}, patternProperties={"^x-": {"type": "integer"}})
 VALUE_DOCS = ['{"long":"%s","short":"abcd","least":"%s","free":"a b c","items":["x","hello world!"],'
               '"checked":"abcdef"}' % ("word " * 40, "ab" * 20),
-              '{"items":["","a"],"free":"","short":"ab","long":""}']
+              '{"items":["","a"],"free":"","short":"ab","long":"","x-tag":3,"other":"y","shortest":1}']
 
 
+@pytest.mark.parametrize("schema", [VALUES, KEYS])
 @pytest.mark.parametrize("pad", [0, 40])
-def test_value_string_masks_written_from_their_parts(tokenizer, pad):
+def test_string_masks_written_from_their_parts(tokenizer, pad, schema):
     """cfg writes a value string's body mask from its parts (MaskEngine._value_mask: the walked
-    part by rule and stack below, the counters' tokens, the plain tokens); it is the mask
-    `mask_packed` makes, at every count, bounded or not, twice over (memoized) and under a check."""
+    part by rule and stack below, the counters' tokens, the plain tokens) and a key's from its
+    fast key made in place (`_key_mask`); each is the mask `mask_packed` makes, at every count,
+    bounded or not, twice over (memoized) and under a check."""
     vocab = len(tokenizer) + pad
     be = create_grammar_backend("cfg", tokenizer, vocab, [tokenizer.eos_token_id])
     words = -(-vocab // 32)
     try:
-        g0 = be.get_future("json", json.dumps(VALUES)).result(timeout=120)
+        g0 = be.get_future("json", json.dumps(schema)).result(timeout=120)
         for doc in VALUE_DOCS * 2:
             g = g0.copy()
             row = np.zeros(vocab, dtype=np.bool_)

@@ -546,8 +546,9 @@ class MaskEngine:
             st = state[0]    # less the calls around it)
             if st is not None:
                 top = st[0]
-                if type(top) is tuple and top[0] == "S" and top[7] is None:
-                    packed = self._value_mask(top, st[1], hist)
+                if type(top) is tuple and top[0] == "S":
+                    packed = (self._value_mask(top, st[1], hist) if top[7] is None
+                              else self._key_mask(top, st[1], hist))
                 elif type(top) is tuple and top[0] not in ("S", "R"):
                     memo = self._memo
                     got = memo.get(state)
@@ -611,6 +612,25 @@ class MaskEngine:
                     self._unions.clear()
                 self._unions[key] = done
         return done[1]
+
+    def _key_mask(self, top: tuple, rest, hist) -> Optional[np.ndarray]:
+        """mask_packed of a key's body at a character boundary (no enum), or None where this
+        does not apply: its fast key made in place, and no body key (a key's text changes
+        at every token: `_bodies` would not meet it again)."""
+        node = top[1]
+        if top[3] or top[4] or top[5] or node.enum is not None:
+            return None
+        got = self._masked(("fast", (self._body_part(top, rest),)), ((top, rest),), bytes(hist))
+        part = self._plain_part(top)
+        pair = (id(got), id(part))
+        done = self._unions.get(pair)  # (an entry holds both arrays: their ids are not reused meanwhile)
+        if done is None:
+            done = (got, part, got | part)
+            with self._lock:
+                if len(self._unions) >= MEMO_UNIONS:
+                    self._unions.clear()
+                self._unions[pair] = done
+        return done[2]
 
     def _masked(self, key, state: tuple, hist: bytes) -> np.ndarray:
         """The walked part of the mask, memoized by `key` (or the state). Under a pending
@@ -1089,12 +1109,17 @@ class MaskEngine:
                 continue
             if top[0] != "S" or top[3] or top[4] or top[5] or top[1].enum is not None:
                 return None
-            node, count = top[1], top[2]
-            cap = self.vocab.max_special if not top[6] else self.vocab.max_chars
-            left = cap if node.max_len is None else min(node.max_len - count, cap)
-            deficit = min(max(node.min_len - count, 0), cap)
-            parts.append((node, left, deficit, top[6], top[7], rest))
+            parts.append(self._body_part(top, rest))
         return ("fast", tuple(parts)) if parts else None
+
+    def _body_part(self, top: tuple, rest) -> tuple:
+        """A string body's part of its fast key: its counters clamped to the longest walked
+        token (to the longest token, with patterns: the plain tokens go through them)."""
+        node, count = top[1], top[2]
+        cap = self.vocab.max_special if not top[6] else self.vocab.max_chars
+        left = cap if node.max_len is None else min(node.max_len - count, cap)
+        deficit = min(max(node.min_len - count, 0), cap)
+        return (node, left, deficit, top[6], top[7], rest)
 
     def reserve(self, headroom: float, least: int) -> None:
         """Room in the C walk's table for `headroom` times the states it holds, and `least`
