@@ -122,19 +122,29 @@ VALUE_DOCS = ['{"long":"%s","short":"abcd","least":"%s","free":"a b c","items":[
               '{"items":["","a"],"free":"","short":"ab","long":"","x-tag":3,"other":"y","shortest":1}']
 
 
-@pytest.mark.parametrize("schema", [VALUES, KEYS])
+# numbers: free, bounded (texts by class), past a minimum, under a check, in a uniqueItems array, exponents
+NUMBERS = {"type": "object", "properties": {
+    "free": {"type": "number"}, "int": {"type": "integer"}, "pct": {"type": "number", "minimum": 0, "maximum": 100},
+    "least": {"type": "integer", "minimum": 10}, "odd": {"not": {"type": "number", "multipleOf": 2}},
+    "set": {"type": "array", "uniqueItems": True, "items": {"type": "number"}}, "any": {}}}
+NUMBER_DOCS = ['{"free":-12.5e3,"int":123456,"pct":99.25,"least":1234,"odd":12345,"set":[1,2.5,31],"any":[7,8e-2]}',
+               '{"pct":100,"free":0.001,"int":-7,"least":10,"set":[],"any":5}']
+
+
+@pytest.mark.parametrize("schema,docs", [(VALUES, VALUE_DOCS), (KEYS, VALUE_DOCS), (NUMBERS, NUMBER_DOCS)])
 @pytest.mark.parametrize("pad", [0, 40])
-def test_string_masks_written_from_their_parts(tokenizer, pad, schema):
+def test_masks_written_from_their_parts(tokenizer, pad, schema, docs):
     """cfg writes a value string's body mask from its parts (MaskEngine._value_mask: the walked
-    part by rule and stack below, the counters' tokens, the plain tokens) and a key's from its
-    fast key made in place (`_key_mask`); each is the mask `mask_packed` makes, at every count,
-    bounded or not, twice over (memoized) and under a check."""
+    part by rule and stack below, the counters' tokens, the plain tokens), a key's from its
+    fast key made in place (`_key_mask`) and a number's from its canonical state's memo entry
+    (`_number_memo`); each is the mask `mask_packed` makes, at every count or text, bounded or
+    not, twice over (memoized) and under a check."""
     vocab = len(tokenizer) + pad
     be = create_grammar_backend("cfg", tokenizer, vocab, [tokenizer.eos_token_id])
     words = -(-vocab // 32)
     try:
         g0 = be.get_future("json", json.dumps(schema)).result(timeout=120)
-        for doc in VALUE_DOCS * 2:
+        for doc in docs * 2:
             g = g0.copy()
             row = np.zeros(vocab, dtype=np.bool_)
             out = np.full(words, 0x5A5A5A5A, dtype=np.int32)
@@ -146,6 +156,35 @@ def test_string_masks_written_from_their_parts(tokenizer, pad, schema):
                 assert not np.unpackbits(out.view(np.uint8), bitorder="little")[vocab:].any()
                 assert row[t]
                 g.accept_token(t)
-        assert g0._shared.engine._values  # (the path was taken)
+        engine = g0._shared.engine
+        assert engine._values or engine._plain_stacks  # (the path was taken)
+    finally:
+        be.shutdown()
+
+
+def test_a_numbers_memo_key_is_its_canonical_state(tokenizer):
+    """_number_memo looks a number's mask up under (its canonical frame, the stack below as it
+    is) where that stack holds no check or uniqueItems items seen: there that is the whole
+    state's canonical form, the key `_masked` stores under (elsewhere it declines)."""
+    from lmprog_runtime.constrained.cfg.canonical import canonical, number_top
+    be = create_grammar_backend("cfg", tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    try:
+        g0 = be.get_future("json", json.dumps(NUMBERS)).result(timeout=120)
+        engine = g0._shared.engine
+        free = engine.vocab.exponent_free
+        seen = {True: 0, False: 0}
+        for doc in NUMBER_DOCS:
+            g = g0.copy()
+            for t in tokenizer.encode(doc, add_special_tokens=False):
+                state = g.state
+                if len(state) == 1 and state[0][0][0] == "N":
+                    top, rest = state[0]
+                    engine._number_memo(top, rest)
+                    plain = engine._plain_stacks[id(rest)][1]
+                    seen[plain] += 1
+                    if plain:
+                        assert canonical(state, exponent_free=free) == ((number_top(top, free), rest),)
+                g.accept_token(t)
+        assert seen[True] > 10 and seen[False] > 3  # (both kinds of stack met)
     finally:
         be.shutdown()

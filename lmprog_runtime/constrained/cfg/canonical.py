@@ -39,15 +39,10 @@ def canonical(state: tuple, exponent_free: bool = False) -> tuple:
             out[k] = st = got
         top = st[0]
         if type(top) is tuple and top[0] == "N":
-            node = top[1] if _free_number(top) else _met_minimum(top, exponent_free)
-            if node is not None:
+            got = number_top(top, exponent_free)
+            if got is not top:
                 out = list(state) if out is None else out
-                out[k] = (("N", node, "0", top[3]), st[1])
-                continue
-            text = _number_class(top, exponent_free)
-            if text is not None and text != top[2]:
-                out = list(state) if out is None else out
-                out[k] = (("N", top[1], text, top[3]), st[1])
+                out[k] = (got, st[1])
             continue
         if type(top) is not tuple or top[0] != "S":
             continue
@@ -66,6 +61,17 @@ def canonical(state: tuple, exponent_free: bool = False) -> tuple:
     if out is None:
         return state
     return (out[0],) if len(out) == 1 else tuple(dict.fromkeys(out))
+
+
+def number_top(top: tuple, exponent_free: bool = False) -> tuple:
+    """A number frame's canonical form (`canonical`'s: nothing below it is read): text "0"
+    where `_free_number` or `_met_minimum` allows, its class's text where `_number_class`
+    finds one, else the frame itself."""
+    node = top[1] if _free_number(top) else _met_minimum(top, exponent_free)
+    if node is not None:
+        return ("N", node, "0", top[3])
+    text = _number_class(top, exponent_free)
+    return ("N", top[1], text, top[3]) if text is not None and text != top[2] else top
 
 
 def _free_number(top) -> bool:

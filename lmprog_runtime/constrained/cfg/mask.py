@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from lmprog_runtime.constrained.cfg.canonical import _free_node, free_number_exponent, unplaced
+from lmprog_runtime.constrained.cfg.canonical import _free_node, free_number_exponent, number_top, unplaced
 from lmprog_runtime.constrained.cfg.classtable import ClassTable
 from lmprog_runtime.constrained.cfg.machine import NUM_COMPLETE, NUMBER_BYTES, NUMBER_STEPS, Machine, utf8_start
 from lmprog_runtime.constrained.cfg.nodes import Node
@@ -435,6 +435,7 @@ class MaskEngine:
         self._parts: dict = {}
         self._unions: dict = {}  # (id(walked), id(plain part)) -> (walked, part, their union); _bounded's and _value_mask's too
         self._bodies: dict = {}  # a string body's fast-key parts and id(stack below) -> (that stack, its mask)
+        self._plain_stacks: dict = {}  # id(stack) -> (that stack, whether it holds no check or items seen: _number_memo)
         self._values: dict = {}  # (value string rule, id(stack below)) -> that stack, its body's parts (_value_mask)
         self._local = threading.local()  # read_text: whether this thread's last walk read the text
         self._table: Optional[ClassTable] = None
@@ -558,6 +559,8 @@ class MaskEngine:
                         except KeyError:  # (evicted meanwhile by another thread)
                             pass
                         packed = got
+                    elif top[0] == "N":
+                        packed = self._number_memo(top, st[1])
         if packed is None:
             packed = self.mask_packed(state, bytes(hist))
         m = out.shape[0]
@@ -612,6 +615,29 @@ class MaskEngine:
                     self._unions.clear()
                 self._unions[key] = done
         return done[1]
+
+    def _number_memo(self, top: tuple, rest) -> Optional[np.ndarray]:
+        """A number's mask kept under its canonical state's key (`_masked`'s `_canon_key`: the
+        number frame's canonical form over the stack below as it is, where that holds no
+        pending check or uniqueItems array with items seen, which canonical forms or
+        `unique_mask` read), or None: the caller's path. A number's text changes at every
+        token, so its state's own key is never met again; this one is, and is not stored
+        under the state (which would push masks met again out of the LRU)."""
+        got = self._plain_stacks.get(id(rest))  # (an entry holds that stack: its id is not reused meanwhile)
+        if got is None or got[0] is not rest:
+            st, plain = rest, True
+            while st is not None and plain:
+                frame = st[0]
+                plain = frame[0] not in ("C", "U") and not (frame[0] == "A" and frame[4])
+                st = st[1]
+            got = (rest, plain)
+            with self._lock:
+                if len(self._plain_stacks) >= MEMO_UNIONS:
+                    self._plain_stacks.clear()
+                self._plain_stacks[id(rest)] = got
+        if not got[1] or not self._walker():
+            return None
+        return self._recall(("canon", ((number_top(top, self.vocab.exponent_free), rest),)))
 
     def _key_mask(self, top: tuple, rest, hist) -> Optional[np.ndarray]:
         """mask_packed of a key's body at a character boundary (no enum), or None where this
