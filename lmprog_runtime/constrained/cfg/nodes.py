@@ -87,6 +87,10 @@ class Node:
 
     def number_ok(self, text: str) -> bool:
         """The complete JSON number `text` satisfies the node's number rules (exactly, in decimal)."""
+        if self.multiple_of is None:
+            got = self._scaled_ok(text)
+            if got is not None:
+                return got
         try:
             with localcontext(_EXACT):
                 return self._number_ok(Decimal(text))
@@ -98,6 +102,12 @@ class Node:
         exponent) can lie within [lo, hi] and equal a number of the enum: a number drifting
         out of bounds, or away from every enum value, is stopped at the digit that leaves
         them, not left to grow forever."""
+        if self.num_enum is None:
+            if self.lo is None and self.hi is None:
+                return True
+            got = self._scaled_prefix_ok(text)
+            if got is not None:
+                return got
         try:
             with localcontext(_EXACT):
                 if self.num_enum is not None and not any(
@@ -123,6 +133,83 @@ class Node:
 
     def _bound_digits(self) -> int:
         return max(len(str(abs(int(x)))) for x in (self.lo, self.hi) if x is not None) + 1
+
+    def _scaled(self):
+        """The bounds as integers in units of 10^-scale: (scale, lo, hi, `_bound_digits`), or
+        False where a bound has more than SCALED_DIGITS digits or places (memoized): the
+        checks on a number's text then run on Python integers, exactly, as the decimal ones."""
+        got = self._child.get(_SCALED)
+        if got is None:
+            got = False
+            bounds = [x for x in (self.lo, self.hi) if x is not None]
+            if bounds and all(x.is_finite() and -SCALED_DIGITS <= x.as_tuple().exponent and x.adjusted() < SCALED_DIGITS
+                              for x in bounds):
+                scale = max(max(-x.as_tuple().exponent for x in bounds), 0)
+                got = (scale, _units(self.lo, scale), _units(self.hi, scale), self._bound_digits())
+            got = self._child.setdefault(_SCALED, got)
+        return got
+
+    def _scaled_prefix_ok(self, text: str) -> Optional[bool]:
+        """number_prefix_ok without an enum, on integers (`_scaled`), or None where the text
+        or the bounds are not of that kind (the decimal check then)."""
+        got = self._scaled()
+        if not got:
+            return None
+        neg = text[:1] == "-"
+        ip, dot, frac = (text[1:] if neg else text).partition(".")
+        if not ip.isdigit() or not ip.isascii() or (frac and not (frac.isdigit() and frac.isascii())):
+            return None
+        scale, lo, hi, more = got
+        if len(frac) > scale:
+            lo, hi, scale = _rescaled(lo, len(frac) - scale), _rescaled(hi, len(frac) - scale), len(frac)
+        unit, whole = 10 ** scale, self.integer_only()
+        if dot or ip == "0":
+            v = int(ip + frac) * 10 ** (scale - len(frac))
+            spans = [(v, v, True, True) if whole else (v, v + 10 ** (scale - len(frac)), True, False)]
+        else:
+            d = int(ip) * unit
+            spans = [(d * 10 ** k, (d + unit) * 10 ** k, True, False) for k in range(more + 1)]
+            spans.append((d * 10 ** (more + 1), _INF, True, False))
+        for a, b, a_in, b_in in spans:
+            if neg:
+                a, b, a_in, b_in = -b, -a, b_in, a_in
+            if self._meets_scaled(a, b, a_in, b_in, lo, hi, unit, whole):
+                return True
+        return False
+
+    def _meets_scaled(self, a, b, a_in: bool, b_in: bool, lo, hi, unit: int, whole: bool) -> bool:
+        """`_meets` on integers in units of 1 / `unit` (a or b may be an infinite float)."""
+        if lo is not None and (lo > a or (lo == a and self.lo_excl)):
+            a, a_in = lo, not self.lo_excl
+        if hi is not None and (hi < b or (hi == b and self.hi_excl)):
+            b, b_in = hi, not self.hi_excl
+        if whole:  # (the first and last whole number of the span, in units)
+            if type(a) is int:
+                a, a_in = (-(-a // unit) if a_in else a // unit + 1) * unit, True
+            if type(b) is int:
+                b, b_in = (b // unit if b_in else -(-b // unit) - 1) * unit, True
+        return a < b or (a == b and a_in and b_in)
+
+    def _scaled_ok(self, text: str) -> Optional[bool]:
+        """number_ok without multipleOf, on integers (`_scaled`; bounds alone: True), or None
+        where the text (an exponent) or the bounds are not of that kind."""
+        got = self._scaled() if self.lo is not None or self.hi is not None else (0, None, None, 0)
+        if not got:
+            return None
+        neg = text[:1] == "-"
+        ip, _, frac = (text[1:] if neg else text).partition(".")
+        if not ip.isdigit() or not ip.isascii() or (frac and not (frac.isdigit() and frac.isascii())):
+            return None
+        if self.integer_only() and frac.strip("0"):
+            return False
+        scale, lo, hi, _ = got
+        if len(frac) > scale:
+            lo, hi, scale = _rescaled(lo, len(frac) - scale), _rescaled(hi, len(frac) - scale), len(frac)
+        v = int(ip + frac) * 10 ** (scale - len(frac))
+        v = -v if neg else v
+        if lo is not None and (v < lo or (self.lo_excl and v == lo)):
+            return False
+        return hi is None or not (v > hi or (self.hi_excl and v == hi))
 
     def _meets(self, a: Decimal, b: Decimal, a_in: bool, b_in: bool) -> bool:
         """The interval from a to b (each end in it where `a_in` / `b_in`) holds a value
@@ -155,6 +242,24 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node({self.name or sorted(self.types)})"
+
+
+SCALED_DIGITS = 40  # bounds with at most this many digits before or after the point are checked on integers
+_SCALED = ("__scaled__",)  # (Node._child key: the bounds as integers, Node._scaled)
+_INF = float("inf")
+
+
+def _units(x: Optional[Decimal], scale: int) -> Optional[int]:
+    """Decimal x as an integer in units of 10^-scale (exactly: scale is at least its places)."""
+    if x is None:
+        return None
+    sign, digits, exp = x.as_tuple()
+    v = int("".join(map(str, digits)) or "0") * 10 ** (exp + scale)
+    return -v if sign else v
+
+
+def _rescaled(x: Optional[int], more: int) -> Optional[int]:
+    return None if x is None else x * 10 ** more
 
 
 def _reachable(text: str, max_more: int, whole: bool = False):
