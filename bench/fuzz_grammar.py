@@ -9,6 +9,8 @@ the engine applies it). Reported per instance:
 
 - `accepts_invalid`: the grammar takes an instance the validator refuses (an exactness bug);
 - `mask_not_matcher`: the mask offers a token accept_token refuses (a decode would fail);
+- `bitmask_not_mask`: the int32 bitmask (`write_bitmask`, the scheduler's) differs from the bool
+  mask (`write_mask`) at some step: the two paths' memos disagree;
 - `crash`: compiling or masking raised something other than GrammarError;
 - `rejects_valid`: a valid instance refused (a narrowing, or a bug);
 - `known`: a divergence the docs name (docs/constrained.md, "Liveness"): an integer written
@@ -43,7 +45,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_grammar as bg  # noqa: E402
 
-SERIOUS = ("accepts_invalid", "mask_not_matcher", "crash")
+SERIOUS = ("accepts_invalid", "mask_not_matcher", "bitmask_not_mask", "crash")
 # keywords a schema mutation adds to one subschema (one each time)
 ADDITIONS = (
     {"minimum": 2}, {"maximum": 5}, {"exclusiveMaximum": 3}, {"exclusiveMinimum": -1}, {"multipleOf": 0.5},
@@ -237,12 +239,17 @@ def spelled(rng: random.Random, value) -> str:
 
 def walk(grammar, tok, text: str):
     """True / False: the grammar takes / refuses `text` (then EOS); "mask_not_matcher" where the
-    mask offers a token accept_token refuses."""
+    mask offers a token accept_token refuses; "bitmask_not_mask" where the int32 bitmask the
+    scheduler reads (written first, as a decode step would) is not the bool mask packed."""
     from lmprog_runtime.constrained.base import GrammarError
     g = grammar.copy()
     row = np.zeros(len(tok), dtype=np.bool_)
+    words = np.zeros(-(-len(tok) // 32), dtype=np.int32)
     for t in tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]:
+        g.write_bitmask(words)
         g.write_mask(row)
+        if not np.array_equal(np.unpackbits(words.view(np.uint8), bitorder="little")[:len(tok)].view(np.bool_), row):
+            return "bitmask_not_mask"
         try:
             g.accept_token(t)
         except GrammarError:
@@ -351,7 +358,7 @@ def main() -> int:
                                      "error": repr(exc)})
                     continue
                 counts["instances"] += 1
-                if got == "mask_not_matcher":
+                if got in ("mask_not_matcher", "bitmask_not_mask"):
                     kind = got
                 elif got == expect:
                     continue
