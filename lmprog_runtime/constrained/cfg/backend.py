@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 ANY_JSON = "$$ANY$$"  # SGLang's spelling of "any JSON value"
 MAX_FORCED_BYTES = 256
+# the top frames that may end the output (Machine.accepting: a done document, a nullable regex,
+# a number at the root; an EBNF state of one alternative, not None, never does)
+_MAY_END = frozenset(("D", "R", "N"))
 MAX_REGEX_TERMS = 1_000_000  # lazily derived regex states per grammar (memory bound)
 TABLE_HEADROOM = 1.25  # mask table room after the warm-up, times its states (dev corpus: requests add <10%)
 TABLE_LEAST = 256     # ... and at least this many states (256 KB; a small schema's walks double its sample's)
@@ -101,8 +104,9 @@ class CfgGrammar(Grammar):
         if self.finished:
             out.fill(0)
         else:
-            sh.engine.write_words(self._states[-1], self._hist, out)  # (hist copied only off a memo hit)
-            if not self._accepting():
+            state = self._states[-1]
+            sh.engine.write_words(state, self._hist, out)  # (hist copied only off a memo hit)
+            if len(state) == 1 and state[0] is not None and state[0][0][0] not in _MAY_END or not self._accepting():
                 return
         for i, bit in sh.eos_bits(out.shape[0]):
             out[i] |= bit
