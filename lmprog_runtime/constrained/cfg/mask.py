@@ -646,8 +646,17 @@ class MaskEngine:
         node = top[1]
         if top[3] or top[4] or top[5] or node.enum is not None:
             return None
-        got = self._masked(("fast", (self._body_part(top, rest),)), ((top, rest),), bytes(hist))
-        part = self._plain_part(top)
+        key = ("fast", (self._body_part(top, rest),))
+        got = self._memo.get(key)  # (_masked's first lookup, inline: a key's masks are mostly met in the warm-up)
+        if got is None or got is _BY_TEXT:
+            got = self._masked(key, ((top, rest),), bytes(hist))
+        else:
+            try:
+                self._memo.move_to_end(key)
+            except KeyError:  # (evicted meanwhile by another thread)
+                pass
+        part = self._parts.get((top[6], None if top[1].max_len is None else self._plain_left(top)))
+        part = self._plain_part(top) if part is None else part  # (the plain part, made where not kept)
         pair = (id(got), id(part))
         done = self._unions.get(pair)  # (an entry holds both arrays: their ids are not reused meanwhile)
         if done is None:
