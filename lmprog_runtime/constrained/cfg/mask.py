@@ -473,20 +473,25 @@ class MaskEngine:
         if key is None:
             return got
         top = state[0][0]  # (the string body's plain tokens within its counters)
-        part = self._packed_part(("R", top[1])) if top[0] == "R" else self._plain_part(top)
+        done = self._union(got, self._packed_part(("R", top[1])) if top[0] == "R" else self._plain_part(top))
+        if body is not None and _capture_start(state) is None:  # (a captured text may be read: never by id)
+            with self._lock:
+                if len(self._bodies) >= MEMO_UNIONS:
+                    self._bodies.clear()
+                self._bodies[body] = (state[0][1], done)
+        return done
+
+    def _union(self, got: np.ndarray, part: np.ndarray) -> np.ndarray:
+        """`got | part`, memoized by the two arrays (`_unions`: an entry holds both, so their
+        ids are not reused meanwhile)."""
         pair = (id(got), id(part))
-        done = self._unions.get(pair)  # (an entry holds both arrays: their ids are not reused meanwhile)
+        done = self._unions.get(pair)
         if done is None:
             done = (got, part, got | part)
             with self._lock:
                 if len(self._unions) >= MEMO_UNIONS:
                     self._unions.clear()
                 self._unions[pair] = done
-        if body is not None and _capture_start(state) is None:  # (a captured text may be read: never by id)
-            with self._lock:
-                if len(self._bodies) >= MEMO_UNIONS:
-                    self._bodies.clear()
-                self._bodies[body] = (state[0][1], done[2])
         return done[2]
 
     def _bounded(self, key, state: tuple, hist: bytes) -> Optional[np.ndarray]:
@@ -656,16 +661,7 @@ class MaskEngine:
             except KeyError:  # (evicted meanwhile by another thread)
                 pass
         part = self._parts.get((top[6], None if top[1].max_len is None else self._plain_left(top)))
-        part = self._plain_part(top) if part is None else part  # (the plain part, made where not kept)
-        pair = (id(got), id(part))
-        done = self._unions.get(pair)  # (an entry holds both arrays: their ids are not reused meanwhile)
-        if done is None:
-            done = (got, part, got | part)
-            with self._lock:
-                if len(self._unions) >= MEMO_UNIONS:
-                    self._unions.clear()
-                self._unions[pair] = done
-        return done[2]
+        return self._union(got, self._plain_part(top) if part is None else part)  # (the plain part made where not kept)
 
     def _masked(self, key, state: tuple, hist: bytes) -> np.ndarray:
         """The walked part of the mask, memoized by `key` (or the state). Under a pending

@@ -153,12 +153,10 @@ class Node:
         """number_prefix_ok without an enum, on integers (`_scaled`), or None where the text
         or the bounds are not of that kind (the decimal check then)."""
         got = self._scaled()
-        if not got:
+        parts = _decimal_parts(text) if got else None
+        if parts is None:
             return None
-        neg = text[:1] == "-"
-        ip, dot, frac = (text[1:] if neg else text).partition(".")
-        if not ip.isdigit() or not ip.isascii() or (frac and not (frac.isdigit() and frac.isascii())):
-            return None
+        neg, ip, dot, frac = parts
         scale, lo, hi, more = got
         if len(frac) > scale:
             lo, hi, scale = _rescaled(lo, len(frac) - scale), _rescaled(hi, len(frac) - scale), len(frac)
@@ -194,12 +192,10 @@ class Node:
         """number_ok without multipleOf, on integers (`_scaled`; bounds alone: True), or None
         where the text (an exponent) or the bounds are not of that kind."""
         got = self._scaled() if self.lo is not None or self.hi is not None else (0, None, None, 0)
-        if not got:
+        parts = _decimal_parts(text) if got else None
+        if parts is None:
             return None
-        neg = text[:1] == "-"
-        ip, _, frac = (text[1:] if neg else text).partition(".")
-        if not ip.isdigit() or not ip.isascii() or (frac and not (frac.isdigit() and frac.isascii())):
-            return None
+        neg, ip, _, frac = parts
         if self.integer_only() and frac.strip("0"):
             return False
         scale, lo, hi, _ = got
@@ -256,6 +252,16 @@ def _units(x: Optional[Decimal], scale: int) -> Optional[int]:
     sign, digits, exp = x.as_tuple()
     v = int("".join(map(str, digits)) or "0") * 10 ** (exp + scale)
     return -v if sign else v
+
+
+def _decimal_parts(text: str) -> Optional[tuple]:
+    """(negative, integer digits, ".", fraction digits) of a number's text without exponent
+    (the point and fraction may be empty), or None."""
+    neg = text[:1] == "-"
+    ip, dot, frac = (text[1:] if neg else text).partition(".")
+    if not ip.isdigit() or not ip.isascii() or (frac and not (frac.isdigit() and frac.isascii())):
+        return None
+    return neg, ip, dot, frac
 
 
 def _rescaled(x: Optional[int], more: int) -> Optional[int]:
