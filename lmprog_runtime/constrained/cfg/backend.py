@@ -106,7 +106,7 @@ class CfgGrammar(Grammar):
         else:
             state = self._states[-1]
             sh.engine.write_words(state, self._hist, out)  # (hist copied only off a memo hit)
-            if len(state) == 1 and state[0] is not None and state[0][0][0] not in _MAY_END or not self._accepting():
+            if (len(state) == 1 and state[0] is not None and state[0][0][0] not in _MAY_END) or not self._accepting():
                 return
         for i, bit in sh.eos_bits(out.shape[0]):
             out[i] |= bit

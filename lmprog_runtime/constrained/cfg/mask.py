@@ -509,8 +509,7 @@ class MaskEngine:
             return None
         if _capture_start(state) is not None:
             return None
-        free = ((("S", node.twin(_UNBOUNDED, min_len=0, max_len=None), 0) + top[3:], rest),)
-        base = self._masked(self._fast_key(free), free, hist)
+        base = self._unbounded_part(top, rest, hist)
         _, left, deficit = key[1][0][:3]
         pair = (id(base), left, deficit)
         done = self._unions.get(pair)  # (an entry holds the array: its id is not reused meanwhile)
@@ -521,6 +520,12 @@ class MaskEngine:
                     self._unions.clear()
                 self._unions[pair] = done
         return done[1]
+
+    def _unbounded_part(self, top: tuple, rest, hist: bytes) -> np.ndarray:
+        """The walked part of a string body at a character boundary under its rule less the
+        length bounds (one twin per rule, count 0: the same for every length)."""
+        free = ((("S", top[1].twin(_UNBOUNDED, min_len=0, max_len=None), 0) + top[3:], rest),)
+        return self._masked(self._fast_key(free), free, hist)
 
     def write_row(self, state: tuple, hist: bytes, row: np.ndarray, overwrite: bool) -> None:
         """The allowed tokens of `state` written into the numpy bool row (the rest of it,
@@ -597,8 +602,7 @@ class MaskEngine:
             elif node.max_len is None and not node.min_len:  # (every count's mask is the same)
                 got = (rest, self.mask_packed(state, bytes(hist)), None)
             else:
-                free = ((("S", node.twin(_UNBOUNDED, min_len=0, max_len=None), 0) + top[3:], rest),)
-                got = (rest, None, self._masked(self._fast_key(free), free, bytes(hist)))
+                got = (rest, None, self._unbounded_part(top, rest, bytes(hist)))
             with self._lock:
                 if len(self._values) >= MEMO_UNIONS:
                     self._values.clear()
@@ -606,15 +610,11 @@ class MaskEngine:
         base = got[2]
         if base is None:
             return got[1]
-        v, count = self.vocab, top[2]
-        cap = v.max_special
-        left = cap if node.max_len is None else min(node.max_len - count, cap)
-        deficit = min(max(node.min_len - count, 0), cap)
-        plain = self._plain_left(top)
-        key = (id(base), left, deficit, plain)
+        _, left, deficit = self._body_part(top, rest)[:3]
+        key = (id(base), left, deficit, self._plain_left(top))
         done = self._unions.get(key)  # (an entry holds the walked part: its id is not reused meanwhile)
         if done is None:
-            done = (base, (base & v.in_string(left, deficit)) | self._plain_part(top))
+            done = (base, (base & self.vocab.in_string(left, deficit)) | self._plain_part(top))
             with self._lock:
                 if len(self._unions) >= MEMO_UNIONS:
                     self._unions.clear()
@@ -660,8 +660,8 @@ class MaskEngine:
                 self._memo.move_to_end(key)
             except KeyError:  # (evicted meanwhile by another thread)
                 pass
-        part = self._parts.get((top[6], None if top[1].max_len is None else self._plain_left(top)))
-        return self._union(got, self._plain_part(top) if part is None else part)  # (the plain part made where not kept)
+        part = self._parts.get((top[6], self._plain_left(top)))  # (_plain_part's lookup, inline)
+        return self._union(got, self._plain_part(top) if part is None else part)
 
     def _masked(self, key, state: tuple, hist: bytes) -> np.ndarray:
         """The walked part of the mask, memoized by `key` (or the state). Under a pending

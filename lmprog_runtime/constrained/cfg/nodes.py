@@ -157,9 +157,8 @@ class Node:
         if parts is None:
             return None
         neg, ip, dot, frac = parts
-        scale, lo, hi, more = got
-        if len(frac) > scale:
-            lo, hi, scale = _rescaled(lo, len(frac) - scale), _rescaled(hi, len(frac) - scale), len(frac)
+        scale, lo, hi = _at_places(got, len(frac))
+        more = got[3]
         unit, whole = 10 ** scale, self.integer_only()
         if dot or ip == "0":
             v = int(ip + frac) * 10 ** (scale - len(frac))
@@ -198,9 +197,7 @@ class Node:
         neg, ip, _, frac = parts
         if self.integer_only() and frac.strip("0"):
             return False
-        scale, lo, hi, _ = got
-        if len(frac) > scale:
-            lo, hi, scale = _rescaled(lo, len(frac) - scale), _rescaled(hi, len(frac) - scale), len(frac)
+        scale, lo, hi = _at_places(got, len(frac))
         v = int(ip + frac) * 10 ** (scale - len(frac))
         v = -v if neg else v
         if lo is not None and (v < lo or (self.lo_excl and v == lo)):
@@ -264,8 +261,14 @@ def _decimal_parts(text: str) -> Optional[tuple]:
     return neg, ip, dot, frac
 
 
-def _rescaled(x: Optional[int], more: int) -> Optional[int]:
-    return None if x is None else x * 10 ** more
+def _at_places(scaled: tuple, places: int) -> tuple:
+    """(scale, lo, hi) of `Node._scaled`'s bounds, in units of 10^-places where a text has
+    more places than they."""
+    scale, lo, hi = scaled[:3]
+    if places <= scale:
+        return scale, lo, hi
+    f = 10 ** (places - scale)
+    return places, None if lo is None else lo * f, None if hi is None else hi * f
 
 
 def _reachable(text: str, max_more: int, whole: bool = False):
