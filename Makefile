@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-all bench serve clean
+.PHONY: run test test-all bench serve clean cfg-compiled
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,19 +24,24 @@ $(STAMP): pyproject.toml
 	-(command -v apt-get >/dev/null && apt-get install -y -q chromium >/dev/null 2>&1) || true
 	touch $(STAMP)
 
-run: $(STAMP)
+# The grammar engine's per-token modules as C extensions (Cython), built where missing or
+# older than their source (constrained/cfg/compiled.py); without them it runs as Python.
+cfg-compiled: $(STAMP)
+	-$(BIN)/python -c 'import sys; from lmprog_runtime.constrained.cfg.compiled import main; sys.exit(main())'
+
+run: cfg-compiled
 	$(BIN)/python examples/run_demo.py
 
-serve: $(STAMP)
+serve: cfg-compiled
 	$(BIN)/lmprog-runtime serve
 
-test: $(STAMP)
+test: cfg-compiled
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" tests
 
-test-all: $(STAMP)
+test-all: cfg-compiled
 	$(BIN)/python -m pytest -q tests
 
-bench: $(STAMP)
+bench: cfg-compiled
 	$(BIN)/python bench/run_all.py
 
 clean:

@@ -262,8 +262,12 @@ def main():
             except ImportError as exc:
                 print(f"skipping {name}: {exc}", file=sys.stderr)
             out.write_text(json.dumps(results, indent=1))  # after each backend: partial runs keep data
+    from lmprog_runtime.constrained.cfg.compiled import compiled_modules
+    results["cfg_compiled"] = compiled_modules()  # (the per-token modules run as Cython extensions: compiled.py)
+    out.write_text(json.dumps(results, indent=1))
     plot(results, out.with_suffix(".png"))
     print(table(results))
+    print(f"cfg modules compiled: {', '.join(results['cfg_compiled']) or 'none (LMPROG_CFG_PURE, or not built)'}")
 
 
 if __name__ == "__main__":

@@ -411,8 +411,10 @@ TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Small C kernels compiled at first use (native.py): the compiler, or none at all (the torch
 # and numpy fallbacks); LMPROG_NO_C_WALK is the older name of the switch.
 C_COMPILER = os.environ.get("CC") or None
-NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_KERNELS") or os.environ.get("LMPROG_NO_C_WALK")),
-NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_WALK"))
+NO_C_KERNELS = bool(os.environ.get("LMPROG_NO_C_KERNELS") or os.environ.get("LMPROG_NO_C_WALK"))
+# LMPROG_CFG_PURE=1: the grammar engine's modules imported from their .py files even where their
+# Cython extensions are built (constrained/cfg/compiled.py)
+CFG_PURE = env_flag("LMPROG_CFG_PURE")
 # The quantized decode step's layers as two C calls each (model_executor/llama_layer.py); set
 # LMPROG_NO_FUSED_LAYER=1 for the layer-by-layer path (same logits bit for bit, slower).
 FUSED_LAYER = not env_flag("LMPROG_NO_FUSED_LAYER")

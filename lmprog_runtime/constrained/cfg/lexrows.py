@@ -21,6 +21,8 @@ import ctypes
 
 import numpy as np
 
+from lmprog_runtime.constrained.cfg.machine import WS
+
 _GOLDEN, _MASK = 0x9E3779B97F4A7C15, (1 << 64) - 1
 
 
@@ -129,7 +131,7 @@ class LexRows:
         byte), or None (not a whitespace state, or s is that state)."""
         if self.kind[s] < 3:
             return None
-        r = int(self.ctxrep[self.below[s]]) if b not in b" \t\n\r" else int(self.rep[s])
+        r = int(self.ctxrep[self.below[s]]) if b not in WS else int(self.rep[s])
         return r if r >= 0 and r != s else None
 
     def register(self, n: int, rep: int, below, kind: int) -> None:
@@ -185,7 +187,7 @@ def ws_lexeme(pool, state: tuple, kinds: dict):
     got = kinds.get(ws)
     if got is None:
         got = kinds[ws] = (0 if not pool.nullable(ws) else
-                           3 if any(pool.step(ws, c) != pool.NONE for c in b" \t\n\r") else 4)
+                           3 if any(pool.step(ws, c) != pool.NONE for c in WS) else 4)
     return (got, ws, WsContext.of(state[0])) if got else None
 
 

@@ -85,7 +85,7 @@ class _AnySeen:
 ANY_SEEN = _AnySeen()
 _FIRST_ITEM = object()  # (finish: a table state's first unique item, its value unread)
 _KIND_OF = {0x22: "string", 0x7B: "object", 0x5B: "array", 0x74: "boolean", 0x66: "boolean", 0x6E: "null",
-            **{b: "number" for b in b"-0123456789"}}  # (a value's kind by its first byte: Node.checked_kinds)
+            **dict.fromkeys(b"-0123456789", "number")}  # (a value's kind by its first byte: Node.checked_kinds)
 _FOLLOW = {"O": WS | frozenset(b",}"), "A": WS | frozenset(b",]"), "D": frozenset()}
 _OBJ = {0: WS | frozenset(b'"}'), 1: WS | frozenset(b":"), 2: WS | frozenset(b",}"), 3: WS | frozenset(b'"')}
 _ARR = {0: WS | _VALUE_START | frozenset(b"]"), 2: WS | frozenset(b",]"), 3: WS | _VALUE_START}

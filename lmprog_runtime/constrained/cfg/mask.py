@@ -132,7 +132,7 @@ class VocabInfo:
         self.number_lists, roots = _number_trie(self.lists)
         self.number_subtrees = tuple(r for _, r in roots)
         # the same, without and with only an exponent's `e` / `E` (MaskEngine._number_mask)
-        self.number_subtrees_e = tuple(tuple(r for b, r in roots if (b in b"eE") == e) for e in (False, True))
+        self.number_subtrees_e = tuple(tuple(r for b, r in roots if (b in (0x45, 0x65)) == e) for e in (False, True))
         first = np.zeros(self.n_slots, dtype=np.bool_)
         for t, data in enumerate(table):
             first[t] = bool(data) and data[0] not in NUMBER_BYTES

@@ -15,7 +15,7 @@ from lmprog_runtime.constrained.cfg.nodes import Node
 
 Ctx = Callable[[int, int], bytes]  # output bytes [start, end)
 _ESC = {0x22: 0x22, 0x5C: 0x5C, 0x2F: 0x2F, 0x62: 8, 0x66: 12, 0x6E: 10, 0x72: 13, 0x74: 9}
-_HEX = {b: int(chr(b), 16) for b in b"0123456789abcdefABCDEF"}
+_HEX = {**{0x30 + i: i for i in range(10)}, **{a + i: 10 + i for a in (0x41, 0x61) for i in range(6)}}  # 0-9 A-F a-f
 _UTF8_FLOOR = (0, 0x80, 0x800, 0x10000)
 _ESC_BYTES = frozenset(_ESC) | {0x75}
 _BODY_BYTES = frozenset(range(0x20, 0x80)) | frozenset(range(0xC2, 0xF5))  # (utf8_start's lead bytes)

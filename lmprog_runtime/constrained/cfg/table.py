@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import pathlib
 import threading
 import weakref
 from typing import Optional
@@ -36,6 +35,7 @@ from lmprog_runtime import native
 from lmprog_runtime.constrained.cfg.canonical import (EXITS, NeedsText, alike_bytes, canonical, class_exponent,
                                                       closes_free, exits, extra_key, free_number_exponent, key_parent,
                                                       root_escaped, root_key)
+from lmprog_runtime.constrained.cfg.compiled import SOURCE_DIR
 from lmprog_runtime.constrained.cfg.keycloses import KeyCloses
 from lmprog_runtime.constrained.cfg.lexrows import (LexRows, States, StrContext, WsContext, string_shape, ws_lexeme,
                                                     ws_of)
@@ -52,7 +52,7 @@ SOFT_STATES = 4096
 FIRST_STATES = 256
 EMPTIED_STATES = 64
 HARD_STATES = 16384
-_SOURCE = pathlib.Path(__file__).with_name("table_walk.c")
+_SOURCE = SOURCE_DIR / "table_walk.c"  # (not beside __file__: this module may be an extension elsewhere, compiled.py)
 _ROWS: dict = {}  # candidate bytes (frozenset) -> a new state's table row, shared by all grammars (read only)
 
 
