@@ -151,8 +151,8 @@ def build(jobs: int = 0, modules=MODULES) -> List[str]:
             cmd.parallel = jobs or os.cpu_count() or 1
             cmd.ensure_finalized()
             cmd.run()
-        except SystemExit as exc:  # (distutils reports a compiler failure so)
-            raise RuntimeError(f"building the cfg extensions failed: {exc}") from None
+        except (SystemExit, Exception) as exc:  # (Cython's and the compiler's failures, whatever their kind)
+            raise RuntimeError(f"building the cfg extensions failed: {type(exc).__name__}: {exc}") from None
         finally:
             os.chdir(cwd)
         for m in todo:
