@@ -67,7 +67,7 @@ def built_path(module: str, cython_version: str) -> pathlib.Path:
 
 def _built(module: str) -> Optional[pathlib.Path]:
     """The extension of `module`'s current source, None where none was built. The Cython
-    version it was built with is recorded beside the extensions (`_version`), so that a
+    version it was built with is recorded beside the extensions (`_version_file`), so that a
     server without Cython installed still finds them."""
     version = _recorded_version()
     if version is None:
@@ -76,9 +76,16 @@ def _built(module: str) -> Optional[pathlib.Path]:
     return path if path.is_file() else None
 
 
+def _version_file() -> pathlib.Path:
+    """Where the Cython version of this Python's builds is recorded (one per ABI: venvs of
+    other Pythons, with other Cythons, share the cache)."""
+    abi = importlib.machinery.EXTENSION_SUFFIXES[0].rsplit(".", 1)[0]  # (".cpython-311-x86_64-linux-gnu")
+    return cache_dir() / f"cython-version{abi}"
+
+
 def _recorded_version() -> Optional[str]:
     try:
-        return (cache_dir() / "cython-version").read_text().strip() or None
+        return _version_file().read_text().strip() or None
     except OSError:
         return None
 
@@ -166,9 +173,9 @@ def build(jobs: int = 0, modules=MODULES) -> List[str]:
 
 
 def _record_version(version: str) -> None:
-    path = cache_dir() / "cython-version"
+    path = _version_file()
     if _recorded_version() != version:
-        tmp = path.with_name("cython-version.tmp")
+        tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(version)
         os.replace(tmp, path)
 
