@@ -131,7 +131,8 @@ def compiled_modules() -> List[str]:
 def build(jobs: int = 0, modules=MODULES) -> List[str]:
     """Builds the extensions of `modules` not built from their current source yet; returns
     those built. Raises RuntimeError where Cython or the C compiler fails (ImportError where
-    Cython is not installed)."""
+    Cython is not installed). A set-up step (`main`), not for a serving process: it changes
+    the working directory while Cython runs."""
     from Cython.Build import cythonize
     from setuptools import Distribution, Extension
     from setuptools.command.build_ext import build_ext
@@ -181,8 +182,8 @@ def _record_version(version: str) -> None:
 
 
 def main() -> int:
-    """Builds what is missing (`make`; best effort:
-    without Cython or a compiler the engine stays Python, and this says so)."""
+    """Builds what is missing (`make`), best effort: without Cython or a compiler the engine
+    stays Python, and this says so."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")  # (not the compiler command lines)
     try:
         made = build()
