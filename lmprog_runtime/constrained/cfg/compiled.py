@@ -30,8 +30,6 @@ import sys
 import tempfile
 from typing import List, Optional
 
-logger = logging.getLogger(__name__)
-
 PACKAGE = "lmprog_runtime.constrained.cfg"
 SOURCE_DIR = pathlib.Path(__file__).parent
 # the modules a mask runs through (the compile's schema.py / warmup.py / refs.py stay Python)
@@ -49,18 +47,12 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(CACHE_DIR) / "cfg-compiled"
 
 
-def _cython_version() -> Optional[str]:
-    try:
-        import Cython
-    except ImportError:
-        return None
-    return Cython.__version__
-
-
-def built_path(module: str, cython_version: str) -> pathlib.Path:
-    """Where the extension built from `module`'s current source is (or would be)."""
-    key = (SOURCE_DIR / f"{module}.py").read_bytes() + repr((sorted(DIRECTIVES.items()), CFLAGS,
-                                                            cython_version)).encode()
+def built_path(module: str, cython_version: str, source: Optional[bytes] = None) -> pathlib.Path:
+    """Where the extension built from `source` (default: `module`'s current source) is (or
+    would be)."""
+    if source is None:
+        source = (SOURCE_DIR / f"{module}.py").read_bytes()
+    key = source + repr((sorted(DIRECTIVES.items()), CFLAGS, cython_version)).encode()
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     return cache_dir() / f"{module}-{hashlib.sha256(key).hexdigest()[:16]}{suffix}"
 
@@ -133,22 +125,24 @@ def build(jobs: int = 0, modules=MODULES) -> List[str]:
     those built. Raises RuntimeError where Cython or the C compiler fails (ImportError where
     Cython is not installed). A set-up step (`main`), not for a serving process: it changes
     the working directory while Cython runs."""
+    import Cython
     from Cython.Build import cythonize
     from setuptools import Distribution, Extension
     from setuptools.command.build_ext import build_ext
 
-    version = _cython_version()
-    todo = [m for m in modules if not built_path(m, version).is_file()]
+    version = Cython.__version__
+    sources = {m: (SOURCE_DIR / f"{m}.py").read_bytes() for m in modules}  # (read once: the file built is the one named)
+    final = {m: built_path(m, version, sources[m]) for m in modules}
+    todo = [m for m in modules if not final[m].is_file()]
     if not todo:
         _record_version(version)
         return []
-    out_dir = cache_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cfg-compiled-") as tmp:
         src = pathlib.Path(tmp, *PACKAGE.split("."))
         src.mkdir(parents=True)
         for m in todo:  # (a copy: the generated C and objects stay out of the source tree)
-            shutil.copyfile(SOURCE_DIR / f"{m}.py", src / f"{m}.py")
+            (src / f"{m}.py").write_bytes(sources[m])
         exts = [Extension(f"{PACKAGE}.{m}", [str(src / f"{m}.py")], extra_compile_args=list(CFLAGS)) for m in todo]
         cwd = os.getcwd()
         os.chdir(tmp)  # (Cython names the module by its path below the working directory)
@@ -165,10 +159,9 @@ def build(jobs: int = 0, modules=MODULES) -> List[str]:
             os.chdir(cwd)
         for m in todo:
             made = pathlib.Path(cmd.get_ext_fullpath(f"{PACKAGE}.{m}"))
-            final = built_path(m, version)
-            tmp_final = final.with_name(final.name + ".tmp")
+            tmp_final = final[m].with_name(final[m].name + ".tmp")
             shutil.copyfile(made, tmp_final)
-            os.replace(tmp_final, final)  # (atomic: a concurrent import sees a whole file or none)
+            os.replace(tmp_final, final[m])  # (atomic: a concurrent import sees a whole file or none)
     _record_version(version)
     return todo
 
