@@ -84,7 +84,7 @@ class StateTable:
         self.lexrows = LexRows()
         self.lock = threading.Lock()  # held while a walk uses the table (TableWalker sets the engine's)
         self._held = [0]  # bytes reported to BUDGET (given back when the table is collected)
-        weakref.finalize(self, _give_back, self._held)
+        weakref.finalize(self, _give_back, self._held, BUDGET)
         self.reset(FIRST_STATES)
         BUDGET.track(self)
 
@@ -546,8 +546,8 @@ class TableWalker:
         tab.lives[t] = IN_PYTHON if needs else 2
 
 
-def _give_back(held: list) -> None:
-    BUDGET.resize(-held[0])
+def _give_back(held: list, budget) -> None:
+    budget.give_back(held[0])  # (never a lock: table_budget.py)
 
 
 def _replay(machine, state: tuple, hist: bytes, prefix: bytes, ctx) -> tuple:

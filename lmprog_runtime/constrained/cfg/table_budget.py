@@ -26,19 +26,34 @@ class TableBudget:
         self._lock = threading.Lock()
         self._tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # table -> last walk
         self._clock = itertools.count()
+        self._returned: list = []  # bytes of collected tables, not counted yet (`give_back`)
 
     def track(self, table) -> None:
         with self._lock:
             self._tables[table] = next(self._clock)
 
     def resize(self, delta: int) -> None:
-        """A table's bytes changed by `delta` (a table's finalizer gives its bytes back)."""
+        """A table's bytes changed by `delta`."""
         with self._lock:
             self.used += delta
+            self._count_returned()
+
+    def give_back(self, nbytes: int) -> None:
+        """A collected table's bytes (its finalizer's call). Takes no lock: the collector runs
+        finalizers at any allocation, on any thread, also inside this object's critical
+        sections (a lock taken here would wait on its own thread: a grammar thread stuck for
+        good). list.append is atomic; the next resize or walk counts them."""
+        self._returned.append(nbytes)
+
+    def _count_returned(self) -> None:
+        returned = self._returned
+        while returned:
+            self.used -= returned.pop()
 
     def before_walk(self, table) -> None:
         """Called with `table`'s own walk lock held: marks it walked; evicts past the total."""
         with self._lock:
+            self._count_returned()
             self._tables[table] = next(self._clock)
             if self.used <= self.total:
                 return

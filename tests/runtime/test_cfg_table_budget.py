@@ -1,0 +1,61 @@
+"""The process-wide bound on mask tables (constrained/cfg/table_budget.py): a table's bytes
+come back when it is collected, from its finalizer, which the garbage collector may run on
+any thread at any allocation, including one inside the budget's own critical section."""
+import gc
+import threading
+import weakref
+
+from lmprog_runtime.constrained.cfg import table
+from lmprog_runtime.constrained.cfg.table_budget import TableBudget
+
+
+class _Table:
+    """Stands in for a StateTable: tracked, its bytes given back by the same finalizer."""
+
+    def __init__(self, budget: TableBudget, nbytes: int):
+        self.lock = threading.Lock()
+        self._held = [nbytes]
+        weakref.finalize(self, table._give_back, self._held, budget)
+        budget.track(self)
+        budget.resize(nbytes)
+
+    def reset(self) -> None:
+        pass
+
+
+def _in_thread(fn, timeout: float = 10.0) -> bool:
+    """fn() finished on another thread within `timeout` (False: it is stuck)."""
+    done = threading.Event()
+
+    def run():
+        fn()
+        done.set()
+    threading.Thread(target=run, daemon=True).start()
+    return done.wait(timeout)
+
+
+def test_a_table_collected_inside_the_budgets_critical_section_does_not_deadlock():
+    budget = TableBudget(total=1 << 20, low=1 << 19)
+    gone = _Table(budget, 4096)
+    cycle = [gone]
+    cycle.append(cycle)  # (collected by the cycle collector: at some allocation, not at `del`)
+    del gone, cycle
+
+    def collect_while_locked():
+        with budget._lock:  # (what track / resize / before_walk hold while they allocate)
+            gc.collect()
+    assert _in_thread(collect_while_locked), "the table's finalizer waited on the budget's lock its own thread held"
+    kept = _Table(budget, 1000)
+    budget.before_walk(kept)  # (the given-back bytes are counted before the budget is read)
+    assert budget.used == 1000
+
+
+def test_collected_tables_bytes_are_counted_before_an_eviction_reads_the_total():
+    budget = TableBudget(total=10_000, low=5_000)
+    kept = _Table(budget, 4000)
+    loose = [_Table(budget, 3000) for _ in range(3)]
+    del loose
+    gc.collect()
+    assert budget._returned  # (given back by their finalizers, not counted yet)
+    budget.before_walk(kept)  # 13,000 tracked, 4,000 live: under the total, nothing emptied
+    assert budget.used == 4000 and not budget._returned
