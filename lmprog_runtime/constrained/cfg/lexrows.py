@@ -82,6 +82,7 @@ class LexRows:
 
     def _new_map(self, cap: int) -> None:
         self.map = np.full((cap, 2), -1, dtype=np.int64)
+        self._flat = memoryview(self.map.reshape(-1))  # (key, value) at [2 slot], [2 slot + 1]: Python ints
         self.struct.map, self.struct.map_cap = self.map.ctypes.data, cap
 
     def _put_all(self, entries: np.ndarray) -> None:
@@ -105,25 +106,27 @@ class LexRows:
 
     def _probe(self, key: int) -> int:
         """The slot holding `key`, or the empty slot its probe chain ends at."""
-        cap = len(self.map)
+        flat, cap = self._flat, len(self.map)
         slot = _slot(key, cap)
-        while self.map[slot, 0] != -1 and self.map[slot, 0] != key:
+        got = flat[2 * slot]
+        while got != -1 and got != key:
             slot = (slot + 1) & (cap - 1)
+            got = flat[2 * slot]
         return slot
 
     def _put(self, key: int, value: int) -> None:
         """key -> value, unless the map holds key (met first by the C walk, or by another state)."""
-        slot = self._probe(key)
-        if self.map[slot, 0] == -1:
-            self.map[slot] = (key, value)
+        slot, flat = self._probe(key), self._flat
+        if flat[2 * slot] == -1:
+            flat[2 * slot], flat[2 * slot + 1] = key, value
 
     def find(self, rep: int, below) -> int:
         """The id of (frame of state `rep`, stack `below`), or -1."""
         b = self.below_ids.get(below)
         if b is None:
             return -1
-        slot = self._probe((rep << 32) | b)
-        return int(self.map[slot, 1]) if self.map[slot, 0] != -1 else -1
+        slot, flat = self._probe((rep << 32) | b), self._flat
+        return flat[2 * slot + 1] if flat[2 * slot] != -1 else -1
 
     def ws_source(self, s: int, b: int):
         """The state whose step on b the C walk reads whitespace state s's off (its

@@ -90,6 +90,8 @@ _FOLLOW = {"O": WS | frozenset(b",}"), "A": WS | frozenset(b",]"), "D": frozense
 _OBJ = {0: WS | frozenset(b'"}'), 1: WS | frozenset(b":"), 2: WS | frozenset(b",}"), 3: WS | frozenset(b'"')}
 _ARR = {0: WS | _VALUE_START | frozenset(b"]"), 2: WS | frozenset(b",]"), 3: WS | _VALUE_START}
 _NUM_NEXT = [frozenset(d) for d in _NUM]
+_LEAD_BYTE = [frozenset((b,)) for b in range(256)]  # (a literal's next byte)
+_NOTHING = frozenset()
 
 
 def _follow(rest) -> frozenset:
@@ -113,6 +115,7 @@ class Machine(StringFrames):
         self.reads = threading.local()
         self.regex_term = regex_term
         self._starts: dict = {}  # node -> the bytes its values may start with (value_starts)
+        self._starts_ws: dict = {}  # node -> those and the whitespace bytes (candidates of a V frame)
         self._pattern_bytes: dict = {}  # string patterns -> bytes (strings.py string_bytes)
 
     def initial(self) -> tuple:
@@ -145,28 +148,37 @@ class Machine(StringFrames):
     def candidates(self, state: tuple):
         """A superset of the bytes `advance` may accept from `state` (frozenset), or None for
         "any": lets the trie walk skip subtrees without stepping into them."""
+        if len(state) == 1:  # (the frozenset itself: its hash is kept, the mask table's rows are keyed by it)
+            return self._candidates_of(state[0])
         out: set = set()
         for st in state:
-            top = st[0]
-            kind = top[0]
-            if kind == "O":
-                got = _OBJ.get(top[2], WS)
-            elif kind == "A":
-                got = _ARR.get(top[2], WS)
-            elif kind == "V":
-                got = self.value_starts(top[1]) | WS
-            elif kind == "L":
-                got = (ord(top[1][top[2]]),)
-            elif kind == "N":
-                got = _NUM_NEXT[top[3]] | (_follow(st[1]) if top[3] in NUM_COMPLETE else frozenset())
-            elif kind == "D":
-                continue
-            elif kind == "S" and top[1].enum is not None and not top[3] and not top[4]:
-                got = _enum_first_bytes(top[1], top[7])
-            else:
+            got = self._candidates_of(st)
+            if got is None:
                 return None
             out.update(got)
         return out
+
+    def _candidates_of(self, st):
+        top = st[0]
+        kind = top[0]
+        if kind == "O":
+            return _OBJ.get(top[2], WS)
+        if kind == "A":
+            return _ARR.get(top[2], WS)
+        if kind == "V":
+            got = self._starts_ws.get(top[1])
+            if got is None:
+                got = self._starts_ws[top[1]] = self.value_starts(top[1]) | WS
+            return got
+        if kind == "L":
+            return _LEAD_BYTE[ord(top[1][top[2]])]
+        if kind == "N":
+            return _NUM_NEXT[top[3]] | _follow(st[1]) if top[3] in NUM_COMPLETE else _NUM_NEXT[top[3]]
+        if kind == "D":
+            return _NOTHING
+        if kind == "S" and top[1].enum is not None and not top[3] and not top[4]:
+            return _enum_first_bytes(top[1], top[7])
+        return None
 
     def value_starts(self, node: Node) -> frozenset:
         """A superset of the first bytes of `node`'s values (start_value's cases), so that a

@@ -112,8 +112,9 @@ class StateTable:
         """Report the table's bytes (its arrays and key closes) to the process-wide budget."""
         n = (self.trans.nbytes + self.lives.nbytes + self.inside.nbytes + self.generic.nbytes
              + self.keys.table.nbytes + self.keys.pool.nbytes + self.lexrows.nbytes())
-        BUDGET.resize(n - self._held[0])
-        self._held[0] = n
+        if n != self._held[0]:  # (a walk mostly finds it unchanged: the budget's lock not taken)
+            BUDGET.resize(n - self._held[0])
+            self._held[0] = n
 
     def intern(self, state: tuple) -> int:
         """The id of a pure state (interned on first sight, dead bytes filled in);
@@ -281,6 +282,7 @@ class TableWalker:
         self._pend = np.zeros(258, dtype=np.int32)  # bytes to derive at a stop (count first)
         self._args: dict = {}  # id(trie) -> (trie, the C walk's fixed arguments before `out`, after it)
         self._out = np.zeros(engine.vocab.n_slots, dtype=np.uint8)  # the row a walk writes
+        self._out_addr = self._out.ctypes.data  # (read once: `.ctypes` makes an object per read)
         self._replays: dict = {}  # this walk's concrete states by path (_replayed)
         self._bound: dict = {}  # this walk's PYTHON steps bound to their state (_bind): (state, byte) -> id
         self._binds = False  # whether this walk binds steps (_bind: a JSON state of one stack)
@@ -335,7 +337,7 @@ class TableWalker:
                                                    at.ctypes.data), (ctypes.addressof(tab.keys.struct),
                                                    self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct),
                                                    self._pend.ctypes.data))
-        args = fixed[1] + (out.ctypes.data,) + fixed[2]
+        args = fixed[1] + (self._out_addr if out is self._out else out.ctypes.data,) + fixed[2]
         fn, count = self.lib.cfg_table_walk, tab.lexrows.n
         while True:
             code = fn(*tab.addr, *args)
