@@ -2,6 +2,7 @@
 extension is imported only where it was built from the module's current source, and the
 compiled engine's masks are the Python engine's, bit for bit."""
 import hashlib
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -121,3 +122,26 @@ def test_the_compiled_engine_writes_the_python_engines_masks(tokenizer, tmp_path
     slow = _digest_in(dict(env, LMPROG_CFG_PURE="1"), str(tmp_path / "tok"))
     assert set(fast["compiled"]) >= {"mask", "table", "machine", "canonical"} and slow["compiled"] == []
     assert fast["sha256"] == slow["sha256"]
+
+
+def test_prune_keeps_the_current_build_and_the_most_recently_used_others(tmp_path, monkeypatch):
+    from lmprog_runtime import config
+
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    root = compiled.cache_dir()
+    root.mkdir(parents=True)
+    made = []
+    for k in range(6):  # six builds of `regex`, the oldest first, and one of regex_parse
+        path = root / f"regex-{k:016x}{suffix}"
+        path.write_bytes(b"x")
+        os.utime(path, (1000 + k, 1000 + k))
+        made.append(path)
+    other = root / f"regex_parse-{0:016x}{suffix}"
+    other.write_bytes(b"x")
+    os.utime(other, (1, 1))
+    current = made[0]  # (the oldest, now in use again)
+    gone = compiled.prune("regex", current)
+    assert sorted(gone) == sorted(made[1:3])
+    assert [p.exists() for p in made] == [True, False, False, True, True, True]
+    assert other.exists() and current.stat().st_mtime > made[5].stat().st_mtime

@@ -39,6 +39,7 @@ MODULES = ("backend", "canonical", "classtable", "keycloses", "lexrows", "machin
 # a loop over a bytes literal as C chars), functions bound like Python's (monkeypatching,
 # introspection)
 DIRECTIVES = {"language_level": 3, "binding": True, "infer_types": False, "annotation_typing": False}
+KEEP_OTHER = 3  # builds of a module's other sources kept in the cache (the most recently used: `prune`)
 CFLAGS = ("-O2", "-g0")  # (after the interpreter's own -O3 -g: a build of all of them ~2x faster)
 
 
@@ -134,6 +135,9 @@ def build(jobs: int = 0, modules=MODULES) -> List[str]:
     sources = {m: (SOURCE_DIR / f"{m}.py").read_bytes() for m in modules}  # (read once: the file built is the one named)
     final = {m: built_path(m, version, sources[m]) for m in modules}
     todo = [m for m in modules if not final[m].is_file()]
+    for m in modules:
+        if m not in todo:
+            prune(m, final[m])
     if not todo:
         _record_version(version)
         return []
@@ -162,8 +166,38 @@ def build(jobs: int = 0, modules=MODULES) -> List[str]:
             tmp_final = final[m].with_name(final[m].name + ".tmp")
             shutil.copyfile(made, tmp_final)
             os.replace(tmp_final, final[m])  # (atomic: a concurrent import sees a whole file or none)
+            prune(m, final[m])
     _record_version(version)
     return todo
+
+
+def prune(module: str, current: pathlib.Path) -> List[pathlib.Path]:
+    """Marks `module`'s extension `current` as just used (its modification time: each `make`
+    of a checkout touches its own builds) and deletes its builds of other sources past the
+    KEEP_OTHER most recently used (other checkouts sharing the cache rebuild theirs, at
+    worst); returns those deleted. Without it every edit of a module left its ~0.3 MB build
+    behind for good."""
+    try:
+        os.utime(current)
+    except OSError:
+        return []
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    others = []
+    for path in current.parent.glob(f"{module}-*{suffix}"):
+        if path != current:  # (`regex-*` is not regex_parse's: no module name holds a hyphen)
+            try:
+                others.append((path.stat().st_mtime, path))
+            except OSError:
+                continue
+    others.sort(reverse=True)
+    gone = []
+    for _, path in others[KEEP_OTHER:]:
+        try:
+            path.unlink()
+            gone.append(path)
+        except OSError:  # (another process pruned it first)
+            continue
+    return gone
 
 
 def _record_version(version: str) -> None:
