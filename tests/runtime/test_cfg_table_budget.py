@@ -36,15 +36,20 @@ def _in_thread(fn, timeout: float = 10.0) -> bool:
 
 def test_a_table_collected_inside_the_budgets_critical_section_does_not_deadlock():
     budget = TableBudget(total=1 << 20, low=1 << 19)
-    gone = _Table(budget, 4096)
-    cycle = [gone]
-    cycle.append(cycle)  # (collected by the cycle collector: at some allocation, not at `del`)
-    del gone, cycle
+    gc.disable()  # (the cycle is collected inside the lock below, not by an automatic collection before)
+    try:
+        gone = _Table(budget, 4096)
+        cycle = [gone]
+        cycle.append(cycle)  # (only the cycle collector frees it: at some allocation, not at `del`)
+        del gone, cycle
 
-    def collect_while_locked():
-        with budget._lock:  # (what track / resize / before_walk hold while they allocate)
-            gc.collect()
-    assert _in_thread(collect_while_locked), "the table's finalizer waited on the budget's lock its own thread held"
+        def collect_while_locked():
+            with budget._lock:  # (what track / resize / before_walk hold while they allocate)
+                gc.collect()
+        assert _in_thread(collect_while_locked), \
+            "the table's finalizer waited on the budget's lock its own thread held"
+    finally:
+        gc.enable()
     kept = _Table(budget, 1000)
     budget.before_walk(kept)  # (the given-back bytes are counted before the budget is read)
     assert budget.used == 1000
