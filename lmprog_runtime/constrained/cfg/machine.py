@@ -159,6 +159,8 @@ class Machine(StringFrames):
         return out
 
     def _candidates_of(self, st):
+        """`candidates` of one stack: a frozenset shared by every caller (never changed), or
+        None for "any"."""
         top = st[0]
         kind = top[0]
         if kind == "O":
