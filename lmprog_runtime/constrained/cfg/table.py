@@ -310,7 +310,7 @@ class TableWalker:
         self._binds = self._json and len(canon) == 1 and canon[0] is not None
         self._stack[0] = root
         try:
-            self._run(state, hist, trie, lists, out)
+            self._run(state, hist, trie, lists)
         finally:
             if self._bound:  # (the next walk's root may fix them otherwise: PYTHON again)
                 for s, b in self._bound:
@@ -325,9 +325,9 @@ class TableWalker:
             got[trie.dup_tok] = got[trie.dup_src]
         return got
 
-    def _run(self, state: tuple, hist: bytes, trie, lists, out) -> None:
-        """The C walk over the trie from stack[0], Python at its stops."""
-        tab = self.table
+    def _run(self, state: tuple, hist: bytes, trie, lists) -> None:
+        """The C walk over the trie from stack[0], Python at its stops, into the walker's row."""
+        tab, out = self.table, self._out
         stack, at = self._stack, self._at
         at[0] = 0
         tab.keys.set_head(root_key(state) if self._json else None, self._json and root_escaped(state))
@@ -337,7 +337,7 @@ class TableWalker:
                                                    at.ctypes.data), (ctypes.addressof(tab.keys.struct),
                                                    self._path.ctypes.data, ctypes.addressof(tab.lexrows.struct),
                                                    self._pend.ctypes.data))
-        args = fixed[1] + (self._out_addr if out is self._out else out.ctypes.data,) + fixed[2]
+        args = fixed[1] + (self._out_addr,) + fixed[2]
         fn, count = self.lib.cfg_table_walk, tab.lexrows.n
         while True:
             code = fn(*tab.addr, *args)
