@@ -3,6 +3,7 @@ come back when it is collected, from its finalizer, which the garbage collector 
 any thread at any allocation, including one inside the budget's own critical section."""
 import gc
 import threading
+import time
 import weakref
 
 from lmprog_runtime.constrained.cfg import table
@@ -64,3 +65,40 @@ def test_collected_tables_bytes_are_counted_before_an_eviction_reads_the_total()
     assert budget._returned  # (given back by their finalizers, not counted yet)
     budget.before_walk(kept)  # 13,000 tracked, 4,000 live: under the total, nothing emptied
     assert budget.used == 4000 and not budget._returned
+
+
+class _SlowTable(_Table):
+    """A table whose emptying takes `seconds` and gives its bytes back (StateTable.reset's
+    account does)."""
+
+    def __init__(self, budget: TableBudget, nbytes: int, seconds: float):
+        super().__init__(budget, nbytes)
+        self.budget, self.seconds, self.resets = budget, seconds, 0
+
+    def reset(self) -> None:
+        time.sleep(self.seconds)
+        self.resets += 1
+        self.budget.resize(-self._held[0])
+        self._held[0] = 0
+
+
+def test_one_walk_empties_tables_for_a_bounded_time_and_the_next_walks_go_on():
+    """Emptying runs where a mask is needed (the scheduler's thread): one walk spends at
+    most evict_s on it, then the next walks go on until the total is down to `low`."""
+    budget = TableBudget(total=10_000, low=2_000, evict_s=0.01)
+    tables = [_SlowTable(budget, 1000, 0.004) for _ in range(12)]  # 12,000: past the total
+    walker = tables[-1]
+    t0 = time.perf_counter()
+    budget.before_walk(walker)
+    took = time.perf_counter() - t0
+    emptied = sum(t.resets for t in tables)
+    assert 1 <= emptied <= 6 and took < 0.1, (emptied, took)  # (not all ten it takes at once)
+    assert tables[0].resets == 1  # (the least recently walked first)
+    for _ in range(20):
+        if budget.used <= budget.low:
+            break
+        budget.before_walk(walker)  # (under the total now, yet it goes on down to low)
+    assert budget.used <= budget.low and walker.resets == 0
+    before = sum(t.resets for t in tables)
+    budget.before_walk(walker)  # (done: under the total, nothing more emptied)
+    assert sum(t.resets for t in tables) == before
