@@ -8,7 +8,7 @@ under LOW_BYTES (a table another thread is walking is skipped: its lock is held)
 Emptying a table costs only speed (it refills on demand); masks are unchanged.
 
 A walk runs where its mask is needed (the scheduler's thread, between decode steps), and
-emptying a large table frees its states (~0.3 ms each), so one walk empties tables for at
+emptying a table frees its states (0.1-0.7 ms a table), so one walk empties tables for at
 most EVICT_S (one table at least); the next walks go on from there down to LOW_BYTES
 (the tables grow by a walk's few new states in between). Emptying 64 MB at once took 17-56 ms.
 """
