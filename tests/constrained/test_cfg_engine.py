@@ -610,13 +610,46 @@ def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tok
     machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
     text = json.dumps(schema)
     structural = not any(w in text for w in ('"contains"', '"anyOf"', '"oneOf"', '"if"', '"dependentSchemas"'))
-    if "not" in schema:  # (a check of its own: the undeclared keys are refused by the structure)
-        assert machine.root.additional is None and machine.root.residual is not None
+    if "not" in schema:  # (`not {required: [c]}` is structure too: member c refused at its key)
+        assert machine.root.additional is None and machine.root.residual is None
     else:
         assert (machine.root.residual is None) == structural
     validator = jsonschema.validators.validator_for(schema)(schema)
     for value in ({"a": 1}, {"a": 1, "x1": "s"}, {"a": 1, "b": True}, {"a": 1, "c": 2}, {"x2": 3}, {"b": 1}, {"c": 1},
                   ["s"], ["s", 1, 2], ["s", True], [1, "s"], ["s", "t"], [], ["s", 1, True]):
+        assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
+
+
+@pytest.mark.parametrize("schema,dead,live", [
+    ({"type": "number", "not": {"minimum": 0}}, "5", "-5"),
+    ({"not": {"maximum": 3}}, '"', "4"),
+    ({"type": ["integer", "string"], "not": {"exclusiveMinimum": 3}, "maximum": 1}, "2", "1"),
+    ({"properties": {"a": {"type": "integer"}}, "not": {"required": ["a"]}}, '{"a"', '{"b":2}'),
+    ({"type": "object", "properties": {"a": False, "b": {}}}, '{"a"', '{"b":1}'),
+    ({"properties": {"a": False}, "patternProperties": {"^x": False}, "additionalProperties": False}, '{"x1"', "{}"),
+])
+def test_a_not_one_keyword_decides_is_refused_where_it_becomes_certain(cfg, tokenizer, schema, dead, live):
+    """`not {minimum: x}` (and the other bounds) is a number past the other side, `not
+    {required: [k]}` an object without k (schema.py _not_decided_early), and a member whose
+    value no schema admits is refused at its key's closing quote (backend._child): so the
+    first byte no value can finish from is dead (`5` under `not {minimum: 0}` used to start
+    a number only its end refused, a member `a` an object that could never close), and
+    every instance is decided as the JSON Schema validator decides it."""
+    from lmprog_runtime.constrained.cfg.backend import compile_machine
+    machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
+    assert machine.root.residual is None  # (no check left at the value's end)
+
+    def alive(text: str) -> bool:
+        state = machine.initial()
+        for k, b in enumerate(text.encode()):
+            state = machine.advance(state, b, k, lambda a, e: text.encode()[a:e])
+            if not state:
+                return False
+        return True
+    assert not alive(dead) and alive(live)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for value in (-5, 0, 1, 2, 3, 3.5, 4, "x", None, True, [1], {}, {"a": 1}, {"b": 2}, {"a": 1, "b": 2},
+                  {"x1": 1}, {"c": "s"}):
         assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
 
 
@@ -760,7 +793,7 @@ def test_unevaluated_keywords_beside_random_in_place_applicators(cfg):
     ({"not": {"anyOf": [{"const": "x"}, {"type": "array", "maxItems": 1}]}}, {"string", "array"}),
     ({"not": {"allOf": [{"type": ["string", "null"]}, {"enum": ["a", 1, None]}]}, "contains": {"const": 1}},
      {"null", "string", "array"}),
-    ({"not": {"required": ["a"]}}, {"string", "number", "object", "array", "boolean", "null"}),
+    ({"not": {"required": ["a", "b"]}}, {"string", "number", "object", "array", "boolean", "null"}),
     ({"not": {"not": {}}}, set()),
     ({"not": {"not": {"type": ["string", "integer"]}}}, {"number", "object", "array", "boolean", "null"}),
     ({"oneOf": [{"type": "number"}, {}]}, {"number"}),  # (oneOf: the kinds two branches take)

@@ -344,13 +344,14 @@ def accepts_text(machine: Machine, text: str) -> bool:
 
 def _child(compiler: SchemaCompiler, node, key: str):
     """The rule of the value of member `key`: properties / patternProperties (all that apply)
-    / additionalProperties; None when the key is not allowed."""
+    / additionalProperties; None when the key is not allowed (also where no value is: a
+    member `k: false` is refused at its key's closing quote, not after the colon)."""
     hits = [node.props[key]] if key in node.props else []
     hits += [n for term, n in node.pattern_props if compiler.pool.accepts(term, key)]
     if not hits:
         return node.additional
     if len(hits) == 1:
-        return hits[0]
+        return None if hits[0].never else hits[0]
     # (one rule per set of rules that apply, not per key: every key matching the same
     # patterns shares its value's states and masks)
     both = ("__hits__",) + tuple(id(h) for h in hits)
@@ -358,4 +359,4 @@ def _child(compiler: SchemaCompiler, node, key: str):
     if got is None:
         compiler.deadline = None  # a member rule built while matching: the compile budget is spent
         got = node._child[both] = compiler.node(compiler._made({"allOf": [h.schema for h in hits]}))
-    return got
+    return None if got.never else got

@@ -153,6 +153,10 @@ class SchemaCompiler:
         return n
 
     def _fill(self, n: Node, s: dict) -> None:
+        if "not" in s and not self._boolean_exclusive:
+            t = _not_decided_early(s)
+            if t is not s:
+                s = self._made(t, s)
         if "allOf" in s:
             parts = [self.deref(x) for x in s["allOf"]] + [{k: v for k, v in s.items() if k != "allOf"}]
             merged = None
@@ -479,7 +483,8 @@ class SchemaCompiler:
         if n.additional is None and not n.pattern_props:
             closed = Node({"enum": sorted(n.props)})
             closed.types = frozenset(("string",)) & key.types
-            closed.enum = tuple(sorted(k for k in n.props if key.enum is None or k in key.enum))
+            closed.enum = tuple(sorted(k for k in n.props if (key.enum is None or k in key.enum)
+                                       and not n.props[k].never))  # (no value: the key is refused)
             closed.min_len, closed.max_len, closed.patterns = key.min_len, key.max_len, key.patterns
             closed.residual = key.residual
             key = closed
@@ -582,6 +587,65 @@ def _checked_kinds(checked: set, s: dict) -> Optional[frozenset]:
 
 
 _ALL_KINDS = frozenset(("string", "number", "object", "array", "boolean", "null"))
+
+
+# not {word: x} for a bound: a number (the bound passes any other kind) past the other side
+_NOT_BOUND = {"minimum": "exclusiveMaximum", "maximum": "exclusiveMinimum", "exclusiveMinimum": "maximum",
+              "exclusiveMaximum": "minimum"}
+_LOWER = frozenset(("minimum", "exclusiveMinimum"))
+
+
+def _not_decided_early(s: dict) -> dict:
+    """`s` with a `not` of one keyword whose complement the structure states exactly
+    rewritten as that complement, else `s`: `not {minimum: x}` is a number below x (`type`
+    narrowed to numbers, `exclusiveMaximum: x`; the other three bounds alike; draft-06 on,
+    whose exclusive bounds are numbers), `not {required: [k]}` an object without member k
+    (`type` narrowed to objects, `properties {k: false}`: the key refused at its closing
+    quote). A check at the value's end decides the same, but only there: the mask let a
+    value start that nothing could end (`5` under `not {minimum: 0}`, a number growing to its
+    cap; a member `k` under `not {required: [k]}`, an object that could never close)."""
+    sub = s["not"]
+    if not isinstance(sub, dict):
+        return s
+    words = set(sub) - ANNOTATIONS
+    if len(words) != 1:
+        return s
+    (word,) = words
+    v = sub[word]
+    if word in _NOT_BOUND and isinstance(v, (int, float)) and not isinstance(v, bool):
+        out = _narrowed(s, ("number", "integer"))
+        if out is None:
+            return s
+        bound = _NOT_BOUND[word]
+        have = out.get(bound)
+        if isinstance(have, (int, float)) and not isinstance(have, bool):  # (the tighter of the two)
+            v = max(v, have) if bound in _LOWER else min(v, have)
+        elif have is not None:
+            return s
+        out[bound] = v
+        return out
+    if word == "required" and isinstance(v, list) and len(v) == 1 and isinstance(v[0], str):
+        out = _narrowed(s, ("object",))
+        props = out.get("properties", {}) if out is not None else None
+        if not isinstance(props, dict):
+            return s
+        out["properties"] = {**props, v[0]: False}
+        return out
+    return s
+
+
+def _narrowed(s: dict, kinds: tuple) -> Optional[dict]:
+    """`s` less its `not`, its `type` narrowed to `kinds` (None where it names none of them,
+    or is not a list of type names)."""
+    out = {k: x for k, x in s.items() if k != "not"}
+    names = _type_names(s) if "type" in s else list(kinds[:1])
+    if names is None:
+        return None
+    kept = [t for t in names if t in kinds]
+    if not kept:
+        return None
+    out["type"] = kept[0] if len(kept) == 1 else kept
+    return out
 
 
 def _possible_kinds(s, depth: int = 0) -> frozenset:
