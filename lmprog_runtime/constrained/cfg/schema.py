@@ -593,17 +593,21 @@ _ALL_KINDS = frozenset(("string", "number", "object", "array", "boolean", "null"
 _NOT_BOUND = {"minimum": "exclusiveMaximum", "maximum": "exclusiveMinimum", "exclusiveMinimum": "maximum",
               "exclusiveMaximum": "minimum"}
 _LOWER = frozenset(("minimum", "exclusiveMinimum"))
+_TYPE_ORDER = ("null", "boolean", "object", "array", "number", "string")  # (every value: integer is a number)
 
 
 def _not_decided_early(s: dict) -> dict:
     """`s` with a `not` of one keyword whose complement the structure states exactly
-    rewritten as that complement, else `s`: `not {minimum: x}` is a number below x (`type`
+    rewritten as that complement, else `s`: `not {type: T}` is the other types (but for
+    `integer` alone: no type says "a number that is not an integer"), `not {minimum: x}`
+    is a number below x (`type`
     narrowed to numbers, `exclusiveMaximum: x`; the other three bounds alike; draft-06 on,
     whose exclusive bounds are numbers), `not {required: [k]}` an object without member k
     (`type` narrowed to objects, `properties {k: false}`: the key refused at its closing
     quote). A check at the value's end decides the same, but only there: the mask let a
-    value start that nothing could end (`5` under `not {minimum: 0}`, a number growing to its
-    cap; a member `k` under `not {required: [k]}`, an object that could never close)."""
+    value start that nothing could end (`"` under `not {type: string}`, a string never
+    closed; `5` under `not {minimum: 0}`, a number growing to its cap; a member `k` under
+    `not {required: [k]}`, an object that could never close)."""
     sub = s["not"]
     if not isinstance(sub, dict):
         return s
@@ -623,6 +627,19 @@ def _not_decided_early(s: dict) -> dict:
         elif have is not None:
             return s
         out[bound] = v
+        return out
+    if word == "type":
+        names = _type_names(sub)
+        if names is None:
+            return s
+        gone = set(names) | ({"integer"} if "number" in names else set())
+        if "integer" in gone and "number" not in gone:
+            return s  # (a number that is not an integer: no type says it)
+        out = {k: x for k, x in s.items() if k != "not"}
+        kept = [t for t in (_type_names(s) if "type" in s else _TYPE_ORDER) or () if t not in gone]
+        if not kept or ("type" in s and _type_names(s) is None):
+            return s
+        out["type"] = kept[0] if len(kept) == 1 else kept
         return out
     if word == "required" and isinstance(v, list) and len(v) == 1 and isinstance(v[0], str):
         out = _narrowed(s, ("object",))
