@@ -593,7 +593,7 @@ _ALL_KINDS = frozenset(("string", "number", "object", "array", "boolean", "null"
 _NOT_BOUND = {"minimum": "exclusiveMaximum", "maximum": "exclusiveMinimum", "exclusiveMinimum": "maximum",
               "exclusiveMaximum": "minimum"}
 _LOWER = frozenset(("minimum", "exclusiveMinimum"))
-_TYPE_ORDER = ("null", "boolean", "object", "array", "number", "string")  # (every value: integer is a number)
+_TYPE_ORDER = ("null", "boolean", "object", "array", "number", "integer", "string")
 
 
 def _not_decided_early(s: dict) -> dict:
@@ -635,12 +635,8 @@ def _not_decided_early(s: dict) -> dict:
         gone = set(names) | ({"integer"} if "number" in names else set())
         if "integer" in gone and "number" not in gone:
             return s  # (a number that is not an integer: no type says it)
-        out = {k: x for k, x in s.items() if k != "not"}
-        kept = [t for t in (_type_names(s) if "type" in s else _TYPE_ORDER) or () if t not in gone]
-        if not kept or ("type" in s and _type_names(s) is None):
-            return s
-        out["type"] = kept[0] if len(kept) == 1 else kept
-        return out
+        out = _narrowed(s, tuple(t for t in _TYPE_ORDER if t not in gone))
+        return s if out is None else out
     if word == "required" and isinstance(v, list) and len(v) == 1 and isinstance(v[0], str):
         out = _narrowed(s, ("object",))
         props = out.get("properties", {}) if out is not None else None
@@ -652,10 +648,10 @@ def _not_decided_early(s: dict) -> dict:
 
 
 def _narrowed(s: dict, kinds: tuple) -> Optional[dict]:
-    """`s` less its `not`, its `type` narrowed to `kinds` (None where it names none of them,
-    or is not a list of type names)."""
+    """`s` less its `not`, its `type` (every type where it has none) narrowed to the type
+    names `kinds` (None where it names none of them, or is not a list of type names)."""
     out = {k: x for k, x in s.items() if k != "not"}
-    names = _type_names(s) if "type" in s else list(kinds[:1])
+    names = _type_names(s) if "type" in s else list(kinds)
     if names is None:
         return None
     kept = [t for t in names if t in kinds]
