@@ -627,12 +627,18 @@ def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tok
     ({"not": {"maximum": 3}}, '"', "4"),
     ({"type": ["integer", "string"], "not": {"exclusiveMinimum": 3}, "maximum": 1}, "2", "1"),
     ({"properties": {"a": {"type": "integer"}}, "not": {"required": ["a"]}}, '{"a"', '{"b":2}'),
+    ({"not": {"required": ["a", "b"]}}, '{"a":1,"b"', '{"a":1,"c":2}'),
+    ({"properties": {"a": {"type": "integer"}}, "required": ["c"], "not": {"required": ["b", "a", "c"]}},
+     '{"c":1,"b":2,"a"', '{"a":1,"c":2}'),
+    ({"additionalProperties": {"type": "integer"}, "patternProperties": {"^x": {"type": "integer"}},
+      "not": {"required": ["b", "a"]}}, '{"a":1,"x1":2,"b"', '{"a":1,"x1":3}'),
     ({"type": "object", "properties": {"a": False, "b": {}}}, '{"a"', '{"b":1}'),
     ({"properties": {"a": False}, "patternProperties": {"^x": False}, "additionalProperties": False}, '{"x1"', "{}"),
 ])
 def test_a_not_one_keyword_decides_is_refused_where_it_becomes_certain(cfg, tokenizer, schema, dead, live):
     """`not {minimum: x}` (and the other bounds) is a number past the other side, `not
-    {required: [k]}` an object without k (schema.py _not_decided_early), and a member whose
+    {required: [k]}` an object without k, `not {required: [k1, k2]}` one without k1 or
+    without k2 (anyOf branches: schema.py _not_decided_early), and a member whose
     value no schema admits is refused at its key's closing quote (backend._child): so the
     first byte no value can finish from is dead (`5` under `not {minimum: 0}` used to start
     a number only its end refused, a member `a` an object that could never close), and
@@ -795,7 +801,7 @@ def test_unevaluated_keywords_beside_random_in_place_applicators(cfg):
     ({"not": {"anyOf": [{"const": "x"}, {"type": "array", "maxItems": 1}]}}, {"string", "array"}),
     ({"not": {"allOf": [{"type": ["string", "null"]}, {"enum": ["a", 1, None]}]}, "contains": {"const": 1}},
      {"null", "string", "array"}),
-    ({"not": {"required": ["a", "b"]}}, {"string", "number", "object", "array", "boolean", "null"}),
+    ({"not": {"required": ["a"], "minProperties": 2}}, {"string", "number", "object", "array", "boolean", "null"}),
     ({"not": {"not": {}}}, set()),
     ({"not": {"not": {"type": ["string", "integer"]}}}, {"number", "object", "array", "boolean", "null"}),
     ({"oneOf": [{"type": "number"}, {}]}, {"number"}),  # (oneOf: the kinds two branches take)

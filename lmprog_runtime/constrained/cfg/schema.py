@@ -32,6 +32,7 @@ EXACT = {"type", "enum", "const", "properties", "required", "additionalPropertie
          "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf",
          "$ref", "allOf"} | ANNOTATIONS | {"$anchor", "$dynamicAnchor", "$vocabulary", "nullable"}
 MAX_NODES = 200_000
+NOT_REQUIRED_NAMES = 4  # `not {required: names}` made structure up to this many names (_not_decided_early)
 
 
 class SchemaCompiler:
@@ -604,10 +605,13 @@ def _not_decided_early(s: dict) -> dict:
     narrowed to numbers, `exclusiveMaximum: x`; the other three bounds alike; draft-06 on,
     whose exclusive bounds are numbers), `not {required: [k]}` an object without member k
     (`type` narrowed to objects, `properties {k: false}`: the key refused at its closing
-    quote). A check at the value's end decides the same, but only there: the mask let a
-    value start that nothing could end (`"` under `not {type: string}`, a string never
-    closed; `5` under `not {minimum: 0}`, a number growing to its cap; a member `k` under
-    `not {required: [k]}`, an object that could never close)."""
+    quote), `not {required: [k1, k2 ...]}` (NOT_REQUIRED_NAMES at most, no anyOf beside it)
+    an object without one of them at least (anyOf branches, each `properties {ki: false}`,
+    followed side by side: the last name's key refused at its close). A check at the
+    value's end decides the same, but only there: the mask let a value start that nothing
+    could end (`"` under `not {type: string}`, a string never closed; `5` under `not
+    {minimum: 0}`, a number growing to its cap; a member `k` under `not {required: [k]}`, or
+    both names under `not {required: [k1, k2]}`, an object that could never close)."""
     sub = s["not"]
     if not isinstance(sub, dict):
         return s
@@ -637,12 +641,21 @@ def _not_decided_early(s: dict) -> dict:
             return s  # (a number that is not an integer: no type says it)
         out = _narrowed(s, tuple(t for t in _TYPE_ORDER if t not in gone))
         return s if out is None else out
-    if word == "required" and isinstance(v, list) and len(v) == 1 and isinstance(v[0], str):
+    if word == "required" and isinstance(v, list) and v and all(isinstance(k, str) for k in v):
+        names = list(dict.fromkeys(v))
         out = _narrowed(s, ("object",))
         props = out.get("properties", {}) if out is not None else None
         if not isinstance(props, dict):
             return s
-        out["properties"] = {**props, v[0]: False}
+        if len(names) == 1:
+            out["properties"] = {**props, names[0]: False}
+            return out
+        if len(names) > NOT_REQUIRED_NAMES or "anyOf" in out or "unevaluatedProperties" in out:
+            return s
+        # (each branch the object's member keywords with one name refused: they merge with
+        # the rest as they stand; the object dies at the close of the last name's key)
+        members = {k: out.pop(k) for k in _OBJECT_SCOPED if k in out}
+        out["anyOf"] = [{**members, "properties": {**props, k: False}} for k in names]
         return out
     return s
 
