@@ -12,6 +12,8 @@ completed to a valid instance, so sampling never wanders where nothing valid fol
 - A literal (`true`, `false`, `null`) whose value a pending check reads (a whole-value
   check, a uniqueItems item) is refused at its first byte where the check fails on it: its
   end is certain, so `nu` under `{"not": {"type": "null"}}` was a token with nothing after.
+- In a uniqueItems array whose items have few values (literals, an enum), an item is begun
+  under the values not seen yet, and no comma follows once all are seen.
 - Objects and arrays in an enum are their literal structure.
 - A string whose pattern takes no more characters refuses a backslash (an escape spells one
   more character); before, `\\` was allowed there and `\\u` led to an empty mask, which a
@@ -20,6 +22,7 @@ completed to a valid instance, so sampling never wanders where nothing valid fol
 import json
 from decimal import Decimal
 
+import jsonschema
 import pytest
 import torch
 
@@ -193,6 +196,37 @@ def test_literals_a_check_refuses_are_refused_at_their_first_byte(cfg, tokenizer
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert len(ids) == 1, text
         assert bool(row[ids[0]]) == (text in allowed), (schema, prefix, text)
+
+
+@pytest.mark.parametrize("schema,prefix,refused,allowed", [
+    ({"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True}, "[1,", ["1"], ["2", "0"]),  # (0.2e1)
+    ({"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True}, "[1,2", [","], ["]", "."]),
+    ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, "[true,false", [","], ["]"]),
+    ({"type": "array", "items": {"type": "null"}, "uniqueItems": True}, "[null", [","], ["]"]),
+    ({"type": "array", "items": {"enum": ["abc", "x"]}, "uniqueItems": True}, '["abc","', ["a", "ab", "abc"], ["x"]),
+    ({"type": "array", "items": {"enum": [1, 2.5, "x"]}, "uniqueItems": True}, '[2.50,"x",', ['"', "2"], ["1", "0"]),
+    ({"type": "array", "prefixItems": [{"const": 1}], "items": {"enum": [1, 2]}, "uniqueItems": True}, "[1,2",
+     [","], ["]"]),
+])
+def test_unique_items_of_few_values_refuse_a_seen_one_at_its_first_byte(cfg, tokenizer, schema, prefix, refused,
+                                                                          allowed):
+    """In a uniqueItems array whose item rule has few values (literals, an enum), an item
+    is begun under those not seen yet (machine.py _unseen: `[1,1` under enum [1, 2] was a
+    number only a seen value's spellings could finish, `["abc","a` a string only `"abc"`
+    could), and no comma follows once every value is seen (`_exhausted`: `[true,false,`
+    had nothing after it)."""
+    g = _grammar(cfg, schema).copy()
+    for t in tokenizer.encode(prefix, add_special_tokens=False):
+        g.accept_token(t)
+    row = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    g.fill_mask(row)
+    for text in refused + allowed:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert len(ids) == 1, text
+        assert bool(row[ids[0]]) == (text in allowed), (schema, prefix, text)
+    for value in ([1, 2], [2, 1], [True, False], [None], ["abc", "x"], ["x", "abc"], [2.5, "x", 1], [1, 1], ["x", "x"]):
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        assert _accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
 
 
 @pytest.mark.parametrize("bounds,kind", _BOUNDS + [({"minimum": 0, "maximum": 99}, "integer"),

@@ -394,12 +394,17 @@ class Machine(StringFrames):
         if b == 0x2C:
             if phase != 2 or (node.max_items is not None and count >= node.max_items):
                 return []
-            return [(("A", node, 3, count, seen, self.ws0), rest)] if _item(node, count) is not None else []
+            item = _item(node, count)
+            if item is None or (seen is not None and _exhausted(item, seen)):
+                return []
+            return [(("A", node, 3, count, seen, self.ws0), rest)]
         if phase == 2:
             return []
         item = _item(node, count)
         if item is None:
             return []
+        if seen and (item.num_enum or item.enum):
+            item = _unseen(item, seen)
         inner = (("A", node, 4, count, seen, 0), rest)
         if seen is not None:
             inner = (("U", pos), inner)
@@ -438,6 +443,67 @@ def _counted(node: Node, count: int) -> int:
 
 def _item(node: Node, i: int) -> Optional[Node]:
     return node.prefix[i] if i < len(node.prefix) else node.items
+
+
+MAX_DOMAIN = 64  # an item rule's values counted (`_domain`) up to this many
+MAX_VARIANTS = 256  # an item rule's variants for the items seen (`_unseen`) at most
+
+
+def _domain(node: Node) -> Optional[frozenset]:
+    """The values (residual.canonical's forms) of every value `node`'s own keywords admit
+    (a superset of its values: a check may refuse some), where they are at most MAX_DOMAIN:
+    literals, an enum's strings and numbers; None where they are more (memoized on the node)."""
+    got = node._child.get("__domain__", False)
+    if got is not False:
+        return got
+    if node.never:
+        got = frozenset()
+    elif (node.alts is not None or node.types & {"object", "array"}
+          or ("string" in node.types and node.enum is None)
+          or (node.allows_number() and node.num_enum is None)):
+        got = None
+    else:
+        values = {("z",) if lit == "null" else ("b", lit == "true") for lit in node.literals}
+        if "string" in node.types:
+            values.update(("s", v) for v in node.enum)
+        if node.allows_number():
+            values.update(_number_value(v) for v in node.num_enum)
+        got = frozenset(values) if len(values) <= MAX_DOMAIN else None
+    node._child["__domain__"] = got
+    return got
+
+
+def _number_value(v) -> tuple:
+    return ("n", v.normalize() if v else v.__class__(0))
+
+
+def _exhausted(item: Node, seen) -> bool:
+    """A uniqueItems array's next item (of rule `item`) can only equal one seen: every value
+    the rule admits is among them (a comma there would begin an item no value can finish).
+    Reads the items seen: NeedsText in a table state (ANY_SEEN), for a rule of few values."""
+    domain = _domain(item)
+    return domain is not None and all(v in seen for v in domain)
+
+
+def _unseen(item: Node, seen) -> Node:
+    """An item rule whose enum's strings and numbers are less those seen (a uniqueItems
+    array): a value only a seen one can finish (`[1,1` under enum [1, 2], `["abc","a` under
+    enum ["abc", "x"]) is stopped at its first byte, as one that leaves the enum is. Reads
+    the items seen (NeedsText in a table state: ANY_SEEN)."""
+    if seen is ANY_SEEN:
+        raise NeedsText
+    if len(item._child) >= MAX_VARIANTS:
+        return item  # (the enum whole: a seen member's prefix is refused at the item's end only)
+    strings = tuple(v for v in item.enum if ("s", v) in seen) if item.enum else ()
+    numbers = tuple(v for v in item.num_enum if _number_value(v) in seen) if item.num_enum else ()
+    if not strings and not numbers:
+        return item
+    changes = {}
+    if strings:
+        changes["enum"] = tuple(v for v in item.enum if v not in strings)
+    if numbers:
+        changes["num_enum"] = tuple(v for v in item.num_enum if v not in numbers)
+    return item.twin(("__unseen__", strings, numbers), **changes)
 
 
 def _key_rule(node: Node, seen: frozenset) -> Node:

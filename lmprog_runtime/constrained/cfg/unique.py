@@ -16,7 +16,7 @@ as the walk would.
 Where this holds exactly (`unique_mask` returns None elsewhere, and the walk decides): one
 state; the array's item rule free (a string of no pattern, enum or maxLength, or any value:
 after a token that completes nothing, some next byte goes on whatever was seen, so the mask's
-byte of lookahead reads no item either), or of strings alone with a pattern, enum or maxLength
+byte of lookahead reads no item either), or of strings alone with a pattern or maxLength
 (a string may then have to end where a seen one does: the tokens that spell a seen string's
 rest to its end, or open it and spell it whole, are stepped from the concrete state too); the
 state either inside a string item at a character boundary, or between items (after a comma,
@@ -157,9 +157,12 @@ def _free(node) -> bool:
 
 
 def _strings_only(node) -> bool:
-    """A plain item rule of strings alone (a pattern, enum or maxLength may make a string end
-    where a seen one does: the tokens that spell one to its end are stepped, `unique_mask`)."""
-    return _plain(node) and node.types <= {"string"}
+    """A plain item rule of strings alone, no enum (a pattern or maxLength may make a string
+    end where a seen one does: the tokens that spell one to its end are stepped,
+    `unique_mask`). An enum's item is begun under the enum less the items seen (Machine.
+    _unseen: a seen member's prefix no other shares is refused at its first byte), which
+    the mask with none seen does not tell: the walk decides there."""
+    return _plain(node) and node.types <= {"string"} and node.enum is None
 
 
 def _split(st):
