@@ -865,3 +865,24 @@ def test_an_integers_multiple_of_a_unit_fraction_reads_no_digits(cfg, tokenizer)
     assert compile_machine("json", json.dumps({"type": "number", "multipleOf": 0.5}), cfg.whitespace).root.multiple_of
     check(cfg, tokenizer, {"type": "integer", "multipleOf": 1e-8}, [12391239123, 0, -7, 1.0], [1.5, "1"])
     check(cfg, tokenizer, {"type": "integer", "multipleOf": 2.5}, [5, 0, -10], [2, 7])
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object"},
+    {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}},
+    {"type": "object", "propertyNames": {"enum": ["\udc00x", "y"]}},
+    {"enum": ["\udc00x", "y", {"\ud800": 1}]},
+])
+def test_a_lone_surrogate_escape_in_a_key_or_an_enum_is_read_as_any_text(cfg, tokenizer, schema):
+    """JSON spells a lone surrogate only as a `\\u` escape, and UTF-8 cannot encode one: a
+    key or an enum member holding one is never read off raw output (the C walk's key closes,
+    the enum's next bytes) and its masks are made as for any other text. Before, the mask
+    raised UnicodeEncodeError at such a key (a model writing `{"\\uddaf":1,"` under a
+    free-form object failed its request there)."""
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in ('{"\\uddaf":1,"b":2}', '{"\\uddaf":1,"\\uddaf":2}', '{"\\uddaf":1,"\\uddae":{"\\ud800":[]}}',
+                 '{"\\udc00x":1,"y":2}', '{"\\udc00x":1,"\\udc00x":2}', '"\\udc00x"', '"y"', '{"\\ud800":1}'):
+        value = json.loads(text, object_pairs_hook=lambda pairs: dict(pairs) if len({k for k, _ in pairs}) == len(
+            pairs) else None)
+        want = value is not None and validator.is_valid(value)
+        assert accepts(cfg, tokenizer, schema, text) == want, (schema, text)

@@ -334,7 +334,10 @@ def root_key(root: tuple) -> Optional[bytes]:
     top = root[0][0] if len(root) == 1 and root[0] is not None else None
     if top is None or top[0] != "S" or type(top[7]) is not str or top[1].enum is not None or top[3] or top[4] or top[5]:
         return None
-    return top[7].encode("utf-8")
+    try:
+        return top[7].encode("utf-8")
+    except UnicodeEncodeError:  # (a lone surrogate: spelled only as an escape, never read off a path)
+        return None
 
 
 def root_escaped(root: tuple) -> bool:

@@ -259,11 +259,12 @@ def _object_sig(frame: tuple, lookahead_only: bool, child=None) -> Optional[tupl
 
 
 def _escaped(text: str) -> bool:
-    """Whether JSON spells `text` with an escape (a quote, a backslash, a control character)."""
+    """Whether JSON spells `text` with an escape (a quote, a backslash, a control character,
+    a lone surrogate)."""
     return _ESCAPES.search(text) is not None
 
 
-_ESCAPES = re.compile(r'["\\\x00-\x1f]')  # (what _escaped looks for)
+_ESCAPES = re.compile('["\\\\\x00-\x1f\ud800-\udfff]')  # (what _escaped looks for)
 
 
 def _lists(trie: TokenTrie):

@@ -48,6 +48,12 @@ class _Extra:
 EXTRA = _Extra()
 
 
+def _utf8(text: str) -> bytes:
+    """`text` in UTF-8, a lone surrogate (JSON spells one only as a `\\u` escape) as the
+    three bytes no UTF-8 decoder takes: it matches no raw output."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 def utf8_start(b: int):
     """Decoder state after a UTF-8 lead byte: (bytes still needed, code point so far, lo, hi
     bounds of the next byte); None for a byte that cannot start a character."""
@@ -77,7 +83,7 @@ class StringFrames:
             acc = (acc << 6) | (b & 0x3F)
             if need > 1:
                 raw = utf[4] + bytes((b,))
-                if node.enum is not None and not _enum_next_ok(node, text, lambda c: c.encode().startswith(raw)):
+                if node.enum is not None and not _enum_next_ok(node, text, lambda c: _utf8(c).startswith(raw)):
                     return []
                 if pats and not self._pats_can(pats, acc, need - 1):
                     return []
@@ -121,7 +127,7 @@ class StringFrames:
         u = utf8_start(b)
         if u is None or (node.max_len is not None and count + 1 > node.max_len):
             return []  # a character counts from its first byte, as the mask's counters do
-        if node.enum is not None and not _enum_next_ok(node, text, lambda c: c.encode()[0] == b):
+        if node.enum is not None and not _enum_next_ok(node, text, lambda c: _utf8(c)[0] == b):
             return []
         if pats and not self._pats_can(pats, u[1], u[0]):
             return []
@@ -298,6 +304,6 @@ def _enum_first_bytes(node: Node, text: str) -> frozenset:
     got = node._child.get(memo_key)
     if got is None:
         _enum_next_ok(node, text, lambda c: False)  # fills the next-character set
-        got = frozenset(c.encode()[0] for c in node._child[("__next__", text)]) | frozenset(b'"\\')
+        got = frozenset(_utf8(c)[0] for c in node._child[("__next__", text)]) | frozenset(b'"\\')
         node._child[memo_key] = got
     return got

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import re
 import threading
 import weakref
 from typing import Optional
@@ -53,6 +54,7 @@ FIRST_STATES = 256
 EMPTIED_STATES = 64
 HARD_STATES = 16384
 _SOURCE = SOURCE_DIR / "table_walk.c"  # (not beside __file__: this module may be an extension elsewhere, compiled.py)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # (a key's text that UTF-8 cannot spell raw)
 _ROWS: dict = {}  # candidate bytes (frozenset) -> a new state's table row, shared by all grammars (read only)
 
 
@@ -235,8 +237,8 @@ class StateTable:
         if not extra_key(node, key) or key in seen or after[0] != "O" or after[4] is not EXTRA:
             return
         for k in set(node.props) | seen:
-            if (p, k) not in self.in_c:  # (those are registered with their own close)
-                self.keys.add(p, k.encode("utf-8"), UNKNOWN)
+            if (p, k) not in self.in_c and not _LONE_SURROGATE.search(k):  # (those are registered with their own
+                self.keys.add(p, k.encode("utf-8"), UNKNOWN)                # close; a lone surrogate: never on a path)
         self.generic[p] = t
 
     def inside_step(self, s: int, b: int) -> Optional[int]:
@@ -474,7 +476,8 @@ class TableWalker:
                 tab.set_generic(p, parent, t)
         elif t != PYTHON and key not in tab.in_c:  # met again: from now on the C walk finds it
             tab.in_c.add(key)
-            tab.keys.add(p, key[1].encode("utf-8"), t)
+            if not _LONE_SURROGATE.search(key[1]):  # (a key spelled only with an escape: never on a path)
+                tab.keys.add(p, key[1].encode("utf-8"), t)
         if t >= 0 and tab.lives[t] == 0:
             self._liveness(t, hist, trie, i, d)
         return t
