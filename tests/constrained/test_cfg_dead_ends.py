@@ -229,6 +229,20 @@ def test_unique_items_of_few_values_refuse_a_seen_one_at_its_first_byte(cfg, tok
         assert _accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
 
 
+@pytest.mark.parametrize("schema", [{"prefixItems": [True, False]}, {"prefixItems": [True, {"not": {}}]},
+                                    {"type": "array", "prefixItems": [{"type": "integer"}], "items": {"enum": []}}])
+def test_no_comma_before_an_item_no_value_can_be(cfg, tokenizer, schema):
+    """A comma is refused where the next item's rule admits no value (`false`, `not {}`):
+    `[1,` under prefixItems [true, false] was a dead end."""
+    g = _grammar(cfg, schema).copy()
+    for t in tokenizer.encode("[1", add_special_tokens=False):
+        g.accept_token(t)
+    row = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    g.fill_mask(row)
+    assert not row[tokenizer.encode(",", add_special_tokens=False)[0]]
+    assert row[tokenizer.encode("]", add_special_tokens=False)[0]]
+
+
 @pytest.mark.parametrize("bounds,kind", _BOUNDS + [({"minimum": 0, "maximum": 99}, "integer"),
                                                    ({"minimum": -127, "maximum": 128}, ""),
                                                    ({"minimum": 60}, "integer")])

@@ -394,8 +394,8 @@ class Machine(StringFrames):
         if b == 0x2C:
             if phase != 2 or (node.max_items is not None and count >= node.max_items):
                 return []
-            item = _item(node, count)
-            if item is None or (seen is not None and _exhausted(item, seen)):
+            item = _item(node, count)  # (a comma only before an item some value can be)
+            if item is None or item.never or (seen is not None and _exhausted(item, seen)):
                 return []
             return [(("A", node, 3, count, seen, self.ws0), rest)]
         if phase == 2:

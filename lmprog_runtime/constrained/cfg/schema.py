@@ -154,6 +154,10 @@ class SchemaCompiler:
         return n
 
     def _fill(self, n: Node, s: dict) -> None:
+        sub = s.get("not", False)
+        if sub is True or (isinstance(sub, dict) and set(sub) <= ANNOTATIONS):
+            n.never = True  # (`not {}`: no value, as `false`; a check at the value's end was a dead end)
+            return
         if "not" in s and not self._boolean_exclusive:
             t = _not_decided_early(s)
             if t is not s:
