@@ -131,6 +131,54 @@ def test_dynamic_references_follow_the_path_of_evaluation(registry):
     assert residual.valid([1, {"a": None}], inner) is True
 
 
+def test_a_reference_cycle_in_place_is_left_to_the_validator(registry):
+    """A rule whose test would call itself on the same value (`$ref: #` at the root, in an
+    allOf, under `not`, through if / then) is not compiled: compiled to C (cfg/compiled.py)
+    such a predicate recursed past the thread's stack instead of raising RecursionError, and
+    the process died (a schema with a `$dynamicRef` checks its whole value: the schema
+    `{"$ref": "#", "$defs": {"a": {"$dynamicRef": "#x"}}}` killed it at compile). A
+    reference back through a member or an item is recursion into the value: compiled."""
+    base = {"$schema": "https://json-schema.org/draft/2020-12/schema"}
+    for schema in ({**base, "$ref": "#"}, {**base, "allOf": [{"$ref": "#"}], "type": "object"},
+                   {**base, "not": {"$ref": "#"}}, {**base, "if": {"type": "string"}, "then": {"$ref": "#"}},
+                   {**base, "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
+                    "$ref": "#/$defs/a"}):
+        residual = Residual(schema, registry, {})
+        assert residual._validator_of(schema)[1] is None, schema
+        assert residual.valid("a", schema) is False  # (the validator's RecursionError: unchecked, refused)
+    for schema in ({**base, "items": {"$ref": "#"}, "maxItems": 2}, {**base, "properties": {"a": {"$ref": "#"}}},
+                   {**base, "contains": {"$ref": "#"}}, {**base, "propertyNames": {"$ref": "#"}, "maxLength": 2}):
+        residual = Residual(schema, registry, {})
+        validator, check = residual._validator_of(schema)
+        assert check is not None, schema
+        for value in ([[1], []], [[1, 2, 3]], {"a": {"a": 1}}, {"abc": 1}, "ab", [1]):
+            assert check(value) is validator.is_valid(value), (schema, value)
+
+
+def test_a_schema_referring_to_itself_beside_a_dynamic_reference_compiles(tmp_path):
+    """The process survives compiling and masking it (run apart: a stack overflow would end
+    the test run), and the value is refused where it ends (its check never finishes:
+    unchecked)."""
+    import subprocess
+    import sys
+    code = (
+        "import json, torch\n"
+        "from tests.tiny_model import smollm2_tokenizer\n"
+        "from lmprog_runtime.constrained import create_grammar_backend\n"
+        "tok = smollm2_tokenizer()\n"
+        "be = create_grammar_backend('cfg', tok, len(tok), [tok.eos_token_id])\n"
+        "g = be.get_future('json', json.dumps({'$ref': '#', '$defs': {'a': {'$dynamicRef': '#x'}}})).result(60)\n"
+        "row = torch.zeros(len(tok), dtype=torch.bool)\n"
+        "for t in tok.encode('[1,true', add_special_tokens=False):\n"
+        "    g.fill_mask(row)\n"
+        "    g.accept_token(t)\n"
+        "g.fill_mask(row)\n"
+        "print('alive', bool(row[tok.encode(']', add_special_tokens=False)[0]]))\n")
+    root = pathlib.Path(__file__).resolve().parents[2]
+    got = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0 and "alive False" in got.stdout, (got.returncode, got.stderr[-2000:])
+
+
 def test_json_equality_and_multiples():
     eq = predicates.equal
     assert eq(1, 1.0) and eq([1, {"a": 2.0}], [1.0, {"a": 2}])

@@ -182,6 +182,7 @@ class Compiler:
         self.formats = formats or {}
         self.memo: dict = {}  # (id(schema), base URI, dynamic scope) -> _Rule (filled after it is entered: recursion)
         self.keep: list = []  # the schemas keyed by id
+        self._here: list = []  # the keys of the rules being made for one value (in place), outermost first
 
     def check(self, schema, resolver) -> Optional[Callable[[Any], bool]]:
         """The predicate of `schema` whose `$ref`s resolve with `resolver` (a `referencing`
@@ -209,6 +210,8 @@ class Compiler:
         key = (id(schema), resolver._base_uri, scope)
         got = self.memo.get(key)
         if got is not None:
+            if key in self._here:  # (a test that calls itself on the same value: it would never return)
+                raise Unsupported("a reference cycle in place")
             return got
         if any(k in schema for k in _RECURSIVE) or schema.get("$schema", DIALECT) != DIALECT:
             raise Unsupported("recursive references or another dialect")
@@ -216,15 +219,19 @@ class Compiler:
             raise Unsupported("too many rules")
         r = self.memo[key] = _Rule(schema)
         self.keep.append(schema)
-        for word, value in schema.items():
-            if word == "format" and value in self.formats:
-                r.tests.append(self.formats[value])  # (a non-string passes it)
-                continue
-            make = _KEYWORDS.get(word)
-            if make is not None:
-                test = make(self, r, value, schema, resolver)
-                if test is not None:
-                    r.tests.append(test)
+        self._here.append(key)
+        try:
+            for word, value in schema.items():
+                if word == "format" and value in self.formats:
+                    r.tests.append(self.formats[value])  # (a non-string passes it)
+                    continue
+                make = _KEYWORDS.get(word)
+                if make is not None:
+                    test = make(self, r, value, schema, resolver)
+                    if test is not None:
+                        r.tests.append(test)
+        finally:
+            self._here.pop()
         return r
 
     def sub(self, schema, resolver) -> _Rule:
@@ -232,6 +239,15 @@ class Compiler:
         if isinstance(schema, dict) and "$id" in schema:
             resolver = resolver.in_subresource(self.spec.create_resource(schema))
         return self.rule(schema, resolver)
+
+    def child(self, schema, resolver, new_base: bool = True) -> _Rule:
+        """The rule of a member's or an item's values (`sub`; `rule` where not `new_base`):
+        a reference back to a rule being made is recursion into the value, not a cycle."""
+        here, self._here = self._here, []
+        try:
+            return self.sub(schema, resolver) if new_base else self.rule(schema, resolver)
+        finally:
+            self._here = here
 
 
 def _outermost(previous) -> tuple:
@@ -310,7 +326,7 @@ def _pattern_kw(c, r, value, schema, res):
 def _properties(c, r, value, schema, res):
     if not isinstance(value, dict):
         raise Unsupported("properties is an object")
-    pairs = [(name, c.sub(s, res)) for name, s in value.items()]
+    pairs = [(name, c.child(s, res)) for name, s in value.items()]
     r.props = frozenset(value)
 
     def test(v):
@@ -326,7 +342,7 @@ def _properties(c, r, value, schema, res):
 def _pattern_properties(c, r, value, schema, res):
     if not isinstance(value, dict):
         raise Unsupported("patternProperties is an object")
-    pairs = [(_pattern(p), c.sub(s, res)) for p, s in value.items()]
+    pairs = [(_pattern(p), c.child(s, res)) for p, s in value.items()]
     r.patterns = [p for p, _ in pairs]
 
     def test(v):
@@ -345,7 +361,7 @@ def _additional(c, r, value, schema, res):
     props = frozenset(props) if isinstance(props, dict) else frozenset()
     pats = schema.get("patternProperties", {})
     searches = [_pattern(p) for p in pats] if isinstance(pats, dict) else []
-    rule = c.sub(value, res)
+    rule = c.child(value, res)
     r.more.append(rule)
 
     def test(v):
@@ -359,7 +375,7 @@ def _additional(c, r, value, schema, res):
 
 
 def _unevaluated_properties(c, r, value, schema, res):
-    rule = c.sub(value, res)
+    rule = c.child(value, res)
     r.more.append(rule)
 
     def test(v):
@@ -391,14 +407,14 @@ def _dependent_schemas(c, r, value, schema, res):
 
 
 def _property_names(c, r, value, schema, res):
-    rule = c.sub(value, res)
+    rule = c.child(value, res)
     return lambda v: type(v) is not dict or all(rule.ok(k) for k in v)
 
 
 def _prefix_items(c, r, value, schema, res):
     if not isinstance(value, list):
         raise Unsupported("prefixItems is an array")
-    rules = [c.sub(s, res) for s in value]
+    rules = [c.child(s, res) for s in value]
     r.prefix = len(rules)
     return lambda v: type(v) is not list or all(rule.ok(x) for rule, x in zip(rules, v))
 
@@ -406,13 +422,13 @@ def _prefix_items(c, r, value, schema, res):
 def _items(c, r, value, schema, res):
     prefix = schema.get("prefixItems", [])
     start = len(prefix) if isinstance(prefix, list) else 0
-    rule = c.sub(value, res)
+    rule = c.child(value, res)
     r.every_item = True
     return lambda v: type(v) is not list or all(rule.ok(x) for x in v[start:])
 
 
 def _contains(c, r, value, schema, res):
-    rule = c.rule(value, res)  # (the validator evolves into it: no new base URI)
+    rule = c.child(value, res, False)  # (the validator evolves into it: no new base URI)
     r.contains = (r.contains or ()) + (rule,)
     least, most = schema.get("minContains", 1), schema.get("maxContains")
     if not _is_number(least) or (most is not None and not _is_number(most)):
@@ -433,7 +449,7 @@ def _contains(c, r, value, schema, res):
 
 
 def _unevaluated_items(c, r, value, schema, res):
-    rule = c.rule(value, res)  # (the validator evolves into it to find the items it evaluates)
+    rule = c.child(value, res, False)  # (the validator evolves into it to find the items it evaluates)
     r.contains = (r.contains or ()) + (rule,)
 
     def test(v):
