@@ -13,6 +13,12 @@ the engine applies it). Reported per instance:
   mask (`write_mask`) at some step: the two paths' memos disagree;
 - `crash`: compiling or masking raised something other than GrammarError;
 - `rejects_valid`: a valid instance refused (a narrowing, or a bug);
+- `dead_end` (with `--sampled N`: N decodes per schema that sample each token from the mask,
+  short tokens first, and stop at EOS where the mask allows it or after MAX_SAMPLED tokens):
+  an empty mask before the value is complete, where the schema's first mask was not (a
+  decode has nothing to sample: docs/constrained.md, "Liveness", names the checks that can
+  still get there); a sampled text that completes is judged like an instance, and a sampled
+  token accept_token refuses is `mask_not_matcher`;
 - `known`: a divergence the docs name (docs/constrained.md, "Liveness"): an integer written
   with an exponent, ECMA-262 `\\w` / `\\d` / `\\s` / `\\b` being ASCII where Python's `re` (the
   validator's) is not, schemas with a custom `$vocabulary` (jsonschema reads none), draft-07
@@ -22,6 +28,7 @@ the engine applies it). Reported per instance:
   with Decimals: where the two validators disagree the instance is skipped).
 
     python bench/fuzz_grammar.py --corpus suite --seed 1 --schema-mutations 2
+    python bench/fuzz_grammar.py --corpus suite --seed 1 --sampled 4
 Writes a JSON report (--out) and exits 1 when any instance is in the first three classes.
 """
 from __future__ import annotations
@@ -46,6 +53,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_grammar as bg  # noqa: E402
 
 SERIOUS = ("accepts_invalid", "mask_not_matcher", "bitmask_not_mask", "crash")
+MAX_SAMPLED = 300  # tokens of one sampled decode (--sampled) at most
 # keywords a schema mutation adds to one subschema (one each time)
 ADDITIONS = (
     {"minimum": 2}, {"maximum": 5}, {"exclusiveMaximum": 3}, {"exclusiveMinimum": -1}, {"multipleOf": 0.5},
@@ -259,6 +267,35 @@ def walk(grammar, tok, text: str):
     return True
 
 
+def sampled(grammar, tok, rng: random.Random, short: np.ndarray):
+    """One decode that samples each token from the mask (a token of at most two characters
+    four times in five, where one is allowed; EOS, where allowed, three times in ten):
+    ("done", text) at EOS, ("dead_end", text) at an empty mask, ("mask_not_matcher", text)
+    where accept_token refuses the sampled token, ("cap", text) after MAX_SAMPLED tokens."""
+    from lmprog_runtime.constrained.base import GrammarError
+    g = grammar.copy()
+    row = np.zeros(len(tok), dtype=np.bool_)
+    eos = tok.eos_token_id
+    out: list = []
+    for _ in range(MAX_SAMPLED):
+        g.write_mask(row)
+        allowed = np.flatnonzero(row)
+        if not len(allowed):
+            return "dead_end", tok.decode(out)
+        if row[eos] and rng.random() < 0.3:
+            return "done", tok.decode(out)
+        few = allowed[short[allowed]]
+        pick = int(rng.choice(few if len(few) and rng.random() < 0.8 else allowed))
+        if pick == eos:
+            return "done", tok.decode(out)
+        try:
+            g.accept_token(pick)
+        except GrammarError:
+            return "mask_not_matcher", tok.decode(out + [pick])
+        out.append(pick)
+    return "cap", tok.decode(out)
+
+
 def known(schema, text: str, got: bool) -> bool:
     """A documented divergence (module docstring)."""
     src = json.dumps(schema)
@@ -280,6 +317,40 @@ def known(schema, text: str, got: bool) -> bool:
     return False
 
 
+def _sampled_findings(grammar, tok, rng, short, n: int, ref, name: str, schema, counts: Counter,
+                      findings: list) -> None:
+    """`n` sampled decodes of one schema (`sampled`), their findings recorded."""
+    row = np.zeros(len(tok), dtype=np.bool_)
+    grammar.copy().write_mask(row)
+    if not row.any():
+        counts["unsatisfiable_schemas"] += 1  # (no value at all: nothing to sample)
+        return
+    for _ in range(n):
+        try:
+            end, text = sampled(grammar, tok, rng, short)
+        except Exception as exc:  # noqa: BLE001
+            counts["crash"] += 1
+            findings.append({"class": "crash", "case": name, "schema": schema, "error": repr(exc)})
+            continue
+        counts["sampled"] += 1
+        if end == "done":
+            try:
+                expect = ref.valid(text)
+            except Exception:  # noqa: BLE001 - jsonschema raised on this text
+                expect = None
+            if expect is None:
+                counts["unjudged"] += 1
+                continue
+            if expect or known(schema, text, True):
+                continue
+            end = "accepts_invalid"
+        elif end == "cap":
+            counts["sampled_cap"] += 1
+            continue
+        counts[end] += 1
+        findings.append({"class": end, "case": name, "schema": schema, "text": text, "sampled": True})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", default="suite", choices=sorted(bg.CORPORA))
@@ -289,6 +360,8 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=0, help="first N schemas only")
     ap.add_argument("--spellings", action="store_true",
                     help="write instances with escapes in their strings (or pretty-printed), not compact")
+    ap.add_argument("--sampled", type=int, default=0, help="decodes per schema sampling tokens from the mask")
+    ap.add_argument("--trace", action="store_true", help="print each schema before it is compiled (stderr)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fuzz_grammar.json"))
     args = ap.parse_args()
 
@@ -307,13 +380,18 @@ def main() -> int:
     be = create_grammar_backend("cfg", tok, len(tok), [tok.eos_token_id],
                                 config=GrammarBackendConfig(schema_remotes=remotes))
     counts, findings, t0 = Counter(), [], time.time()
+    short = np.array([0 < len(tok.decode([t])) <= 2 for t in range(len(tok))], dtype=np.bool_)
     for case in tqdm(cases, desc=f"fuzz {args.corpus}", unit="schema"):
         schemas = [case["schema"]] if not args.schema_mutations or not isinstance(case["schema"], dict) else \
             [mutated_schema(rng, case["schema"]) for _ in range(args.schema_mutations)]
         for schema in schemas:
+            if args.trace:  # (the schema a crash of the whole process was at: the last one printed)
+                print("\nschema", case["name"], json.dumps(schema), file=sys.stderr, flush=True)
             try:
                 grammar = be.get_future("json", json.dumps(schema)).result(timeout=60)
-            except GrammarError:
+            except GrammarError as exc:
+                if args.trace:
+                    print("refused:", str(exc)[:200], file=sys.stderr, flush=True)
                 counts["refused_schemas"] += 1
                 continue
             except Exception as exc:  # noqa: BLE001 - a crash is a finding, not the fuzzer's end
@@ -325,6 +403,8 @@ def main() -> int:
             except Exception:  # noqa: BLE001 - jsonschema cannot judge this schema
                 counts["unjudged_schemas"] += 1
                 continue
+            if args.sampled:
+                _sampled_findings(grammar, tok, rng, short, args.sampled, ref, case["name"], schema, counts, findings)
             values = [t["data"] for t in case["tests"]]
             try:
                 root = RefIndex(schema, None)
@@ -376,7 +456,7 @@ def main() -> int:
     pathlib.Path(args.out).write_text(json.dumps(report, indent=1, ensure_ascii=False))
     print(json.dumps(report["counts"]))
     for f in findings:
-        if f["class"] in SERIOUS or f["class"] == "rejects_valid":
+        if f["class"] in SERIOUS or f["class"] in ("rejects_valid", "dead_end"):
             print(f["class"], f["case"], json.dumps(f["schema"])[:200], f.get("text", f.get("error", ""))[:160])
     return 1 if any(counts[c] for c in SERIOUS) else 0
 

@@ -229,6 +229,23 @@ def test_unique_items_of_few_values_refuse_a_seen_one_at_its_first_byte(cfg, tok
         assert _accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
 
 
+@pytest.mark.parametrize("schema,refused,allowed", [
+    ({"type": "object", "enum": [1, "a", None, [1], {"a": 1}]}, ["[", "1", '"', "n"], ["{"]),
+    ({"type": ["string", "null"], "enum": [[True], "x", {"a": 1}]}, ["[", "{", "n"], ['"']),
+])
+def test_an_enum_member_not_of_the_schemas_type_begins_no_value(cfg, tokenizer, schema, refused, allowed):
+    """An enum of objects / arrays is the anyOf of their structures; a member the schema's
+    `type` refuses is no branch (`[` under type object and an enum holding [1] began an
+    array no end could take)."""
+    g = _grammar(cfg, schema).copy()
+    row = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    g.fill_mask(row)
+    for text in refused + allowed:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert len(ids) == 1, text
+        assert bool(row[ids[0]]) == (text in allowed), (schema, text)
+
+
 @pytest.mark.parametrize("schema", [{"prefixItems": [True, False]}, {"prefixItems": [True, {"not": {}}]},
                                     {"type": "array", "prefixItems": [{"type": "integer"}], "items": {"enum": []}}])
 def test_no_comma_before_an_item_no_value_can_be(cfg, tokenizer, schema):

@@ -844,6 +844,9 @@ def _enum_as_choice(s: dict) -> Optional[dict]:
     values = [s["const"]] if "const" in s else s.get("enum")
     if not isinstance(values, list) or not any(isinstance(v, (dict, list)) for v in values):
         return None
+    names = _type_names(s) if "type" in s else None
+    if names is not None:  # (a value not of the schema's type is none of its instances: no branch of its own)
+        values = [v for v in values if any(_of_type(v, t) for t in names)]
     try:
         alts = [_literal_schema(v, 0) for v in values if isinstance(v, (dict, list))]
     except RecursionError:
@@ -852,6 +855,14 @@ def _enum_as_choice(s: dict) -> Optional[dict]:
     if scalars:
         alts.append({"enum": scalars})
     return {**{k: v for k, v in s.items() if k not in ("enum", "const")}, "anyOf": alts}
+
+
+def _of_type(v, name: str) -> bool:
+    """JSON value v is of JSON Schema type `name` (an integer: a number of no fraction)."""
+    if name == "integer":
+        return type(v) in (int, float) and float(v).is_integer()
+    return {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}.get(name) is type(v) or (
+        name == "number" and type(v) in (int, float))
 
 
 def _literal_schema(v, depth: int) -> dict:
