@@ -661,6 +661,23 @@ def test_a_not_one_keyword_decides_is_refused_where_it_becomes_certain(cfg, toke
         assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "not": {"required": ["a"]}}, {"type": "string", "not": {"type": "string"}},
+    {"type": "integer", "not": {"type": "number"}}, {"type": ["string", "null"], "not": {"minimum": 3}},
+    {"not": {}}, {"not": True, "type": "object"}, {"not": {"description": "anything"}},
+])
+def test_a_not_refusing_every_kind_the_rest_allows_is_no_value(cfg, schema):
+    """Such a schema is compiled as `false` (no value at all: its first mask is empty), not
+    as a check that refuses each value at its end (a string under `{"type": "string",
+    "not": {"required": ["a"]}}` was begun, and no end of it taken: `required` passes
+    strings)."""
+    from lmprog_runtime.constrained.cfg.backend import compile_machine
+    machine = compile_machine("json", json.dumps(schema), cfg.whitespace)
+    assert machine.root.never
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    assert not any(validator.is_valid(v) for v in ("a", 1, 2.5, None, True, [], {}, {"a": 1}))
+
+
 def test_a_refused_compile_says_where_the_schema_is_malformed_or_refers_to_itself(cfg):
     """A schema its dialect's metaschema refuses is named at its first fault (the compiler's
     own error there said little: `'int' object is not iterable`); one that refers to itself

@@ -160,6 +160,9 @@ class SchemaCompiler:
             return
         if "not" in s and not self._boolean_exclusive:
             t = _not_decided_early(s)
+            if t is False:  # (the `not` refuses every kind the rest allows: no value)
+                n.never = True
+                return
             if t is not s:
                 s = self._made(t, s)
         if "allOf" in s:
@@ -601,9 +604,10 @@ _LOWER = frozenset(("minimum", "exclusiveMinimum"))
 _TYPE_ORDER = ("null", "boolean", "object", "array", "number", "integer", "string")
 
 
-def _not_decided_early(s: dict) -> dict:
+def _not_decided_early(s: dict):
     """`s` with a `not` of one keyword whose complement the structure states exactly
-    rewritten as that complement, else `s`: `not {type: T}` is the other types (but for
+    rewritten as that complement (False where that leaves no kind of value: `{"type":
+    "string", "not": {"required": ["a"]}}`, as a string passes `required`), else `s`: `not {type: T}` is the other types (but for
     `integer` alone: no type says "a number that is not an integer"), `not {minimum: x}`
     is a number below x (`type`
     narrowed to numbers, `exclusiveMaximum: x`; the other three bounds alike; draft-06 on,
@@ -626,8 +630,8 @@ def _not_decided_early(s: dict) -> dict:
     v = sub[word]
     if word in _NOT_BOUND and isinstance(v, (int, float)) and not isinstance(v, bool):
         out = _narrowed(s, ("number", "integer"))
-        if out is None:
-            return s
+        if out is None or out is False:
+            return s if out is None else out
         bound = _NOT_BOUND[word]
         have = out.get(bound)
         if isinstance(have, (int, float)) and not isinstance(have, bool):  # (the tighter of the two)
@@ -648,6 +652,8 @@ def _not_decided_early(s: dict) -> dict:
     if word == "required" and isinstance(v, list) and v and all(isinstance(k, str) for k in v):
         names = list(dict.fromkeys(v))
         out = _narrowed(s, ("object",))
+        if out is False:
+            return out
         props = out.get("properties", {}) if out is not None else None
         if not isinstance(props, dict):
             return s
@@ -664,16 +670,17 @@ def _not_decided_early(s: dict) -> dict:
     return s
 
 
-def _narrowed(s: dict, kinds: tuple) -> Optional[dict]:
+def _narrowed(s: dict, kinds: tuple):
     """`s` less its `not`, its `type` (every type where it has none) narrowed to the type
-    names `kinds` (None where it names none of them, or is not a list of type names)."""
+    names `kinds`; False where it names none of them (no value: the `not` refuses every
+    kind it allows), None where its `type` is not a list of type names."""
     out = {k: x for k, x in s.items() if k != "not"}
     names = _type_names(s) if "type" in s else list(kinds)
     if names is None:
         return None
     kept = [t for t in names if t in kinds]
     if not kept:
-        return None
+        return False
     out["type"] = kept[0] if len(kept) == 1 else kept
     return out
 
