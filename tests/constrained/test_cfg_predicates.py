@@ -131,21 +131,33 @@ def test_dynamic_references_follow_the_path_of_evaluation(registry):
     assert residual.valid([1, {"a": None}], inner) is True
 
 
-def test_a_reference_cycle_in_place_is_left_to_the_validator(registry):
+def test_a_reference_cycle_in_place_fails_the_value_that_meets_it(registry):
     """A rule whose test would call itself on the same value (`$ref: #` at the root, in an
-    allOf, under `not`, through if / then) is not compiled: compiled to C (cfg/compiled.py)
-    such a predicate recursed past the thread's stack instead of raising RecursionError, and
-    the process died (a schema with a `$dynamicRef` checks its whole value: the schema
-    `{"$ref": "#", "$defs": {"a": {"$dynamicRef": "#x"}}}` killed it at compile). A
-    reference back through a member or an item is recursion into the value: compiled."""
+    allOf, under `not`, through if / then) is compiled with its reference back guarded
+    (predicates._Back): a value that meets the rule again on itself is refused (the
+    validator recurses until RecursionError: unchecked, never accepted), at once; one whose
+    evaluation turns away before (a number under `if: {type: string}, then: {$ref: #}`) is
+    decided. Compiled to C (cfg/compiled.py) such a test ran past the thread's stack instead
+    of raising RecursionError, and the process died (a schema with a `$dynamicRef` checks its
+    whole value: `{"$ref": "#", "$defs": {"a": {"$dynamicRef": "#x"}}}` killed it at
+    compile); left to the validator, each value cost ~1000 frames to fail. A reference back
+    through a member or an item is recursion into the value: followed as it is."""
     base = {"$schema": "https://json-schema.org/draft/2020-12/schema"}
-    for schema in ({**base, "$ref": "#"}, {**base, "allOf": [{"$ref": "#"}], "type": "object"},
-                   {**base, "not": {"$ref": "#"}}, {**base, "if": {"type": "string"}, "then": {"$ref": "#"}},
-                   {**base, "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
-                    "$ref": "#/$defs/a"}):
+    cyclic = [{**base, "$ref": "#"}, {**base, "type": "object", "allOf": [{"$ref": "#"}]},
+              {**base, "not": {"$ref": "#"}}, {**base, "if": {"type": "string"}, "then": {"$ref": "#"}},
+              {**base, "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
+               "$ref": "#/$defs/a"},
+              {**base, "properties": {"x": {"$ref": "#"}}, "unevaluatedProperties": False, "allOf": [{"$ref": "#"}]}]
+    for schema in cyclic:
         residual = Residual(schema, registry, {})
-        assert residual._validator_of(schema)[1] is None, schema
-        assert residual.valid("a", schema) is False  # (the validator's RecursionError: unchecked, refused)
+        validator, check = residual._validator_of(schema)
+        assert check is not None, schema
+        for value in ("a", {"x": 1}, [1], 1, None):
+            try:
+                want = validator.is_valid(value)
+            except RecursionError:  # (it never finishes: refused)
+                want = False
+            assert residual.valid(value, schema) is want, (schema, value)
     for schema in ({**base, "items": {"$ref": "#"}, "maxItems": 2}, {**base, "properties": {"a": {"$ref": "#"}}},
                    {**base, "contains": {"$ref": "#"}}, {**base, "propertyNames": {"$ref": "#"}, "maxLength": 2}):
         residual = Residual(schema, registry, {})

@@ -22,7 +22,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012, specification_with
 
 from lmprog_runtime.constrained.cfg.formats import format_checks
-from lmprog_runtime.constrained.cfg.predicates import Compiler
+from lmprog_runtime.constrained.cfg.predicates import Compiler, Cycle
 from lmprog_runtime.constrained.cfg.registry import SchemaRegistry
 
 
@@ -65,6 +65,8 @@ class Residual:
             if compiled is not None:
                 try:
                     return compiled(value)
+                except Cycle:  # (the validator would recurse until RecursionError: unchecked)
+                    return False
                 except Exception:  # noqa: BLE001 - (an overflow, a recursion limit): the validator decides
                     pass
             with self._lock:
