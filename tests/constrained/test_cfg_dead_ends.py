@@ -41,6 +41,19 @@ def _grammar(be, schema):
     return be.get_future("json", json.dumps(schema)).result(timeout=60)
 
 
+def _assert_offered(be, tokenizer, schema, prefix: str, refused: list, allowed: list) -> None:
+    """After `prefix`, the mask offers each one-token text of `allowed` and none of `refused`."""
+    g = _grammar(be, schema).copy()
+    for t in tokenizer.encode(prefix, add_special_tokens=False):
+        g.accept_token(t)
+    row = torch.zeros(be.vocab_size, dtype=torch.bool)
+    g.fill_mask(row)
+    for text in refused + allowed:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert len(ids) == 1, text
+        assert bool(row[ids[0]]) == (text in allowed), (schema, prefix, text)
+
+
 def _accepts(be, tokenizer, schema, text) -> bool:
     g = _grammar(be, schema)
     row = torch.zeros(be.vocab_size, dtype=torch.bool)
@@ -187,15 +200,7 @@ def _json_number_prefix(text: str) -> bool:
     ({"oneOf": [{"type": "boolean"}, {"const": True}]}, "", ["t", "tr", "true"], ["f", "fal"]),
 ])
 def test_literals_a_check_refuses_are_refused_at_their_first_byte(cfg, tokenizer, schema, prefix, refused, allowed):
-    g = _grammar(cfg, schema).copy()
-    for t in tokenizer.encode(prefix, add_special_tokens=False):
-        g.accept_token(t)
-    row = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-    g.fill_mask(row)
-    for text in refused + allowed:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        assert len(ids) == 1, text
-        assert bool(row[ids[0]]) == (text in allowed), (schema, prefix, text)
+    _assert_offered(cfg, tokenizer, schema, prefix, refused, allowed)
 
 
 @pytest.mark.parametrize("schema,prefix,refused,allowed", [
@@ -215,15 +220,7 @@ def test_unique_items_of_few_values_refuse_a_seen_one_at_its_first_byte(cfg, tok
     number only a seen value's spellings could finish, `["abc","a` a string only `"abc"`
     could), and no comma follows once every value is seen (`_exhausted`: `[true,false,`
     had nothing after it)."""
-    g = _grammar(cfg, schema).copy()
-    for t in tokenizer.encode(prefix, add_special_tokens=False):
-        g.accept_token(t)
-    row = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-    g.fill_mask(row)
-    for text in refused + allowed:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        assert len(ids) == 1, text
-        assert bool(row[ids[0]]) == (text in allowed), (schema, prefix, text)
+    _assert_offered(cfg, tokenizer, schema, prefix, refused, allowed)
     for value in ([1, 2], [2, 1], [True, False], [None], ["abc", "x"], ["x", "abc"], [2.5, "x", 1], [1, 1], ["x", "x"]):
         validator = jsonschema.validators.validator_for(schema)(schema)
         assert _accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
@@ -237,13 +234,7 @@ def test_an_enum_member_not_of_the_schemas_type_begins_no_value(cfg, tokenizer, 
     """An enum of objects / arrays is the anyOf of their structures; a member the schema's
     `type` refuses is no branch (`[` under type object and an enum holding [1] began an
     array no end could take)."""
-    g = _grammar(cfg, schema).copy()
-    row = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-    g.fill_mask(row)
-    for text in refused + allowed:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        assert len(ids) == 1, text
-        assert bool(row[ids[0]]) == (text in allowed), (schema, text)
+    _assert_offered(cfg, tokenizer, schema, "", refused, allowed)
 
 
 @pytest.mark.parametrize("schema", [{"prefixItems": [True, False]}, {"prefixItems": [True, {"not": {}}]},
