@@ -492,18 +492,22 @@ def _unseen(item: Node, seen) -> Node:
     the items seen (NeedsText in a table state: ANY_SEEN)."""
     if seen is ANY_SEEN:
         raise NeedsText
-    if len(item._child) >= MAX_VARIANTS:
-        return item  # (the enum whole: a seen member's prefix is refused at the item's end only)
     strings = tuple(v for v in item.enum if ("s", v) in seen) if item.enum else ()
     numbers = tuple(v for v in item.num_enum if _number_value(v) in seen) if item.num_enum else ()
     if not strings and not numbers:
         return item
+    key = ("__unseen__", strings, numbers)
+    if key not in item._child:
+        made = item._child.get("__unseen_made__", 0)
+        if made >= MAX_VARIANTS:
+            return item  # (the enum whole: a seen member's prefix is refused at the item's end only)
+        item._child["__unseen_made__"] = made + 1
     changes = {}
     if strings:
         changes["enum"] = tuple(v for v in item.enum if v not in strings)
     if numbers:
         changes["num_enum"] = tuple(v for v in item.num_enum if v not in numbers)
-    return item.twin(("__unseen__", strings, numbers), **changes)
+    return item.twin(key, **changes)
 
 
 def _key_rule(node: Node, seen: frozenset) -> Node:
