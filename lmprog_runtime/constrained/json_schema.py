@@ -411,7 +411,7 @@ def _json_type(v) -> set[str]:
     if isinstance(v, int):
         return {"integer", "number"}
     if isinstance(v, float):
-        return {"number", "integer"} if v == int(v) else {"number"}
+        return {"number", "integer"} if v.is_integer() else {"number"}  # (inf, nan: no integer, no raise)
     if isinstance(v, str):
         return {"string"}
     return {"array"} if isinstance(v, list) else {"object"}

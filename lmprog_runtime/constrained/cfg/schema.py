@@ -630,8 +630,10 @@ def _not_decided_early(s: dict):
     v = sub[word]
     if word in _NOT_BOUND and isinstance(v, (int, float)) and not isinstance(v, bool):
         out = _narrowed(s, ("number", "integer"))
-        if out is None or out is False:
-            return s if out is None else out
+        if out is None:
+            return s
+        if out is False:
+            return False
         bound = _NOT_BOUND[word]
         have = out.get(bound)
         if isinstance(have, (int, float)) and not isinstance(have, bool):  # (the tighter of the two)
@@ -853,7 +855,7 @@ def _enum_as_choice(s: dict) -> Optional[dict]:
         return None
     names = _type_names(s) if "type" in s else None
     if names is not None:  # (a value not of the schema's type is none of its instances: no branch of its own)
-        values = [v for v in values if any(_of_type(v, t) for t in names)]
+        values = [v for v in values if _json_type(v) & set(names)]
     try:
         alts = [_literal_schema(v, 0) for v in values if isinstance(v, (dict, list))]
     except RecursionError:
@@ -862,14 +864,6 @@ def _enum_as_choice(s: dict) -> Optional[dict]:
     if scalars:
         alts.append({"enum": scalars})
     return {**{k: v for k, v in s.items() if k not in ("enum", "const")}, "anyOf": alts}
-
-
-def _of_type(v, name: str) -> bool:
-    """JSON value v is of JSON Schema type `name` (an integer: a number of no fraction)."""
-    if name == "integer":
-        return type(v) in (int, float) and float(v).is_integer()
-    return {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}.get(name) is type(v) or (
-        name == "number" and type(v) in (int, float))
 
 
 def _literal_schema(v, depth: int) -> dict:
