@@ -82,6 +82,20 @@ def test_recursion_has_no_depth_bound(cfg, tokenizer):
     check(cfg, tokenizer, free, [{"a": nested}], [])
 
 
+def test_nesting_is_bounded_like_a_json_parsers(cfg, tokenizer):
+    """MAX_NESTING arrays and objects open at once, no more: deeper, a mask would cost more
+    per level and the state's tuples compare past Python's recursion limit (a request
+    failed with RecursionError near 1,000 levels)."""
+    from lmprog_runtime.constrained.cfg.machine import MAX_NESTING
+    n = MAX_NESTING
+    for schema in ({}, {"type": "array", "items": {"$ref": "#"}}):
+        assert accepts(cfg, tokenizer, schema, "[" * n + "]" * n)
+        assert not accepts(cfg, tokenizer, schema, "[" * (n + 1) + "]" * (n + 1))
+    assert accepts(cfg, tokenizer, {}, '{"a":' * (n - 1) + "[1]" + "}" * (n - 1))
+    assert not accepts(cfg, tokenizer, {}, '{"a":' * n + "[1]" + "}" * n)
+    assert accepts(cfg, tokenizer, {}, '{"a":' * n + "1" + "}" * n)
+
+
 def test_large_max_length_compiles_in_milliseconds(cfg, tokenizer):
     schema = {"type": "string", "maxLength": 100000, "minLength": 3}
     t0 = time.perf_counter()

@@ -52,6 +52,11 @@ NUMBER_BYTES = frozenset().union(*_NUM)  # every byte a number may take
 # found (a bound passed by more digits often admits a fraction, a lower one more digits)
 NUMBER_STEPS = [tuple(sorted(d, key=b".0e9E12345678+-".index)) for d in _NUM]
 MAX_NUMBER_CHARS = 400
+# arrays and objects open at once: a `[` or `{` past it is refused (a bound, like every JSON
+# parser's: Python's json module fails near 1,000 levels, serde_json at 128; each level is a
+# frame of the state, so past it a mask costs more per level and the state's tuples more
+# than Python compares before a RecursionError)
+MAX_NESTING = 128
 
 
 _VALUE_START = frozenset(b'"{[-0123456789tfn')
@@ -274,9 +279,11 @@ class Machine(StringFrames):
             text = "" if node.enum is not None else None
             return [(("S", node, 0, 0, 0, 0, node.patterns, text), rest)]
         if b == 0x7B:
-            return [(("O", node, 0, frozenset(), None, self.ws0), rest)] if "object" in types else []
+            if "object" not in types or _nested_full(rest):
+                return []
+            return [(("O", node, 0, frozenset(), None, self.ws0), rest)]
         if b == 0x5B:
-            if "array" not in types:
+            if "array" not in types or _nested_full(rest):
                 return []
             return [(("A", node, 0, 0, frozenset() if node.unique else None, self.ws0), rest)]
         if b in DIGITS or b == 0x2D:
@@ -429,6 +436,18 @@ class Machine(StringFrames):
         return out
 
     # ------------------------------------------------------------ strings
+def _nested_full(rest) -> bool:
+    """MAX_NESTING arrays and objects are open in `rest` (one O / A frame each)."""
+    n = 0
+    while rest is not None:
+        if rest[0][0] in ("O", "A"):
+            n += 1
+            if n >= MAX_NESTING:
+                return True
+        rest = rest[1]
+    return False
+
+
 def _checked(rest) -> bool:
     """A pending check (C / U frame) reads the value on top of `rest` when it completes."""
     return rest is not None and rest[0][0] in ("C", "U")
