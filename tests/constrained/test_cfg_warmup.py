@@ -441,3 +441,38 @@ def test_an_object_closed_by_property_names_samples_one_of_its_names():
     assert warmup.sample({"propertyNames": {"pattern": "^a+$"}}, alt=1) == {"a": "abc"}
     assert warmup.sample({"propertyNames": {"pattern": "^x[0-9]$"}, "additionalProperties": {"type": "integer"}},
                          pick=1) == {"x0": 1}
+
+
+@pytest.mark.parametrize("schema,text", [({"const": 0}, "0.0"), ({"maximum": 300}, "300.0"), ({"enum": [1, "a"]}, "1.0"),
+                                         ({"type": "integer", "multipleOf": 7}, "7.0"), ({"items": {"minimum": 2}}, "[10, 2.5, 3]")])
+def test_number_parts_of_a_rules_own_numbers_are_made_at_compile(cfg, tokenizer, schema, text):
+    """Each text of a number is a state of its own (a digit a token): the number parts along
+    the rule's own numbers (its bounds, enum members, each with `.0`) and the first texts of
+    every rule are made by the warm-up, and a request walking them makes none; its masks are
+    an unwarmed grammar's."""
+    spec = json.dumps(schema)
+    warm, cold = cfg.compile("json", spec), _unwarmed(cfg, spec)
+    made = len(warm._shared.engine._numbers)
+    assert made > 3 and len(cold._shared.engine._numbers) == 0
+    a, b = np.empty(cfg.vocab_size, np.bool_), np.empty(cfg.vocab_size, np.bool_)
+    g, h = warm.copy(), cold.copy()
+    for t in tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]:
+        g.write_mask(a)
+        h.write_mask(b)
+        assert np.array_equal(a, b) and a[t], g._hist
+        if t != tokenizer.eos_token_id:
+            g.accept_token(t)
+            h.accept_token(t)
+    assert len(warm._shared.engine._numbers) == made
+    assert len(cold._shared.engine._numbers) > 0
+
+
+def test_number_seeds_are_a_rules_own_numbers_in_plain_notation():
+    from decimal import Decimal
+
+    from lmprog_runtime.constrained.cfg.nodes import Node
+    node = Node()
+    node.lo, node.hi, node.multiple_of = Decimal("-2.5"), Decimal("3E+2"), Decimal("0.0001")
+    node.num_enum = (Decimal("9007199254740992"), Decimal("1E+30"), Decimal("0"))
+    assert warmup._number_seeds(node) == ["-2.5", "300", "300.0", "0.0001", "9007199254740992",
+                                          "9007199254740992.0", "0", "0.0"]

@@ -40,6 +40,8 @@ import numpy as np
 
 from lmprog_runtime.constrained.base import GrammarError
 from lmprog_runtime.constrained.json_schema import _json_type
+from lmprog_runtime.constrained.cfg.canonical import number_top
+from lmprog_runtime.constrained.cfg.machine import _NUM
 from lmprog_runtime.constrained.cfg.regex import MAX_CP, RegexError, RegexPool
 from lmprog_runtime.constrained.cfg.refs import RefIndex
 from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
@@ -54,6 +56,13 @@ MAX_VALUES = 400     # values in one sample (nested objects multiply)
 ALT_PATTERN_CHARS = 12  # the alternative sample's pattern texts are this long at least, where one is found
 ENUM_ITEMS = 8       # an array of enum members: the alternative sample's items are its first members, this many
 PRUNES = 2           # a compact sample refused inside a member is walked again without it, this many times at most
+NUMBER_NODES = 16    # number rules whose number parts are made (`_number_parts`), at most
+NUMBER_FRAMES = 24   # ... and number frames of each (their canonical forms), at most
+NUMBER_PARTS = 96    # ... and of them all (the engine keeps MEMO_UNIONS of them)
+# a number's bytes in the order its texts are explored: the digits and marks numbers most
+# often begin with first (0, 1, a fraction's point, a sign, an exponent), then the others
+_NUMBER_ORDER = tuple(b"01.-e23456789E+")
+_EXPONENT_ORDER = tuple(b"1+-")  # (an exponent's: its texts are kept, each digit a state)
 _FORMATS = {"date": "2020-01-31", "date-time": "2020-01-31T12:00:00Z", "time": "12:00:00Z",
             "email": "ab@example.com", "uri": "https://example.com/a", "uuid": "123e4567-e89b-12d3-a456-426614174000",
             "ipv4": "10.0.0.1", "ipv6": "::1", "hostname": "example.com"}
@@ -533,6 +542,113 @@ def warm(grammar, tokenizer: Optional[SampleTokenizer], schema_text: Optional[st
                 break
             texts.append(text)
             tokens = tokenizer.encode(text)
+    _number_parts(grammar, deadline)
+
+
+def _number_parts(grammar, deadline: float) -> None:
+    """The number parts (MaskEngine._number_part: the tokens that step a number frame alone)
+    of canonical number frames of each number rule the grammar reaches, NUMBER_FRAMES per
+    rule: those along the texts of its own numbers (`_number_seeds`), then texts explored
+    breadth first in _NUMBER_ORDER. A number's text is a state of its own at every token
+    (SmolLM2 spells each digit as one), and where a rule keeps its text (an enum or const,
+    multipleOf; bounds where no class stands for it: canonical.py) each is a new number
+    part: made here, `0.0` under `const: 0` or `300.0` under `maximum: 300` is a memo hit at
+    its first request."""
+    shared = grammar._shared
+    engine, machine = shared.engine, shared.machine
+    if not engine._json or not engine.use_c or machine.root is None:
+        return
+    subtrees, free = engine.vocab.number_subtrees, engine.vocab.exponent_free
+    made = [0]
+
+    def part(frame, seen: set) -> Optional[bool]:
+        """frame's number part made (its canonical form's): True where that form is new,
+        False where it was met, None once out of time or budget."""
+        if _clock() > deadline or made[0] >= NUMBER_PARTS or len(seen) >= NUMBER_FRAMES:
+            return None
+        top = number_top(frame, free)
+        if top in seen:
+            return False
+        seen.add(top)
+        engine._number_part(top, subtrees)
+        made[0] += 1
+        return True
+
+    def step(frame, b: int):
+        if frame is None:
+            return ("N", node, chr(b), _NUM[0][b]) if b in _NUM[0] and node.number_prefix_ok(chr(b)) else None
+        if b not in _NUM[frame[3]]:
+            return None
+        got = machine.step((frame, None), b, 0, None)
+        return got[0][0] if got else None
+
+    for node in _number_nodes(machine.root):
+        seen: set = set()
+        for text in _number_seeds(node):
+            frame = None
+            for b in text.encode():
+                frame = step(frame, b)
+                if frame is None:
+                    break
+                if part(frame, seen) is None:
+                    break
+        # (breadth first from the forms not met yet: a free number's texts are all "0")
+        level, met = [f for f in (step(None, b) for b in _NUMBER_ORDER) if f is not None], set()
+        while level:
+            nxt = []
+            for frame in level:
+                new = part(frame, met)
+                if new is None:
+                    break
+                if new:  # (an exponent keeps its text: one digit of it, not each)
+                    order = _NUMBER_ORDER if frame[3] < 6 else _EXPONENT_ORDER
+                    nxt.extend(f for f in (step(frame, b) for b in order) if f is not None)
+            else:
+                level = nxt
+                continue
+            break
+        if made[0] >= NUMBER_PARTS or _clock() > deadline:
+            return
+
+
+def _number_seeds(node) -> list:
+    """Texts of the numbers a rule names (its bounds, multipleOf, enum members: the first
+    ENUM_ITEMS), in plain notation, each integer also with a `.0` (a number equal to an
+    integer, as outputs often write it); none past 24 characters."""
+    values = [node.lo, node.hi, node.multiple_of] + list(node.num_enum or ())[:ENUM_ITEMS]
+    out: list = []
+    for v in values:
+        if v is None or not v.is_finite():
+            continue
+        text = format(v.normalize(), "f") if v else "0"
+        for t in (text, text + ".0") if "." not in text else (text,):
+            if len(t) <= 24 and t not in out:
+                out.append(t)
+    return out
+
+
+def _number_nodes(root) -> list:
+    """The rules reachable from `root` whose values may be numbers (NUMBER_NODES at most), in
+    breadth-first order: each alternative's, and of an object or array rule each property's,
+    pattern property's, undeclared property's and item's rule."""
+    out, seen, queue = [], {id(root)}, [root]
+    for node in queue:
+        if len(out) >= NUMBER_NODES:
+            break
+        if node.never:
+            continue
+        if node.alts is None and node.allows_number():
+            out.append(node)
+        kids = list(node.alts or ())
+        if node.alts is None and "object" in node.types:
+            kids += list(node.props.values()) + [n for _, n in node.pattern_props] + [node.additional]
+        if node.alts is None and "array" in node.types:
+            kids += [node.items, *node.prefix]
+        for kid in kids:
+            if kid is not None and id(kid) not in seen:
+                seen.add(id(kid))
+                queue.append(kid)
+    return out
 
 
 def _turned(value: Any) -> Any:
