@@ -174,7 +174,11 @@ def test_unique_items_masks_from_none_seen_equal_python_walk(backend, monkeypatc
              '[true,"true",false,null,true]', '["x" , "y",  "x"]', '[ "a", "b" ]', '["machine learning","machine"]',
              '["ab","a","ab"]', '["a\\"b","a\\"","a\\"b"]', '["",""]', '[1,"1",1.0]', '[[1],"a",[1]]',
              '[[],{},[]]', '[{}, {}]', '[",",":",","]', '["ab","ab"]', '["a","ab","a"]', '["b", "ab", "b"]',
-             '["_","a"]', '["_", "_"]']
+             '["_","a"]', '["_", "_"]',
+             # (nested inside an item: the tokens closing every container open in it are stepped)
+             '[[[1],"foo"],[[true],"foo"],[[1],"foo"]]', '[{"foo":{"bar":{"baz":true}}},{"foo":{"bar":{"baz":true}}}]',
+             '[{"a":1,"b":2},{"a":2,"b":1},{"b":2, "a":1}]', '[[1,2],[1, 2 ]]', '[[["x"]],[["x"]],[["y"]]]',
+             '[{"a":"]}"},{"a":"]}"}]', '[[{}],[{}]]', '[[true],[true]]', '[{"a":[1]},{"a":[1]}]']
     n = 0
     for schema in ({"type": "array", "items": {"type": "string"}, "uniqueItems": True},
                    {"type": "array", "uniqueItems": True},
