@@ -71,7 +71,7 @@ ADDITIONS = (
     {"$ref": "#"}, {"propertyNames": {"enum": ["a", "b", "foo"]}}, {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
     {"not": {"required": ["a"]}}, {"maxLength": 0}, {"minimum": 0.5, "multipleOf": 0.25},
     {"prefixItems": [{"type": "integer"}], "items": False}, {"unevaluatedProperties": False},
-    {"contains": {"const": 1}, "maxContains": 1},
+    {"contains": {"const": 1}, "maxContains": 1}, {"not": {"pattern": "b"}}, {"type": "string", "not": {"pattern": "^a.c"}},
 )
 _ECMA_CLASSES = re.compile(r"\\[wWdDsSbB]")
 _STANDARD = re.compile(r"^https?://json-schema\.org/")

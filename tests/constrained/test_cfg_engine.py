@@ -140,6 +140,24 @@ def test_a_search_pattern_is_one_state_past_its_match():
     assert after["^f", "foo"] == after["^f", "ff\n"] == pool.any_star() != after["x+f", "x"]
 
 
+def test_a_complement_pattern_is_dead_from_the_match_on():
+    """`not {pattern: P}`'s strings: P's search term complemented (RegexPool.complement), a
+    state that dies at the character completing a match (its pattern's state there is Σ*)."""
+    from lmprog_runtime.constrained.cfg.regex import RegexPool
+    from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
+    pool = RegexPool()
+    for pattern in ("a+b", "^x", "\\d$", "b|c{2}"):
+        term = compile_pattern(pool, pattern, True)
+        comp = pool.complement(term)
+        assert pool.complement(comp) == term
+        for text in ("", "xa", "aab", "ba", "xaabz", "x1", "1x", "cc", "acb"):
+            assert pool.accepts(comp, text) == (re.search(pattern, text) is None), (pattern, text)
+    state = pool.complement(compile_pattern(pool, "a+b", True))
+    for ch in "xaab":
+        state = pool.step(state, ord(ch))
+    assert state == pool.NONE and pool.complement(pool.NONE) == pool.any_star()
+
+
 def test_uri_format_is_rfc3986(cfg, tokenizer):
     """`format: uri` is RFC 3986's grammar: ASCII only (an IRI's `é` is written %C3%A9), a
     `%` followed by two hex digits, an IP literal in brackets, a port of digits; the
@@ -648,10 +666,15 @@ def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tok
       "not": {"required": ["b", "a"]}}, '{"a":1,"x1":2,"b"', '{"a":1,"x1":3}'),
     ({"type": "object", "properties": {"a": False, "b": {}}}, '{"a"', '{"b":1}'),
     ({"properties": {"a": False}, "patternProperties": {"^x": False}, "additionalProperties": False}, '{"x1"', "{}"),
+    ({"type": "string", "not": {"pattern": "ab"}}, '"xa\\u0062', '"xa"'),  # (b escaped: decoded first)
+    ({"not": {"pattern": "^[a-c]+$"}, "maxLength": 3}, "1", '"ab1"'),
+    ({"type": ["string", "integer"], "not": {"pattern": "\\d$", "title": "no digit last"}, "pattern": "^x"},
+     '"x1"', '"x1a"'),
 ])
 def test_a_not_one_keyword_decides_is_refused_where_it_becomes_certain(cfg, tokenizer, schema, dead, live):
     """`not {minimum: x}` (and the other bounds) is a number past the other side, `not
-    {required: [k]}` an object without k, `not {required: [k1, k2]}` one without k1 or
+    {pattern: P}` a string P's search finds nothing in (the complement pattern: dead at
+    the character completing a match), `not {required: [k]}` an object without k, `not {required: [k1, k2]}` one without k1 or
     without k2 (anyOf branches: schema.py _not_decided_early), and a member whose
     value no schema admits is refused at its key's closing quote (backend._child): so the
     first byte no value can finish from is dead (`5` under `not {minimum: 0}` used to start
@@ -671,7 +694,7 @@ def test_a_not_one_keyword_decides_is_refused_where_it_becomes_certain(cfg, toke
     assert not alive(dead) and alive(live)
     validator = jsonschema.validators.validator_for(schema)(schema)
     for value in (-5, 0, 1, 2, 3, 3.5, 4, "x", None, True, [1], {}, {"a": 1}, {"b": 2}, {"a": 1, "b": 2},
-                  {"x1": 1}, {"c": "s"}):
+                  {"x1": 1}, {"c": "s"}, "xab", "abc", "ab1", "x1", "x1a", "xa", "\u00e9ab"):
         assert accepts(cfg, tokenizer, schema, json.dumps(value)) == validator.is_valid(value), (schema, value)
 
 

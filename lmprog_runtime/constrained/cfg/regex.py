@@ -168,6 +168,19 @@ class RegexPool:
             return a
         return self._intern(("*", a))
 
+    def complement(self, a: int) -> int:
+        """The texts `a` does not match (`not {pattern: P}`: the strings P's search finds
+        nothing in). Σ* and nothing are each other's complement, so a search pattern's
+        complement is dead right after its match (its state there is Σ*)."""
+        if a == self.NONE:
+            return self._any
+        if a == self._any:
+            return self.NONE
+        term = self._terms[a]
+        if term[0] == "~":
+            return term[1]
+        return self._intern(("~", a))
+
     def repeat(self, a: int, lo: int, hi: Optional[int]) -> int:
         if hi is not None and hi < lo:
             return self.NONE
@@ -195,6 +208,8 @@ class RegexPool:
                 got = any(self.nullable(x) for x in term[1])
             elif k == "*":
                 got = True
+            elif k == "~":
+                got = not self.nullable(term[1])
             else:  # repeat
                 got = term[2] == 0 or self.nullable(term[1])
             self._null[t] = got
@@ -223,12 +238,16 @@ class RegexPool:
             return self.alt(self.step(x, cp) for x in term[1])
         if k == "*":
             return self.cat(self.step(term[1], cp), t)
+        if k == "~":
+            return self.complement(self.step(term[1], cp))
         a, lo, hi = term[1], term[2], term[3]
         rest = self.repeat(a, max(lo - 1, 0), None if hi is None else hi - 1)
         return self.cat(self.step(a, cp), rest)
 
     def first(self, t: int) -> tuple:
-        """Code-point ranges that can start a match from state `t` (d(t, cp) != NONE)."""
+        """Code-point ranges that can start a match from state `t` (d(t, cp) != NONE); for a
+        complement, every code point (a superset: its derivative is dead only where the
+        pattern's is Σ*, which a range of code points does not tell)."""
         got = self._first.get(t)
         if got is None:
             term = self._terms[t]
@@ -243,6 +262,8 @@ class RegexPool:
                     got = normalize(got + self.first(term[2]))
             elif k == "|":
                 got = normalize(r for x in term[1] for r in self.first(x))
+            elif k == "~":
+                got = ((0, MAX_CP),)
             else:
                 got = self.first(term[1])
             self._first[t] = got

@@ -67,6 +67,7 @@ class SchemaCompiler:
         self.any = self._any_node()
         self.n_nodes = 0
         self._scalars: dict = {}  # _scalar_signature -> the first node compiled with it
+        self._complements: dict = {}  # id(schema made by _not_pattern) -> the complement pattern its strings take
         self._filling: set = set()  # ids of the nodes whose _fill is running (_take)
 
     def compile(self) -> Node:
@@ -160,6 +161,8 @@ class SchemaCompiler:
             return
         if "not" in s and not self._boolean_exclusive:
             t = _not_decided_early(s)
+            if t is s:
+                t = self._not_pattern(s)
             if t is False:  # (the `not` refuses every kind the rest allows: no value)
                 n.never = True
                 return
@@ -413,12 +416,38 @@ class SchemaCompiler:
         if kinds - {"boolean", "null", "string"}:  # numbers, objects, arrays in an enum: compared on the complete value
             _keep_check(n, s, _enum_kinds(values))
 
+    def _not_pattern(self, s: dict):
+        """`s` with a `not {pattern: P}` rewritten as a string (its type narrowed to strings:
+        `{pattern: P}` passes every other kind) in which P's search finds nothing: a pattern
+        state of P's complement (RegexPool.complement), dead from the character that
+        completes a match of P on (a check at the string's end decides the same, but only
+        at its closing quote: every character before it was offered, and a string with a
+        match could never close). False where `s` allows no string; `s` itself where other
+        keywords than a string's stand beside it (their `_fill` paths do not reach
+        `_string` with this schema) or P does not compile (the check stays)."""
+        sub = s["not"]
+        if (not isinstance(sub, dict) or set(sub) - ANNOTATIONS != {"pattern"} or not isinstance(sub["pattern"], str)
+                or set(s) - ANNOTATIONS - _KIND_WORDS["string"] - {"type", "not"}):
+            return s
+        try:
+            term = self.pool.complement(compile_pattern(self.pool, sub["pattern"], True))
+        except RegexError:
+            return s
+        out = _narrowed(s, ("string",))
+        if out is None or out is False:
+            return s if out is None else out
+        out = self._made(out, s)
+        self._complements[id(out)] = term
+        return out
+
     def _string(self, n: Node, s: dict) -> None:
         n.min_len = int(s.get("minLength", 0))
         n.max_len = int(s["maxLength"]) if "maxLength" in s else None
         pats = []
         if "pattern" in s:
             pats.append(self._regex(s["pattern"], True))
+        if id(s) in self._complements:
+            pats.append(self._complements[id(s)])
         fmt = s.get("format")
         if isinstance(fmt, str) and fmt in self.formats and self.assert_format:
             pats.append(self._regex(FORMATS[fmt], False))
