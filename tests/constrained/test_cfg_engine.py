@@ -440,6 +440,21 @@ def test_ebnf_through_the_same_engine(cfg, tokenizer):
             compile_(cfg, bad, "ebnf")
 
 
+def test_ebnf_recursion_deep_and_its_memo_bounded(monkeypatch):
+    """A recursive rule nests as deep as the output (no bound but the output's length), and
+    the expanded stacks a grammar memoizes for every request are bounded (MAX_CLOSURES):
+    each level of `[` is a stack never met before."""
+    from lmprog_runtime.constrained.cfg import ebnf
+    monkeypatch.setattr(ebnf, "MAX_CLOSURES", 64)
+    m = ebnf.EbnfMachine('root ::= "[" root "]" | "x"')
+    text = b"[" * 300 + b"x" + b"]" * 300
+    state = m.initial()
+    for k, b in enumerate(text):
+        state = m.advance(state, b, k)
+        assert state and len(m._closure) <= 64
+    assert m.accepting(state) and not m.advance(state, ord("]"), len(text))
+
+
 def test_compile_budget_and_cache(tokenizer):
     from lmprog_runtime.constrained.base import GrammarBackendConfig
 

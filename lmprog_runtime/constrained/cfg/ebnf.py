@@ -22,6 +22,7 @@ from lmprog_runtime.constrained.cfg.strings import _UTF8_FLOOR, utf8_start
 
 MAX_STACKS = 2048
 MAX_DEPTH = 256
+MAX_CLOSURES = 1 << 16  # expanded stacks memoized per grammar (emptied past it: a recursive rule's stacks never recur)
 _TOKEN = re.compile(r'\s+|#[^\n]*|::=|"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|\{\s*\d*\s*(?:,\s*\d*\s*)?\}|'
                     r'[A-Za-z_][A-Za-z0-9_\-]*|[()|*+?.]')
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-", "^": "^"}
@@ -186,6 +187,8 @@ class EbnfMachine:
         if got is None:
             out: dict = {}
             self._expand_into(stack, out, 0)
+            if len(self._closure) >= MAX_CLOSURES:  # (shared by every request of the grammar: bounded)
+                self._closure.clear()
             got = self._closure[stack] = list(out)
             if len(got) > MAX_STACKS:
                 raise GrammarError(f"ebnf grammar: more than {MAX_STACKS} parses at once")
