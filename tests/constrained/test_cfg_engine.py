@@ -455,6 +455,36 @@ def test_ebnf_recursion_deep_and_its_memo_bounded(monkeypatch):
     assert m.accepting(state) and not m.advance(state, ord("]"), len(text))
 
 
+def test_memos_kept_for_every_request_are_bounded(cfg, monkeypatch):
+    """What a grammar memoizes from outputs lives as long as the grammar, for every request:
+    undeclared keys' member rules (MAX_KEY_RULES), a closed object's key rules by the keys
+    seen (MAX_VARIANTS), the regex steps by code point (MAX_DERIVATIONS) are bounded, and
+    the languages are unchanged."""
+    from lmprog_runtime.constrained.cfg import backend, machine as machine_mod, regex
+    from lmprog_runtime.constrained.cfg.backend import accepts_text, compile_machine
+    monkeypatch.setattr(backend, "MAX_KEY_RULES", 8)
+    monkeypatch.setattr(machine_mod, "MAX_VARIANTS", 4)
+    monkeypatch.setattr(regex, "MAX_DERIVATIONS", 16)
+    m = compile_machine("json", json.dumps({"type": "object", "properties": {"p": {"type": "integer"}},
+                                            "additionalProperties": {"type": "string", "pattern": "^[^z]*$"}}),
+                        cfg.whitespace)
+    before = len(m.root._child)
+    for k in range(40):
+        assert accepts_text(m, json.dumps({f"k{k}": "\u00e9" * k + chr(0x400 + k), "p": k}))
+    assert not accepts_text(m, json.dumps({"k": "z"})) and not accepts_text(m, json.dumps({"p": "1"}))
+    assert len(m.root._child) <= before + 1 and len(m.pool._deriv) <= 16
+    names = [f"n{k}" for k in range(6)]
+    closed = compile_machine("json", json.dumps({"type": "object", "properties": {n: {"type": "integer"} for n in names},
+                                                 "additionalProperties": False}), cfg.whitespace)
+    rng = random.Random(0)
+    for _ in range(30):
+        order = rng.sample(names, 4)
+        assert accepts_text(closed, json.dumps({n: 1 for n in order}))
+        assert not accepts_text(closed, '{"%s":1,"%s":2}' % (order[0], order[0]))
+    variants = [k for k in closed.root._child if type(k) is tuple and k[0] == "__keys__"]
+    assert 0 < len(variants) <= 4
+
+
 def test_compile_budget_and_cache(tokenizer):
     from lmprog_runtime.constrained.base import GrammarBackendConfig
 

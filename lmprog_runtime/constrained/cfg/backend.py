@@ -44,6 +44,7 @@ MAX_FORCED_BYTES = 256
 # a number at the root; an EBNF state of one alternative, not None, never does)
 _MAY_END = frozenset(("D", "R", "N"))
 MAX_REGEX_TERMS = 1_000_000  # lazily derived regex states per grammar (memory bound)
+MAX_KEY_RULES = 1 << 16  # undeclared keys' member rules memoized per grammar (emptied past it)
 TABLE_HEADROOM = 1.25  # mask table room after the warm-up, times its states (dev corpus: requests add <10%)
 TABLE_LEAST = 256     # ... and at least this many states (256 KB; a small schema's walks double its sample's)
 
@@ -315,14 +316,23 @@ def _json_machine(spec: str, pool: RegexPool, whitespace: str, timeout_s: float,
             else:
                 raise drafts_error or exc  # (the drafts' reading's refusal, where the labels' failed too)
     lock = threading.Lock()
+    others: dict = {}  # (node, undeclared key) -> its member rule: bounded (the keys are the outputs')
 
     def child_of(node, key: str):
-        got = node._child.get(key, 0)
+        got = node._child.get(key, 0)  # (a declared property's: as many as the schema has)
+        if got != 0:
+            return got
+        got = others.get((node, key), 0)
         if got != 0:
             return got
         with lock:
             got = _child(compiler, node, key)
-            node._child[key] = got
+            if key in node.props:
+                node._child[key] = got
+            else:
+                if len(others) >= MAX_KEY_RULES:
+                    others.clear()
+                others[(node, key)] = got
         return got
 
     residual = Residual(schema, registry, compiler.refs.docs)

@@ -531,12 +531,20 @@ def _unseen(item: Node, seen) -> Node:
 
 def _key_rule(node: Node, seen: frozenset) -> Node:
     """The key rule of an object with `seen` keys: a closed object's enum less those keys,
-    so a key prefix typed can always be finished (memoized on the object node)."""
+    so a key prefix typed can always be finished (memoized on the object node, MAX_VARIANTS
+    sets of seen keys at once: outputs write keys in any order, and the node lives as long
+    as its grammar, for every request; past it they are made again as met)."""
     kn = node.key_node
     if kn.enum is None or not seen:
         return kn
     memo_key = ("__keys__", seen)
     got = node._child.get(memo_key)
     if got is None:
+        made = node._child.get("__keys_made__", 0)
+        if made >= MAX_VARIANTS:
+            for k in [k for k in list(node._child) if type(k) is tuple and k[0] == "__keys__"]:
+                node._child.pop(k, None)
+            made = 0
+        node._child["__keys_made__"] = made + 1
         got = node._child[memo_key] = kn.variant(enum=tuple(k for k in kn.enum if k not in seen))
     return got

@@ -19,6 +19,7 @@ import unicodedata
 from typing import Optional
 
 MAX_CP = 0x10FFFF
+MAX_DERIVATIONS = 1 << 20  # (state, code point) steps memoized per pool (emptied past it: every code point is one)
 _LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
 _DIGIT = ((0x30, 0x39),)
 _WORD = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
@@ -221,6 +222,8 @@ class RegexPool:
         got = self._deriv.get(key)
         if got is None:
             got = self._derive(t, cp)
+            if len(self._deriv) >= MAX_DERIVATIONS:  # (a memo: the terms themselves stay interned)
+                self._deriv.clear()
             self._deriv[key] = got
         return got
 
