@@ -213,8 +213,9 @@ def _strings_only(node) -> bool:
 
 def _split(st):
     """(the frames above the array, the array frame, the stack below it, where: "string" /
-    "between", whether the item rule is free) for a state one of whose uniqueItems arrays has
-    items seen and applies, else None."""
+    "between" / "nested", whether the item rule is free or, "nested", the containers open in
+    the item) for a state one of whose uniqueItems arrays has items seen and applies, else
+    None."""
     above = []
     while st is not None:
         frame = st[0]

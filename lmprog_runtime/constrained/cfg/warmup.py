@@ -574,26 +574,29 @@ def _number_parts(grammar, deadline: float) -> None:
         made[0] += 1
         return True
 
-    def step(frame, b: int):
+    def step(node, frame, b: int):
+        """The number frame after byte b (rule `node`'s value begun with it where `frame` is
+        None: its check's frame, if any, is below the top), or None."""
         if frame is None:
-            return ("N", node, chr(b), _NUM[0][b]) if b in _NUM[0] and node.number_prefix_ok(chr(b)) else None
-        if b not in _NUM[frame[3]]:
+            got = machine.start_value(None, node, b, 0, None)
+        elif b in _NUM[frame[3]]:
+            got = machine.step((frame, None), b, 0, None)
+        else:
             return None
-        got = machine.step((frame, None), b, 0, None)
-        return got[0][0] if got else None
+        return got[0][0] if got and got[0][0][0] == "N" else None
 
     for node in _number_nodes(machine.root):
         seen: set = set()
         for text in _number_seeds(node):
             frame = None
             for b in text.encode():
-                frame = step(frame, b)
+                frame = step(node, frame, b)
                 if frame is None:
                     break
                 if part(frame, seen) is None:
                     break
         # (breadth first from the forms not met yet: a free number's texts are all "0")
-        level, met = [f for f in (step(None, b) for b in _NUMBER_ORDER) if f is not None], set()
+        level, met = [f for f in (step(node, None, b) for b in _NUMBER_ORDER) if f is not None], set()
         while level:
             nxt = []
             for frame in level:
@@ -602,7 +605,7 @@ def _number_parts(grammar, deadline: float) -> None:
                     break
                 if new:  # (an exponent keeps its text: one digit of it, not each)
                     order = _NUMBER_ORDER if frame[3] < 6 else _EXPONENT_ORDER
-                    nxt.extend(f for f in (step(frame, b) for b in order) if f is not None)
+                    nxt.extend(f for f in (step(node, frame, b) for b in order) if f is not None)
             else:
                 level = nxt
                 continue
