@@ -298,3 +298,74 @@ def test_bounded_number_texts_of_one_class_have_one_future(bounds, kind, number)
         first = future(after(texts[0]), len(texts[0]))
         for p in texts[1:5] + texts[-4:]:
             assert future(after(p), len(p)) == first, (bounds, kind or number, texts[0], p)
+
+
+# kinds no value can be, by the rule's own keywords (schema.py _drop_impossible_kinds): the
+# root mask is empty (the scheduler fails such a request with a 400 at its first step)
+_IMPOSSIBLE = [
+    {"type": "object", "required": ["a"], "properties": {"a": False}},
+    {"type": "object", "required": ["a"], "additionalProperties": False},
+    {"type": "object", "required": ["a"], "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 2}}},
+    {"type": "object", "required": ["ab"], "patternProperties": {"b": {"not": {}}}},
+    {"type": "object", "required": ["abcd"], "propertyNames": {"maxLength": 3}},
+    {"type": "object", "required": ["a"], "propertyNames": {"enum": ["b"]}},
+    {"type": "object", "required": ["a"], "propertyNames": False},
+    {"type": "object", "minProperties": 2, "maxProperties": 1},
+    {"type": "object", "required": ["a", "b"], "maxProperties": 1},
+    {"type": "object", "properties": {"a": True, "b": False}, "additionalProperties": False, "minProperties": 2},
+    {"type": "array", "minItems": 1, "items": False},
+    {"type": "array", "prefixItems": [{"type": "integer"}, False], "minItems": 2},
+    {"type": "array", "minItems": 2, "maxItems": 1},
+    {"type": "string", "minLength": 3, "maxLength": 2},
+    {"type": "string", "enum": ["a", "bb"], "minLength": 3},
+    {"type": "string", "enum": ["abc", "x1"], "pattern": "^[0-9]+$"},
+    {"type": "integer", "minimum": 1.2, "maximum": 1.8},
+    {"type": "number", "exclusiveMinimum": 5, "maximum": 5},
+    {"type": "number", "multipleOf": 5, "minimum": 1, "maximum": 4},
+    {"type": "integer", "multipleOf": 3, "exclusiveMinimum": 3, "exclusiveMaximum": 6},
+    {"enum": [1, 2], "minimum": 3},
+    {"type": "object", "properties": {"x": {"type": "array", "minItems": 3, "maxItems": 2}}, "required": ["x"]},
+]
+
+
+@pytest.mark.parametrize("schema", _IMPOSSIBLE)
+def test_a_rule_no_value_meets_begins_no_value(cfg, tokenizer, schema):
+    """A kind whose own keywords no value of it meets is no kind of the rule (each was
+    begun, then nothing could complete it: `{` under a required member that no value can be
+    took keys forever), and an object that requires such a member, or an array whose first
+    items must be such values, is no value either (the parent's kind goes too)."""
+    row = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    _grammar(cfg, schema).copy().fill_mask(row)
+    assert not row.any(), schema
+
+
+@pytest.mark.parametrize("schema,value", [
+    ({"type": "object", "required": ["a"], "properties": {"a": {"minimum": 3, "maximum": 2}}}, {"a": "x"}),
+    ({"type": ["string", "integer"], "minLength": 3, "maxLength": 2}, 7),
+    ({"type": "object", "required": ["a"], "patternProperties": {"^a$": {"type": "integer"}},
+      "additionalProperties": False}, {"a": 1}),
+    ({"type": "object", "required": ["ab"], "propertyNames": {"maxLength": 3, "pattern": "b"}}, {"ab": None}),
+    ({"type": "array", "prefixItems": [{"type": "integer"}, False]}, [1]),
+    ({"type": "array", "minItems": 1, "prefixItems": [True], "items": False}, [[]]),
+    ({"type": "number", "minimum": 1.2, "maximum": 1.8}, 1.5),
+    ({"type": "number", "multipleOf": 0.7, "minimum": 1, "maximum": 1.5}, 1.4),
+    ({"type": "integer", "multipleOf": 0.5, "minimum": 1, "maximum": 1.5}, 1),
+    ({"type": "string", "enum": ["a", "bbb"], "minLength": 2}, "bbb"),
+])
+def test_what_those_keywords_leave_possible_stays(cfg, tokenizer, schema, value):
+    """Only the impossible kinds go: the value (valid by jsonschema) is still accepted."""
+    assert jsonschema.validators.validator_for(schema)(schema).is_valid(value)
+    assert _accepts(cfg, tokenizer, schema, json.dumps(value, separators=(",", ":"))), (schema, value)
+
+
+def test_a_string_enum_is_narrowed_to_the_members_its_rule_takes(cfg, tokenizer):
+    """`"a` under enum ["a", "bbb"] and minLength 2 was a string no quote could close."""
+    _assert_offered(cfg, tokenizer, {"type": "string", "enum": ["a", "bbb"], "minLength": 2}, '"', ["a"], ["b"])
+
+
+def test_a_member_whose_value_is_impossible_is_refused_in_a_parent(cfg, tokenizer):
+    schema = {"type": "object", "properties": {"x": {"type": "object", "required": ["a"], "properties": {"a": False}},
+                                               "y": {"type": "integer"}}}
+    assert not _accepts(cfg, tokenizer, schema, '{"x":{"a":1}}')
+    assert _accepts(cfg, tokenizer, schema, '{"y":1}')
+    _assert_offered(cfg, tokenizer, schema, '{"x', ['":', '"'], [])

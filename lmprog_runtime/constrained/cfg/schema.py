@@ -10,7 +10,7 @@ and free-form values are one self-referencing node (no depth bound).
 from __future__ import annotations
 
 import time
-from decimal import Decimal, InvalidOperation, localcontext
+from decimal import ROUND_CEILING, Decimal, InvalidOperation, localcontext
 from typing import Optional
 
 from jsonschema.validators import Draft3Validator, Draft4Validator, Draft202012Validator, validator_for
@@ -33,6 +33,7 @@ EXACT = {"type", "enum", "const", "properties", "required", "additionalPropertie
          "$ref", "allOf"} | ANNOTATIONS | {"$anchor", "$dynamicAnchor", "$vocabulary", "nullable"}
 MAX_NODES = 200_000
 NOT_REQUIRED_NAMES = 4  # `not {required: names}` made structure up to this many names (_not_decided_early)
+ENUM_CHARS_CHECKED = 1 << 16  # a string enum up to this many characters is narrowed to the members its rule takes
 
 
 class SchemaCompiler:
@@ -385,6 +386,7 @@ class SchemaCompiler:
         self._number(n, s)
         self._object(n, s)
         self._array(n, s)
+        self._drop_impossible_kinds(n)
         if not n.types:
             n.never = True
 
@@ -540,6 +542,115 @@ class SchemaCompiler:
         n.min_items = int(s.get("minItems", 0))
         n.max_items = int(s["maxItems"]) if "maxItems" in s else None
         n.unique = bool(s.get("uniqueItems"))
+
+
+    # ------------------------------------------------------------ kinds no value can be
+    def _drop_impossible_kinds(self, n: Node) -> None:
+        """The kinds of `n` whose own keywords no value of that kind meets, taken out of its
+        types (none left: `never`), and its string enum narrowed to the members its lengths
+        and patterns take. Each was a dead end: the kind's first byte was offered and then no
+        completion was (`{"required": ["a"], "properties": {"a": false}}` took `{` and keys
+        forever, `{"minLength": 3, "maxLength": 2}` a string that could not close), and a
+        parent whose required member or first items are such a rule could not close either.
+        Only what these keywords decide alone is read, and only rules already compiled (one
+        still being filled, a reference back to an enclosing schema, counts as possible):
+        every rule's structure is a superset of its valid values, so a kind found empty here
+        is empty in the schema."""
+        gone = set()
+        if "string" in n.types and not self._strings_possible(n):
+            gone.add("string")
+        if n.allows_number() and not _numbers_possible(n):
+            gone |= {"number", "integer"}
+        if "object" in n.types and not self._objects_possible(n):
+            gone.add("object")
+        if "array" in n.types and not self._arrays_possible(n):
+            gone.add("array")
+        if gone:
+            n.types = n.types - gone
+
+    def _strings_possible(self, n: Node) -> bool:
+        if n.max_len is not None and n.min_len > n.max_len:
+            return False
+        if n.enum is None:
+            return True
+        if sum(map(len, n.enum)) <= ENUM_CHARS_CHECKED:  # (a member a pattern or a length refuses: never complete)
+            n.enum = tuple(v for v in n.enum if self._string_fits(n, v))
+        return bool(n.enum)
+
+    def _string_fits(self, n: Node, text: str) -> bool:
+        """`text` meets string rule `n`'s lengths (code points, as JSON Schema counts) and
+        patterns (its enum aside)."""
+        if len(text) < n.min_len or (n.max_len is not None and len(text) > n.max_len):
+            return False
+        return all(self.pool.accepts(term, text) for term in n.patterns)
+
+    def _objects_possible(self, n: Node) -> bool:
+        key = n.key_node
+        if key is not None and (key.never or "string" not in key.types):  # (no key at all: only `{}`)
+            return not n.required and n.min_props == 0
+        if n.max_props is not None and (n.min_props > n.max_props or len(n.required) > n.max_props):
+            return False
+        if not all(self._member_possible(n, name) for name in n.required if isinstance(name, str)):
+            return False
+        if n.additional is None and not n.pattern_props:  # (closed: the declared names its keys may spell)
+            names = n.key_node.enum if n.key_node is not None and n.key_node.enum is not None else n.props
+            return n.min_props <= len(names)
+        return True
+
+    def _member_possible(self, n: Node, name: str) -> bool:
+        """Object rule `n` may hold member `name`: its key rule takes the name (lengths,
+        patterns, an enum; a key check aside) and some value meets every rule that applies
+        to the member (its property, the patternProperties matching it, else
+        additionalProperties)."""
+        key = n.key_node
+        if key is not None:
+            if key.never or "string" not in key.types or (key.enum is not None and name not in key.enum):
+                return False
+            if key.enum is None and not self._string_fits(key, name):
+                return False
+        rules = [n.props[name]] if name in n.props else []
+        rules += [rule for term, rule in n.pattern_props if self.pool.accepts(term, name)]
+        if not rules:
+            rules = [n.additional] if n.additional is not None else []
+        return bool(rules) and not any(rule.never for rule in rules)
+
+    def _arrays_possible(self, n: Node) -> bool:
+        if n.max_items is not None and n.min_items > n.max_items:
+            return False
+        if any(rule.never for rule in n.prefix[:n.min_items]):  # (those items are there, each of its rule)
+            return False
+        return n.min_items <= len(n.prefix) or n.items is not None
+
+
+def _numbers_possible(n: Node) -> bool:
+    """Some number meets rule `n`'s bounds (an integer, where only integers are), its
+    multipleOf among them where that can be told exactly, and is a member of its numeric
+    enum, where it has one."""
+    lo, hi = n.lo, n.hi
+    try:
+        with localcontext(_EXACT):
+            if n.num_enum is not None:
+                return any(n.number_ok(str(v)) and (not n.integer_only() or v == v.to_integral_value())
+                           for v in n.num_enum)
+            if lo is None or hi is None:
+                return True
+            if lo > hi or (lo == hi and (n.lo_excl or n.hi_excl)):
+                return False
+            step = n.multiple_of
+            if step is None and n.integer_only():
+                step = Decimal(1)
+            elif step is not None and n.integer_only() and step != step.to_integral_value():
+                return True  # (integers that are multiples of a fraction: not told here)
+            if step is None:
+                return True
+            first = (lo / step).to_integral_value(ROUND_CEILING) * step  # the least multiple >= lo
+            if first < lo:  # (a quotient rounded at the context's 2,000 digits)
+                first += step
+            if first == lo and n.lo_excl:
+                first += step
+            return first < hi or (first == hi and not n.hi_excl)
+    except ArithmeticError:  # (bounds too far apart for exact steps: not told)
+        return True
 
 
 _CONTAINERS = frozenset(("object", "array"))
