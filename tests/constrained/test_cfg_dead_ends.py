@@ -325,6 +325,16 @@ _IMPOSSIBLE = [
     {"type": "integer", "multipleOf": 3, "exclusiveMinimum": 3, "exclusiveMaximum": 6},
     {"enum": [1, 2], "minimum": 3},
     {"type": "object", "properties": {"x": {"type": "array", "minItems": 3, "maxItems": 2}}, "required": ["x"]},
+    # enum / const members the keywords beside them refuse (schema._valid_members)
+    {"const": {"a": False}, "patternProperties": {"^a": {"type": "integer"}}},
+    {"enum": [[True], [2]], "contains": {"const": 1}},
+    {"enum": ["ab", "abc"], "not": {"pattern": "b"}},
+    # a conditional with a `false` branch (schema._conditional_as_all_of)
+    {"type": "object", "if": {"const": 1}, "else": False},
+    {"type": "string", "if": {"type": "string"}, "then": False},
+    # two branches of a oneOf every value meets
+    {"oneOf": [True, {}, {"type": "string"}]},
+    {"oneOf": [True, True], "anyOf": [{"maxLength": 2}, {"type": "number"}]},
 ]
 
 
@@ -351,6 +361,13 @@ def test_a_rule_no_value_meets_begins_no_value(cfg, tokenizer, schema):
     ({"type": "number", "multipleOf": 0.7, "minimum": 1, "maximum": 1.5}, 1.4),
     ({"type": "integer", "multipleOf": 0.5, "minimum": 1, "maximum": 1.5}, 1),
     ({"type": "string", "enum": ["a", "bbb"], "minLength": 2}, "bbb"),
+    ({"enum": [1, 2, {"b": 1}, {"a": "x"}], "minimum": 2, "patternProperties": {"^a": {"type": "integer"}}}, 2),
+    ({"enum": [1, 2, {"b": 1}, {"a": "x"}], "minimum": 2, "patternProperties": {"^a": {"type": "integer"}}}, {"b": 1}),
+    ({"if": {"type": "string"}, "then": {"minLength": 2}, "else": False}, "ab"),
+    ({"if": {"type": "string"}, "then": False, "else": {"minimum": 3}}, 4),
+    ({"type": "object", "if": {"properties": {"a": {"const": 1}}}, "else": False, "unevaluatedProperties": False},
+     {"a": 1}),
+    ({"oneOf": [True, {"type": "string"}]}, 1),
 ])
 def test_what_those_keywords_leave_possible_stays(cfg, tokenizer, schema, value):
     """Only the impossible kinds go: the value (valid by jsonschema) is still accepted."""
@@ -369,3 +386,24 @@ def test_a_member_whose_value_is_impossible_is_refused_in_a_parent(cfg, tokenize
     assert not _accepts(cfg, tokenizer, schema, '{"x":{"a":1}}')
     assert _accepts(cfg, tokenizer, schema, '{"y":1}')
     _assert_offered(cfg, tokenizer, schema, '{"x', ['":', '"'], [])
+
+
+@pytest.mark.parametrize("schema,valid,invalid", [
+    ({"enum": [1, 2, {"b": 1}, {"a": "x"}], "minimum": 2, "patternProperties": {"^a": {"type": "integer"}}},
+     ["2", '{"b":1}'], ["1", '{"a":"x"}']),
+    ({"if": {"type": "string"}, "then": {"minLength": 2}, "else": False}, ['"ab"'], ['"a"', "1", "{}"]),
+    ({"if": {"type": "string"}, "then": False, "else": {"minimum": 3}}, ["4", "{}"], ['"a"', "2"]),
+])
+def test_members_and_branches_the_schema_refuses_are_not_begun(cfg, tokenizer, schema, valid, invalid):
+    """An enum's members that the keywords beside them refuse are no members (validated at
+    compile), and an if / then / else with a `false` branch is the allOf it means: before,
+    `{"a":"x"}` was begun under the enum and refused at its end, `{` taken under `else:
+    false` and never completed. Agrees with jsonschema either way."""
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in valid + invalid:
+        assert validator.is_valid(json.loads(text)) == (text in valid), text
+        assert _accepts(cfg, tokenizer, schema, text) == (text in valid), (schema, text)
+    if "enum" in schema:
+        _assert_offered(cfg, tokenizer, schema, '{"', ["a"], ["b"])
+    else:
+        _assert_offered(cfg, tokenizer, schema, "", ["{"] if schema.get("else") is False else ['"'], [])

@@ -20,6 +20,7 @@ from lmprog_runtime.constrained.cfg.nodes import _EXACT, ALL_TYPES, Node
 from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
 from lmprog_runtime.constrained.cfg.refs import RefIndex
 from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
+from lmprog_runtime.constrained.cfg.residual import Residual
 from lmprog_runtime.constrained.cfg.registry import SchemaRegistry
 from lmprog_runtime.constrained.json_schema import _json_type
 from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
@@ -34,6 +35,8 @@ EXACT = {"type", "enum", "const", "properties", "required", "additionalPropertie
 MAX_NODES = 200_000
 NOT_REQUIRED_NAMES = 4  # `not {required: names}` made structure up to this many names (_not_decided_early)
 ENUM_CHARS_CHECKED = 1 << 16  # a string enum up to this many characters is narrowed to the members its rule takes
+ENUM_MEMBERS_CHECKED = 256    # an enum / const beside other keywords: up to this many members validated at compile
+REFS_SCANNED = 10_000         # ... in a schema whose reference keywords are looked for in this many nodes at most
 
 
 class SchemaCompiler:
@@ -54,6 +57,8 @@ class SchemaCompiler:
         self._memo: dict[int, Node] = {}
         self._keep: list = []  # schemas built here (merges) stay alive: the memo keys are ids
         self.refs = RefIndex(root, registry, ids_move_base)
+        self._registry = registry
+        self._checker: Optional[Residual] = None  # validates enum members at compile (`_valid_members`)
         self.assert_format = format_asserted(root, self.refs.registry)
         self.formats = dialect_formats(root)  # (those an older draft defines: the others are annotations)
         # keywords the residual's validator asserts (residual.py picks the same class): any
@@ -156,6 +161,13 @@ class SchemaCompiler:
         return n
 
     def _fill(self, n: Node, s: dict) -> None:
+        if ("enum" in s or "const" in s) and set(s) - _ENUM_ALONE:
+            s = self._valid_members(s)
+            if s is False:  # (no member meets the keywords beside them: no value)
+                n.never = True
+                return
+        if "if" in s and (s.get("else") is False or s.get("then") is False):
+            s = self._conditional_as_all_of(s)
         sub = s.get("not", False)
         if sub is True or (isinstance(sub, dict) and set(sub) <= ANNOTATIONS):
             n.never = True  # (`not {}`: no value, as `false`; a check at the value's end was a dead end)
@@ -207,6 +219,49 @@ class SchemaCompiler:
         checked = ((set(local) - EXACT) | (set(s) & _UNEVALUATED if bound is not None else set())) & self._asserting
         if checked:  # (checked as written)
             _keep_check(n, s, _checked_kinds(checked, local))
+
+    def _valid_members(self, s: dict):
+        """`s` with its enum (or const) narrowed to the members that are valid under the
+        whole of `s` (validated at compile, as the residual validates a complete value), False
+        where none is. The structure of an enum's members and the keywords beside it were
+        followed apart, each a superset, so a member the keywords refuse was begun and then
+        refused at its end (`{"const": {"a": false}, "patternProperties": {"^a": {"type":
+        "integer"}}}` took `{"a":false` and nothing after it). Only where no reference is in
+        `s` (so its validation needs no scope), no dynamic reference in the document, and at
+        most ENUM_MEMBERS_CHECKED members; a check that cannot be carried out keeps them."""
+        values = [s["const"]] if "const" in s else s["enum"]
+        if (not isinstance(values, list) or not values or len(values) > ENUM_MEMBERS_CHECKED or self.refs.dynamic
+                or _refers(s)):
+            return s
+        if self._checker is None:
+            self._checker = Residual(self.root, self._registry, self.refs.docs)
+        try:
+            kept = [v for v in values if self._checker.valid(v, s)]
+        except Exception:  # noqa: BLE001 - (Residual.valid answers False itself; anything else keeps them)
+            return s
+        if len(kept) == len(values):
+            return s
+        if not kept:
+            return False
+        out = {k: v for k, v in s.items() if k not in ("enum", "const")}
+        out["enum"] = kept
+        return self._made(out, s)
+
+    def _conditional_as_all_of(self, s: dict) -> dict:
+        """`s` with an if / then / else one of whose branches is `false` as the allOf it
+        means: with `else: false` a value meets `if` (and `then`), with `then: false` it
+        does not (and meets `else`); what `if` evaluates is evaluated all the same (an
+        annotation of a passing subschema). A check at the value's end, as before, began
+        values the branch refused and then nothing could complete them (`{"if": {"const":
+        1}, "else": false}` took `{`). Checks still run on `s` as written."""
+        cond = s["if"]
+        parts = ([cond, s.get("then", True)] if s.get("else") is False
+                 else [{"not": cond}, s.get("else", True)])
+        out = {k: v for k, v in s.items() if k not in ("if", "then", "else")}
+        out["allOf"] = (list(out["allOf"]) if isinstance(out.get("allOf"), list) else []) + parts
+        made = self._made(out, s)
+        self._origin[id(made)] = self._origin.get(id(s), s)
+        return made
 
     def _merge_evaluated(self, parts: list, s: dict):
         """The conjunction of `parts` (an allOf's, the last the schema's own keywords) whose
@@ -353,12 +408,17 @@ class SchemaCompiler:
                 n.residual = s  # a merged branch's check is decided on the schema as written
             alts.append(node)
         n.alts = tuple(a for a in alts if not a.never)
-        if not n.alts:
-            n.never = True
+        if not n.alts or (combo == "oneOf" and sum(map(self._takes_any, s[combo])) > 1):
+            n.never = True  # (none; or two branches every value meets: no value meets exactly one)
         if combo == "oneOf" and len(n.alts) > 1 and not _exclusive(n.alts):
             if n.residual is None:  # (exactly one is the only check: needed for the kinds two branches take)
                 n.checked_kinds = _shared_kinds(n.alts)
             n.residual = s  # exactly one: decided on the complete value
+
+    def _takes_any(self, s) -> bool:
+        """Schema `s` is one every value meets (`true`, `{}`, annotations only)."""
+        s = self.deref(s)
+        return s is True or (isinstance(s, dict) and set(s) <= ANNOTATIONS)
 
     def _any_node(self) -> Node:
         n = Node(True)
@@ -653,6 +713,25 @@ def _numbers_possible(n: Node) -> bool:
         return True
 
 
+def _refers(s) -> bool:
+    """A reference keyword is somewhere in `s` (or more than REFS_SCANNED nodes were looked at)."""
+    stack, seen = [s], 0
+    while stack:
+        x = stack.pop()
+        seen += 1
+        if seen > REFS_SCANNED:
+            return True
+        if isinstance(x, dict):
+            if "$ref" in x or "$dynamicRef" in x or "$recursiveRef" in x:
+                return True
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return False
+
+
+# keywords beside which an enum's members need no validation at compile (`type` is read by `_enum`)
+_ENUM_ALONE = frozenset(("enum", "const", "type")) | ANNOTATIONS
 _CONTAINERS = frozenset(("object", "array"))
 # keywords that apply other schemas to the same instance: their annotations reach the
 # unevaluated* keywords beside them (JSON Schema 2020-12, 11.2 / 11.3; `not` keeps none: its
