@@ -227,11 +227,12 @@ class SchemaCompiler:
         followed apart, each a superset, so a member the keywords refuse was begun and then
         refused at its end (`{"const": {"a": false}, "patternProperties": {"^a": {"type":
         "integer"}}}` took `{"a":false` and nothing after it). Only where no reference is in
-        `s` (so its validation needs no scope), no dynamic reference in the document, and at
+        `s` (so its validation needs no scope), no dynamic reference in the document, no
+        unevaluated* keyword (a merge made `s` may hold them other than as written), and at
         most ENUM_MEMBERS_CHECKED members; a check that cannot be carried out keeps them."""
         values = [s["const"]] if "const" in s else s["enum"]
         if (not isinstance(values, list) or not values or len(values) > ENUM_MEMBERS_CHECKED or self.refs.dynamic
-                or _refers(s)):
+                or _UNEVALUATED & set(s) or _refers(s)):
             return s
         if self._checker is None:
             self._checker = Residual(self.root, self._registry, self.refs.docs)
@@ -602,7 +603,6 @@ class SchemaCompiler:
         n.min_items = int(s.get("minItems", 0))
         n.max_items = int(s["maxItems"]) if "maxItems" in s else None
         n.unique = bool(s.get("uniqueItems"))
-
 
     # ------------------------------------------------------------ kinds no value can be
     def _drop_impossible_kinds(self, n: Node) -> None:
