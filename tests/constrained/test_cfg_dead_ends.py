@@ -407,3 +407,15 @@ def test_members_and_branches_the_schema_refuses_are_not_begun(cfg, tokenizer, s
         _assert_offered(cfg, tokenizer, schema, '{"', ["a"], ["b"])
     else:
         _assert_offered(cfg, tokenizer, schema, "", ["{"] if schema.get("else") is False else ['"'], [])
+
+
+def test_not_pattern_beside_other_kinds_keywords_is_a_string_without_a_match(cfg, tokenizer):
+    """`not {pattern: P}` refuses every value but a string without a match of P, so keywords
+    of other kinds beside it read nothing: `"ab` under `{"maxItems": 2, "not": {"pattern":
+    "b"}}` was a string no quote could close, `[` an array nothing could complete."""
+    schema = {"maxItems": 2, "minLength": 2, "not": {"pattern": "b"}}
+    _assert_offered(cfg, tokenizer, schema, "", ["[", "{", "1", "t"], ['"'])
+    _assert_offered(cfg, tokenizer, schema, '"a', ["b", "bb"], ["a", "c"])
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in ['"aa"', '"a"', '"ab"', "[1]", "3"]:
+        assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text

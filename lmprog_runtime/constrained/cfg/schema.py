@@ -485,12 +485,13 @@ class SchemaCompiler:
         state of P's complement (RegexPool.complement), dead from the character that
         completes a match of P on (a check at the string's end decides the same, but only
         at its closing quote: every character before it was offered, and a string with a
-        match could never close). False where `s` allows no string; `s` itself where other
-        keywords than a string's stand beside it (their `_fill` paths do not reach
-        `_string` with this schema) or P does not compile (the check stays)."""
+        match could never close). Keywords of the other kinds beside it read no string: they
+        go. False where `s` allows no string; `s` itself where other keywords stand beside it
+        (applicators, enums: their `_fill` paths do not reach `_string` with this schema) or
+        P does not compile (the check stays)."""
         sub = s["not"]
         if (not isinstance(sub, dict) or set(sub) - ANNOTATIONS != {"pattern"} or not isinstance(sub["pattern"], str)
-                or set(s) - ANNOTATIONS - _KIND_WORDS["string"] - {"type", "not"}):
+                or set(s) - ANNOTATIONS - set(_KIND_OF_WORD) - {"type", "not"}):
             return s
         try:
             term = self.pool.complement(compile_pattern(self.pool, sub["pattern"], True))
@@ -499,7 +500,7 @@ class SchemaCompiler:
         out = _narrowed(s, ("string",))
         if out is None or out is False:
             return s if out is None else out
-        out = self._made(out, s)
+        out = self._made({k: v for k, v in out.items() if _KIND_OF_WORD.get(k, "string") == "string"}, s)
         self._complements[id(out)] = term
         return out
 
