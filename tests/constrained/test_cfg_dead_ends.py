@@ -419,3 +419,17 @@ def test_not_pattern_beside_other_kinds_keywords_is_a_string_without_a_match(cfg
     validator = jsonschema.validators.validator_for(schema)(schema)
     for text in ['"aa"', '"a"', '"ab"', "[1]", "3"]:
         assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
+
+
+@pytest.mark.parametrize("schema,refused,allowed", [
+    ({"if": True, "then": {"const": "then"}, "else": {"const": "else"}}, ["e", "el"], ["t", "th"]),
+    ({"if": {}, "then": {"const": "then"}, "else": {"const": "else"}}, ["e", "el"], ["t", "th"]),
+    ({"if": False, "then": {"const": "then"}, "else": {"const": "else"}}, ["t", "th"], ["e", "el"]),
+])
+def test_an_if_every_value_or_none_meets_is_its_branch(cfg, tokenizer, schema, refused, allowed):
+    """`if: true` is its `then`, `if: false` its `else`: before, both branches were a check
+    at the string's end, so `"else` was begun under `if: true` and refused at its quote."""
+    _assert_offered(cfg, tokenizer, schema, '"', refused, allowed)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in ['"then"', '"else"', "1"]:
+        assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text

@@ -166,7 +166,8 @@ class SchemaCompiler:
             if s is False:  # (no member meets the keywords beside them: no value)
                 n.never = True
                 return
-        if "if" in s and (s.get("else") is False or s.get("then") is False):
+        if "if" in s and (s.get("else") is False or s.get("then") is False or s["if"] is False
+                          or self._takes_any(s["if"])):
             s = self._conditional_as_all_of(s)
         sub = s.get("not", False)
         if sub is True or (isinstance(sub, dict) and set(sub) <= ANNOTATIONS):
@@ -249,15 +250,21 @@ class SchemaCompiler:
         return self._made(out, s)
 
     def _conditional_as_all_of(self, s: dict) -> dict:
-        """`s` with an if / then / else one of whose branches is `false` as the allOf it
-        means: with `else: false` a value meets `if` (and `then`), with `then: false` it
-        does not (and meets `else`); what `if` evaluates is evaluated all the same (an
-        annotation of a passing subschema). A check at the value's end, as before, began
-        values the branch refused and then nothing could complete them (`{"if": {"const":
-        1}, "else": false}` took `{`). Checks still run on `s` as written."""
+        """`s` with an if / then / else one of whose branches is `false`, or whose `if` is
+        `true` / `{}` / `false`, as the allOf it means: with `else: false` a value meets `if`
+        (and `then`), with `then: false` it does not (and meets `else`); an `if` every value
+        meets is its `then`, one none meets its `else`. What `if` evaluates is evaluated all
+        the same (an annotation of a passing subschema; `true` and `{}` evaluate nothing). A
+        check at the value's end, as before, began values the branch refused and then
+        nothing could complete them (`{"if": {"const": 1}, "else": false}` took `{`), and
+        was read at every string's closing quote. Checks still run on `s` as written."""
         cond = s["if"]
-        parts = ([cond, s.get("then", True)] if s.get("else") is False
-                 else [{"not": cond}, s.get("else", True)])
+        if cond is False or self._takes_any(cond):
+            parts = [s.get("else", True) if cond is False else s.get("then", True)]
+        elif s.get("else") is False:
+            parts = [cond, s.get("then", True)]
+        else:
+            parts = [{"not": cond}, s.get("else", True)]
         out = {k: v for k, v in s.items() if k not in ("if", "then", "else")}
         out["allOf"] = (list(out["allOf"]) if isinstance(out.get("allOf"), list) else []) + parts
         made = self._made(out, s)
