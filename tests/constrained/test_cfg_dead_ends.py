@@ -329,6 +329,7 @@ _IMPOSSIBLE = [
     {"const": {"a": False}, "patternProperties": {"^a": {"type": "integer"}}},
     {"enum": [[True], [2]], "contains": {"const": 1}},
     {"enum": ["ab", "abc"], "not": {"pattern": "b"}},
+    {"const": {"foo": "bar"}, "unevaluatedProperties": False},
     # a conditional with a `false` branch (schema._conditional_as_all_of)
     {"type": "object", "if": {"const": 1}, "else": False},
     {"type": "string", "if": {"type": "string"}, "then": False},
@@ -368,6 +369,7 @@ def test_a_rule_no_value_meets_begins_no_value(cfg, tokenizer, schema):
     ({"type": "object", "if": {"properties": {"a": {"const": 1}}}, "else": False, "unevaluatedProperties": False},
      {"a": 1}),
     ({"oneOf": [True, {"type": "string"}]}, 1),
+    ({"enum": [{"foo": 1}, {"bar": 1}], "properties": {"foo": True}, "unevaluatedProperties": False}, {"foo": 1}),
 ])
 def test_what_those_keywords_leave_possible_stays(cfg, tokenizer, schema, value):
     """Only the impossible kinds go: the value (valid by jsonschema) is still accepted."""

@@ -56,6 +56,7 @@ class SchemaCompiler:
         self.deadline = deadline
         self._memo: dict[int, Node] = {}
         self._keep: list = []  # schemas built here (merges) stay alive: the memo keys are ids
+        self._written: Optional[set] = None  # ids of the root document's schema objects (`_as_written`)
         self.refs = RefIndex(root, registry, ids_move_base)
         self._registry = registry
         self._checker: Optional[Residual] = None  # validates enum members at compile (`_valid_members`)
@@ -229,11 +230,13 @@ class SchemaCompiler:
         refused at its end (`{"const": {"a": false}, "patternProperties": {"^a": {"type":
         "integer"}}}` took `{"a":false` and nothing after it). Only where no reference is in
         `s` (so its validation needs no scope), no dynamic reference in the document, no
-        unevaluated* keyword (a merge made `s` may hold them other than as written), and at
-        most ENUM_MEMBERS_CHECKED members; a check that cannot be carried out keeps them."""
+        unevaluated* keyword where `s` was made here (a merge may hold them other than as
+        written; a subschema as written is validated as the residual would: what its
+        unevaluated* read is inside it), and at most ENUM_MEMBERS_CHECKED members; a check
+        that cannot be carried out keeps them."""
         values = [s["const"]] if "const" in s else s["enum"]
         if (not isinstance(values, list) or not values or len(values) > ENUM_MEMBERS_CHECKED or self.refs.dynamic
-                or _UNEVALUATED & set(s) or _refers(s)):
+                or (_UNEVALUATED & set(s) and not self._as_written(s)) or _refers(s)):
             return s
         if self._checker is None:
             self._checker = Residual(self.root, self._registry, self.refs.docs)
@@ -248,6 +251,20 @@ class SchemaCompiler:
         out = {k: v for k, v in s.items() if k not in ("enum", "const")}
         out["enum"] = kept
         return self._made(out, s)
+
+    def _as_written(self, s) -> bool:
+        """`s` is a schema object of the root document as written (not one made here)."""
+        if self._written is None:
+            self._written, stack = set(), [self.root]
+            while stack and len(self._written) < MAX_NODES:
+                x = stack.pop()
+                if isinstance(x, dict):
+                    if id(x) not in self._written:
+                        self._written.add(id(x))
+                        stack.extend(x.values())
+                elif isinstance(x, list):
+                    stack.extend(x)
+        return id(s) in self._written
 
     def _conditional_as_all_of(self, s: dict) -> dict:
         """`s` with an if / then / else one of whose branches is `false`, or whose `if` is
