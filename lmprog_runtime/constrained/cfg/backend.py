@@ -29,7 +29,6 @@ from lmprog_runtime.constrained.cfg.mask import MaskEngine, VocabInfo
 from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
 from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
 from lmprog_runtime.constrained.cfg.registry import SchemaRegistry
-from lmprog_runtime.constrained.cfg.residual import Residual
 from lmprog_runtime.constrained.cfg.schema import SchemaCompiler
 from lmprog_runtime.constrained.cfg.warmup import SampleTokenizer, warm
 from lmprog_runtime.constrained.index import grammar_token_table
@@ -335,7 +334,7 @@ def _json_machine(spec: str, pool: RegexPool, whitespace: str, timeout_s: float,
                 others[(node, key)] = got
         return got
 
-    residual = Residual(schema, registry, compiler.refs.docs)
+    residual = compiler.checker()  # (the one that validated enum members at compile, where one did)
     return Machine(root, pool, residual, child_of, compile_pattern(pool, whitespace, False),
                    whole_integers=whole_integers(schema))
 

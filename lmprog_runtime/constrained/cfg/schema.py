@@ -59,7 +59,7 @@ class SchemaCompiler:
         self._written: Optional[set] = None  # ids of the root document's schema objects (`_as_written`)
         self.refs = RefIndex(root, registry, ids_move_base)
         self._registry = registry
-        self._checker: Optional[Residual] = None  # validates enum members at compile (`_valid_members`)
+        self._checker: Optional[Residual] = None  # validates enum members at compile (`_valid_members`; the machine's after)
         self.assert_format = format_asserted(root, self.refs.registry)
         self.formats = dialect_formats(root)  # (those an older draft defines: the others are annotations)
         # keywords the residual's validator asserts (residual.py picks the same class): any
@@ -133,7 +133,7 @@ class SchemaCompiler:
         self.n_nodes += 1
         if self.n_nodes > MAX_NODES:
             raise UnsupportedSchemaError(f"schema has more than {MAX_NODES} rules")
-        if s is True or s == {} or (isinstance(s, dict) and set(s) <= ANNOTATIONS):
+        if _takes_every_value(s):
             self._memo[key] = self.any
             return self.any
         n = Node(s)
@@ -171,7 +171,7 @@ class SchemaCompiler:
                           or self._takes_any(s["if"])):
             s = self._conditional_as_all_of(s)
         sub = s.get("not", False)
-        if sub is True or (isinstance(sub, dict) and set(sub) <= ANNOTATIONS):
+        if _takes_every_value(sub):
             n.never = True  # (`not {}`: no value, as `false`; a check at the value's end was a dead end)
             return
         if "not" in s and not self._boolean_exclusive:
@@ -238,10 +238,9 @@ class SchemaCompiler:
         if (not isinstance(values, list) or not values or len(values) > ENUM_MEMBERS_CHECKED or self.refs.dynamic
                 or (_UNEVALUATED & set(s) and not self._as_written(s)) or _refers(s)):
             return s
-        if self._checker is None:
-            self._checker = Residual(self.root, self._registry, self.refs.docs)
+        checker = self.checker()
         try:
-            kept = [v for v in values if self._checker.valid(v, s)]
+            kept = [v for v in values if checker.valid(v, s)]
         except Exception:  # noqa: BLE001 - (Residual.valid answers False itself; anything else keeps them)
             return s
         if len(kept) == len(values):
@@ -251,6 +250,12 @@ class SchemaCompiler:
         out = {k: v for k, v in s.items() if k not in ("enum", "const")}
         out["enum"] = kept
         return self._made(out, s)
+
+    def checker(self) -> Residual:
+        """The residual checks' validator of this document (made once: it crawls the registry)."""
+        if self._checker is None:
+            self._checker = Residual(self.root, self._registry, self.refs.docs)
+        return self._checker
 
     def _as_written(self, s) -> bool:
         """`s` is a schema object of the root document as written (not one made here)."""
@@ -441,9 +446,8 @@ class SchemaCompiler:
             n.residual = s  # exactly one: decided on the complete value
 
     def _takes_any(self, s) -> bool:
-        """Schema `s` is one every value meets (`true`, `{}`, annotations only)."""
-        s = self.deref(s)
-        return s is True or (isinstance(s, dict) and set(s) <= ANNOTATIONS)
+        """Schema `s` (its bare `$ref` followed) is one every value meets."""
+        return _takes_every_value(self.deref(s))
 
     def _any_node(self) -> Node:
         n = Node(True)
@@ -736,6 +740,11 @@ def _numbers_possible(n: Node) -> bool:
             return first < hi or (first == hi and not n.hi_excl)
     except ArithmeticError:  # (bounds too far apart for exact steps: not told)
         return True
+
+
+def _takes_every_value(s) -> bool:
+    """Schema `s` is one every value meets: `true`, `{}`, annotations only."""
+    return s is True or (isinstance(s, dict) and set(s) <= ANNOTATIONS)
 
 
 def _refers(s) -> bool:
