@@ -312,6 +312,7 @@ _IMPOSSIBLE = [
     {"type": "object", "required": ["a"], "propertyNames": False},
     {"type": "object", "minProperties": 2, "maxProperties": 1},
     {"type": "object", "required": ["a", "b"], "maxProperties": 1},
+    {"type": "object", "required": ["a"], "dependentRequired": {"a": ["b"], "b": ["c"]}, "maxProperties": 2},
     {"type": "object", "properties": {"a": True, "b": False}, "additionalProperties": False, "minProperties": 2},
     {"type": "array", "minItems": 1, "items": False},
     {"type": "array", "prefixItems": [{"type": "integer"}, False], "minItems": 2},
@@ -434,4 +435,36 @@ def test_an_if_every_value_or_none_meets_is_its_branch(cfg, tokenizer, schema, r
     _assert_offered(cfg, tokenizer, schema, '"', refused, allowed)
     validator = jsonschema.validators.validator_for(schema)(schema)
     for text in ['"then"', '"else"', "1"]:
+        assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
+
+
+_CROWDED = {"type": "object", "maxProperties": 2, "required": ["zz"]}
+_DEPENDENT = {"type": "object", "maxProperties": 2, "dependentRequired": {"a": ["b", "c"], "d": ["e"]}}
+
+
+@pytest.mark.parametrize("schema,prefix,refused,allowed", [
+    (_CROWDED, '{"', [], ["a", "b", "z", "zz"]),  # (room for one other key)
+    (_CROWDED, '{"a":1,"', ["a", "b"], ["z", "zz"]),  # (the room left is the required key's)
+    ({**_CROWDED, "properties": {"a": {"type": "integer"}}}, '{"a":1,"', ["a", "b"], ["z", "zz"]),
+    ({**_CROWDED, "maxProperties": 1}, '{"', ["a", "b"], ["z", "zz"]),
+    (_DEPENDENT, '{"a', ['"', '":'], ["b"]),  # (`a` brings two more keys: three in all)
+    (_DEPENDENT, '{"d', [], ['"', '":']),  # (`d` and `e` fit)
+    (_DEPENDENT, '{"x":1,"d', ['"', '":'], ["e"]),  # (after `x`, `d` leaves no room for `e`)
+    (_DEPENDENT, '{"d":1,"', ["a", "d", "x"], ["e"]),
+])
+def test_keys_leave_room_for_those_still_required(cfg, tokenizer, schema, prefix, refused, allowed):
+    """Under maxProperties, a key is taken only where the keys it leaves still required
+    (required, dependentRequired, theirs in turn) fit in the room left: once only they fit,
+    the next key is one of them. Before, `{"a":1,"b":2` was taken under maxProperties 2
+    and required `zz`, and nothing could follow it."""
+    _assert_offered(cfg, tokenizer, schema, prefix, refused, allowed)
+
+
+@pytest.mark.parametrize("schema,texts", [
+    (_CROWDED, ['{"zz":1}', '{"a":1,"zz":2}', '{"zz":1,"a":[]}', '{"a":1,"b":2}', '{"a":1}']),
+    (_DEPENDENT, ['{"d":1,"e":2}', '{"x":1,"y":2}', '{"a":1,"b":2}', '{"e":1,"d":2}', '{"x":1,"d":2}']),
+])
+def test_what_leaves_room_is_taken(cfg, tokenizer, schema, texts):
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in texts:
         assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text

@@ -346,7 +346,7 @@ class Machine(StringFrames):
 
     def _key_done(self, top, rest, key: str) -> list:
         node, seen = top[1], top[3]
-        if key in seen or self._child_of(node, key) is None:
+        if key in seen or self._child_of(node, key) is None or not key_leaves_room(node, seen, key):
             return []
         kn = node.key_node
         if kn is not None and kn.residual is not None and not self.residual.valid(key, kn.residual):
@@ -369,7 +369,7 @@ class Machine(StringFrames):
         if b == 0x22 and phase in (0, 3):
             if node.max_props is not None and len(seen) >= node.max_props:
                 return []
-            kn = _key_rule(node, seen)
+            kn = key_rule(node, seen)
             if kn.never or "string" not in kn.types or (kn.enum is not None and not kn.enum):
                 return []
             return [(("S", kn, 0, 0, 0, 0, kn.patterns, ""), (("O", node, phase, seen, None, 0), rest))]
@@ -386,6 +386,8 @@ class Machine(StringFrames):
                 return []
             if node.additional is None and not node.pattern_props and len(seen) >= len(node.props):
                 return []
+            if crowded(node) and key_rule(node, seen).enum == ():
+                return []  # (no key leaves room for those still required)
             return [(("O", node, 3, seen, None, self.ws0), rest)]
         return []
 
@@ -529,13 +531,16 @@ def _unseen(item: Node, seen) -> Node:
     return item.twin(key, **changes)
 
 
-def _key_rule(node: Node, seen: frozenset) -> Node:
+def key_rule(node: Node, seen: frozenset) -> Node:
     """The key rule of an object with `seen` keys: a closed object's enum less those keys,
-    so a key prefix typed can always be finished (memoized on the object node, MAX_VARIANTS
-    sets of seen keys at once: outputs write keys in any order, and the node lives as long
-    as its grammar, for every request; past it they are made again as met)."""
+    so a key prefix typed can always be finished, and under maxProperties, once the keys
+    still required fill the room left, those of them that leave room for the rest
+    (`key_leaves_room`; memoized on the object node, MAX_VARIANTS sets of seen keys at
+    once: outputs write keys in any order, and the node lives as long as its grammar, for
+    every request; past it they are made again as met)."""
     kn = node.key_node
-    if kn.enum is None or not seen:
+    crowds = crowded(node)
+    if not crowds and (kn.enum is None or not seen):
         return kn
     memo_key = ("__keys__", seen)
     got = node._child.get(memo_key)
@@ -546,5 +551,29 @@ def _key_rule(node: Node, seen: frozenset) -> Node:
                 node._child.pop(k, None)
             made = 0
         node._child["__keys_made__"] = made + 1
-        got = node._child[memo_key] = kn.variant(enum=tuple(k for k in kn.enum if k not in seen))
+        names = kn.enum
+        if crowds:
+            missing = node.still_required(seen)
+            if len(missing) >= node.max_props - len(seen):  # (only they fit: one of them is next)
+                names = tuple(k for k in (names if names is not None else sorted(missing)) if k in missing)
+        if names is not None:
+            names = tuple(k for k in names if k not in seen and (not crowds or key_leaves_room(node, seen, k)))
+        got = kn if names is None else kn.variant(enum=names)
+        got = node._child.setdefault(memo_key, got)
     return got
+
+
+def crowded(node: Node) -> bool:
+    """Keys of the object may crowd out a required one: maxProperties beside required or
+    dependentRequired keys."""
+    return node.max_props is not None and bool(node.required or node.dep_required)
+
+
+def key_leaves_room(node: Node, seen: frozenset, key: str) -> bool:
+    """Under maxProperties, key `key` after the `seen` keys leaves room for every key then
+    still required (Node.still_required: `key`'s own dependencies too): a key that does not
+    begins an object nothing can close."""
+    if not crowded(node):
+        return True
+    after = seen | {key}
+    return len(node.still_required(after)) <= node.max_props - len(after)

@@ -23,7 +23,8 @@ import numpy as np
 
 from lmprog_runtime.constrained.cfg.canonical import _free_node, free_number_exponent, number_top, unplaced
 from lmprog_runtime.constrained.cfg.classtable import ClassTable
-from lmprog_runtime.constrained.cfg.machine import NUM_COMPLETE, NUMBER_BYTES, NUMBER_STEPS, Machine, utf8_start
+from lmprog_runtime.constrained.cfg.machine import (NUM_COMPLETE, NUMBER_BYTES, NUMBER_STEPS, Machine, crowded,
+                                                     key_leaves_room, key_rule, utf8_start)
 from lmprog_runtime.constrained.cfg.nodes import Node
 from lmprog_runtime.constrained.cfg.regex import RegexError
 from lmprog_runtime.constrained.cfg.table import TableWalker, c_table_walker
@@ -247,15 +248,19 @@ def _object_sig(frame: tuple, lookahead_only: bool, child=None) -> Optional[tupl
     if any(type(k) is not str for k in seen):
         return None
     n = len(seen)
+    kn = key_rule(node, seen) if node.max_props is None or n < node.max_props else node.key_node
     comma = ((node.max_props is None or n < node.max_props)
-             and (node.additional is not None or bool(node.pattern_props) or n < len(node.props)))
+             and (node.additional is not None or bool(node.pattern_props) or n < len(node.props))
+             and kn.enum != ())
     close = (node.required <= seen and n >= node.min_props
              and all(set(node.dep_required.get(k) or ()) <= seen for k in seen))
-    kn = node.key_node
     left = frozenset(e for e in kn.enum if e not in seen) if kn.enum is not None else None
     if left is not None and lookahead_only and not kn.patterns:
         left = bool(left)
-    return ("O~", node, phase, ws, comma, close, left, child)
+    # (under maxProperties, the dependentRequired keys an open key rule's close refuses)
+    crowds = (frozenset(k for k in node.dep_required if not key_leaves_room(node, seen, k))
+              if kn.enum is None and node.max_props is not None and node.dep_required else None)
+    return ("O~", node, phase, ws, comma, close, left, crowds, child)
 
 
 def _escaped(text: str) -> bool:
@@ -993,6 +998,9 @@ class MaskEngine:
         if any(type(k) is not str for k in seen):
             return None
         near = frozenset(k for k in seen if k.startswith(typed))
+        crowds = None  # (under maxProperties: the key rule the keys seen leave, and the keys whose close they refuse)
+        if crowded(obj[1]):
+            crowds = (top[1], frozenset(k for k in obj[1].dep_required if not key_leaves_room(obj[1], seen, k)))
         if top[1].enum is None and not (top[3] or top[4] or top[5]):  # (no escape or character pending)
             # an open key rule: the keys seen are read only by a close, so only those the
             # rest of whose text a token spells before its quote
@@ -1006,7 +1014,9 @@ class MaskEngine:
                 # (their states after it), so every text that may complete no name shares
                 # the masks of those states (an undeclared key's text with no pattern: all
                 # alike), but for how many characters it has where that is counted
-                named = near or any(_closable(k, typed, heads) for k in _names_from(node, typed))
+                named = (near or any(_closable(k, typed, heads) for k in _names_from(node, typed))
+                         or (crowds is not None and any(k.startswith(typed) and _closable(k, typed, heads)
+                                                        for k in crowds[1])))
                 try:
                     pats = tuple(self._pattern_state(term, typed) for term, _ in node.pattern_props)
                 except RegexError:
@@ -1014,8 +1024,8 @@ class MaskEngine:
                 if pats is not None:
                     count = top[2] if kn.max_len is not None else min(top[2], kn.min_len)
                     return ("key", key is not None, node, near, obj[5], count, top[6], pats,
-                            typed if named else _BY_STATES)
-        return ("key", key is not None, obj[1], near, obj[5]) + top[2:]  # (not the phase: 0 or 3, never read)
+                            typed if named else _BY_STATES, crowds)
+        return ("key", key is not None, obj[1], near, obj[5], crowds) + top[2:]  # (not the phase: 0 or 3, never read)
 
     def _pattern_state(self, term: int, text: str) -> int:
         """The state of pattern `term` after `text` (memoized: keys are typed a token at a

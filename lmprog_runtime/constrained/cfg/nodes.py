@@ -82,6 +82,21 @@ class Node:
     def allows_number(self) -> bool:
         return "number" in self.types or "integer" in self.types
 
+    def still_required(self, seen: frozenset = frozenset()) -> set:
+        """The keys an object of this rule with `seen` keys must still have: its required
+        keys and those dependentRequired by a key seen, with theirs in turn (each key that
+        must come brings its own)."""
+        out = set(self.required)
+        for k in seen:
+            out.update(self.dep_required.get(k) or ())
+        todo = list(out)
+        while todo:
+            for k in self.dep_required.get(todo.pop()) or ():
+                if k not in out:
+                    out.add(k)
+                    todo.append(k)
+        return out - seen
+
     def integer_only(self) -> bool:
         return self.integer or ("integer" in self.types and "number" not in self.types)
 

@@ -677,7 +677,7 @@ class SchemaCompiler:
         key = n.key_node
         if key is not None and (key.never or "string" not in key.types):  # (no key at all: only `{}`)
             return not n.required and n.min_props == 0
-        if n.max_props is not None and (n.min_props > n.max_props or len(n.required) > n.max_props):
+        if n.max_props is not None and (n.min_props > n.max_props or len(n.still_required()) > n.max_props):
             return False
         if not all(self._member_possible(n, name) for name in n.required if isinstance(name, str)):
             return False

@@ -227,7 +227,8 @@ class StateTable:
     def set_generic(self, p: int, parent: tuple, t: int) -> None:
         """When key state p's close `t` (from concrete `parent`) is that of a key of
         additionalProperties, make it p's close for every key text but the registered ones:
-        the declared properties and the keys already seen (UNKNOWN: Python derives them)."""
+        the declared properties, the keys already seen and, under maxProperties, those with
+        dependentRequired keys (their close reads the keys seen: UNKNOWN, Python derives them)."""
         rest = parent[0][1]
         obj, key = rest[0], parent[0][0][7]
         node, seen = obj[1], obj[3]
@@ -236,7 +237,7 @@ class StateTable:
         after = self.states[t][0][0]
         if not extra_key(node, key) or key in seen or after[0] != "O" or after[4] is not EXTRA:
             return
-        for k in set(node.props) | seen:
+        for k in set(node.props) | seen | (set(node.dep_required) if node.max_props is not None else set()):
             if (p, k) not in self.in_c and not _LONE_SURROGATE.search(k):  # (those are registered with their own
                 self.keys.add(p, k.encode("utf-8"), UNKNOWN)                # close; a lone surrogate: never on a path)
         self.generic[p] = t
