@@ -313,6 +313,8 @@ _IMPOSSIBLE = [
     {"type": "object", "minProperties": 2, "maxProperties": 1},
     {"type": "object", "required": ["a", "b"], "maxProperties": 1},
     {"type": "object", "required": ["a"], "dependentRequired": {"a": ["b"], "b": ["c"]}, "maxProperties": 2},
+    {"type": "object", "required": ["a"], "dependentRequired": {"a": ["b", "c"]}, "propertyNames": {"enum": ["a", "b"]}},
+    {"$schema": "http://json-schema.org/draft-04/schema#", "type": "string", "not": {"type": "string"}},
     {"type": "object", "properties": {"a": True, "b": False}, "additionalProperties": False, "minProperties": 2},
     {"type": "array", "minItems": 1, "items": False},
     {"type": "array", "prefixItems": [{"type": "integer"}, False], "minItems": 2},
@@ -451,6 +453,7 @@ _DEPENDENT = {"type": "object", "maxProperties": 2, "dependentRequired": {"a": [
     (_DEPENDENT, '{"d', [], ['"', '":']),  # (`d` and `e` fit)
     (_DEPENDENT, '{"x":1,"d', ['"', '":'], ["e"]),  # (after `x`, `d` leaves no room for `e`)
     (_DEPENDENT, '{"d":1,"', ["a", "d", "x"], ["e"]),
+    ({"type": "object", "propertyNames": {"enum": ["a", "b"]}}, '{"a":1,"b":2', [","], ["}"]),  # (no name left)
 ])
 def test_keys_leave_room_for_those_still_required(cfg, tokenizer, schema, prefix, refused, allowed):
     """Under maxProperties, a key is taken only where the keys it leaves still required
@@ -468,3 +471,19 @@ def test_what_leaves_room_is_taken(cfg, tokenizer, schema, texts):
     validator = jsonschema.validators.validator_for(schema)(schema)
     for text in texts:
         assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
+
+
+@pytest.mark.parametrize("schema,texts", [
+    ({"const": 2, "minimum": 0.5}, ["2", "0.2e1", "20e-1", "2e0", "0.2", "0.5"]),
+    ({"enum": [1, 5, 10], "minimum": 3}, ["5", "10", "1.0e1", "0.5e1", "1", "0.1e1", "3"]),
+    ({"enum": [0.25, 7], "maximum": 1, "multipleOf": 0.05}, ["0.25", "2.5e-1", "25e-2", "7", "0.7e1"]),
+])
+def test_an_enum_under_bounds_is_its_members_within_them(cfg, tokenizer, schema, texts):
+    """A numeric enum beside bounds is the members within them, each in every spelling
+    (the mantissa alone is not held to the bounds: `0.2e1` is 2). Before, both checks read
+    every prefix apart: `0` was taken under `const: 2, minimum: 0.5` (for `0.2e1`, then
+    refused at its `2`, below the minimum) and nothing followed it."""
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in texts:
+        assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
+    _assert_offered(cfg, tokenizer, {"const": 2, "minimum": 0.5}, "0.", ["5", "9"], ["2"])

@@ -226,6 +226,18 @@ def test_unknown_keywords_are_annotations_no_check_kept(cfg, tokenizer):
     check(cfg, tokenizer, deps, [{"a": 1, "b": 2}, {"b": 1}], [{"a": 1}])
 
 
+def test_draft03_lacks_the_combinators(cfg, tokenizer):
+    """Draft-03 has no `not`, `allOf` / `anyOf` / `oneOf`, `multipleOf`, min/maxProperties
+    (its validator reads them as annotations): they constrain nothing there."""
+    d3 = "http://json-schema.org/draft-03/schema#"
+    schema = {"$schema": d3, "type": ["string", "integer"], "not": {"type": "string"}, "anyOf": [{"type": "integer"}],
+              "multipleOf": 2}
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    assert all(validator.is_valid(v) for v in ["a", 3, 4])
+    check(cfg, tokenizer, schema, ["a", 3, 4], [1.5, None])
+    check(cfg, tokenizer, {"$schema": d3, "type": "object", "maxProperties": 1}, [{"a": 1, "b": 2}], [[]])
+
+
 def test_draft04_integers_take_no_fraction(cfg, tokenizer):
     """An integer is a number with a zero fractional part from draft-06 on (`1.0` is one) but
     "a JSON number without a fraction or exponent part" in draft-04 and draft-03: the `.` is
@@ -715,6 +727,11 @@ def test_unevaluated_keywords_as_structure_where_nothing_else_evaluates(cfg, tok
     ({"not": {"pattern": "^[a-c]+$"}, "maxLength": 3}, "1", '"ab1"'),
     ({"type": ["string", "integer"], "not": {"pattern": "\\d$", "title": "no digit last"}, "pattern": "^x"},
      '"x1"', '"x1a"'),
+    # draft-04 (boolean exclusive bounds: `not {minimum}` stays a check there; `type`, `required` do not)
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": ["string", "integer"], "not": {"type": "string"}},
+     '"', "1"),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "properties": {"a": {}}, "not": {"required": ["a"]}},
+     '{"a"', '{"b":1}'),
 ])
 def test_a_not_one_keyword_decides_is_refused_where_it_becomes_certain(cfg, tokenizer, schema, dead, live):
     """`not {minimum: x}` (and the other bounds) is a number past the other side, `not

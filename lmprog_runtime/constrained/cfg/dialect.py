@@ -177,7 +177,8 @@ def _array_items(s, depth: int) -> bool:
 # stay: they only name schemas, and a reference the dialect cannot resolve fails either way
 _AFTER_07 = frozenset(("dependentRequired", "dependentSchemas", "prefixItems", "unevaluatedItems",
                        "unevaluatedProperties", "minContains", "maxContains", "$dynamicRef", "$recursiveRef"))
-_LACKS = {Draft3Validator: _AFTER_07 | {"const", "contains", "propertyNames", "if", "then", "else"},
+_LACKS = {Draft3Validator: _AFTER_07 | {"const", "contains", "propertyNames", "if", "then", "else", "not", "allOf", "anyOf",
+                                         "oneOf", "multipleOf", "minProperties", "maxProperties"},
           Draft4Validator: _AFTER_07 | {"const", "contains", "propertyNames", "if", "then", "else"},
           Draft6Validator: _AFTER_07 | {"if", "then", "else"},
           Draft7Validator: _AFTER_07,

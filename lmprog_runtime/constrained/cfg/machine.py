@@ -386,8 +386,8 @@ class Machine(StringFrames):
                 return []
             if node.additional is None and not node.pattern_props and len(seen) >= len(node.props):
                 return []
-            if crowded(node) and key_rule(node, seen).enum == ():
-                return []  # (no key leaves room for those still required)
+            if (node.key_node.enum is not None or crowded(node)) and key_rule(node, seen).enum == ():
+                return []  # (no key left: its enum's all seen, or none leaves room for those still required)
             return [(("O", node, 3, seen, None, self.ws0), rest)]
         return []
 

@@ -114,9 +114,12 @@ class Node:
 
     def number_prefix_ok(self, text: str) -> bool:
         """Some completion of the number prefix `text` (sign, integer digits, fraction; no
-        exponent) can lie within [lo, hi] and equal a number of the enum: a number drifting
+        exponent) can lie within [lo, hi] or equal a number of the enum: a number drifting
         out of bounds, or away from every enum value, is stopped at the digit that leaves
-        them, not left to grow forever."""
+        them, not left to grow forever. With an enum the bounds are not read: its members
+        are those within them (schema.py _numbers_meeting), so every spelling of one is
+        taken (`0.2e1` for 2 under `minimum: 0.5`, whose mantissa alone is below it; read
+        apart, the two checks took `0` and then no digit both take)."""
         if self.num_enum is None:
             if self.lo is None and self.hi is None:
                 return True
@@ -125,9 +128,8 @@ class Node:
                 return got
         try:
             with localcontext(_EXACT):
-                if self.num_enum is not None and not any(
-                        _enum_mantissa_ok(text, v, not self.integer_only()) for v in self.num_enum):
-                    return False
+                if self.num_enum is not None:
+                    return any(_enum_mantissa_ok(text, v, not self.integer_only()) for v in self.num_enum)
                 if self.lo is None and self.hi is None:
                     return True
                 whole = self.integer_only()

@@ -174,8 +174,8 @@ class SchemaCompiler:
         if _takes_every_value(sub):
             n.never = True  # (`not {}`: no value, as `false`; a check at the value's end was a dead end)
             return
-        if "not" in s and not self._boolean_exclusive:
-            t = _not_decided_early(s)
+        if "not" in s:
+            t = _not_decided_early(s, bounds=not self._boolean_exclusive)
             if t is s:
                 t = self._not_pattern(s)
             if t is False:  # (the `not` refuses every kind the rest allows: no value)
@@ -636,8 +636,8 @@ class SchemaCompiler:
     # ------------------------------------------------------------ kinds no value can be
     def _drop_impossible_kinds(self, n: Node) -> None:
         """The kinds of `n` whose own keywords no value of that kind meets, taken out of its
-        types (none left: `never`), and its string enum narrowed to the members its lengths
-        and patterns take. Each was a dead end: the kind's first byte was offered and then no
+        types (none left: `never`), and its enums narrowed to the members its lengths and
+        patterns (strings), bounds and multipleOf (numbers) take. Each was a dead end: the kind's first byte was offered and then no
         completion was (`{"required": ["a"], "properties": {"a": false}}` took `{` and keys
         forever, `{"minLength": 3, "maxLength": 2}` a string that could not close), and a
         parent whose required member or first items are such a rule could not close either.
@@ -646,6 +646,8 @@ class SchemaCompiler:
         every rule's structure is a superset of its valid values, so a kind found empty here
         is empty in the schema."""
         gone = set()
+        if n.allows_number() and n.num_enum is not None:  # (its members: those its other number keywords take)
+            n.num_enum = _numbers_meeting(n)
         if "string" in n.types and not self._strings_possible(n):
             gone.add("string")
         if n.allows_number() and not _numbers_possible(n):
@@ -677,9 +679,10 @@ class SchemaCompiler:
         key = n.key_node
         if key is not None and (key.never or "string" not in key.types):  # (no key at all: only `{}`)
             return not n.required and n.min_props == 0
-        if n.max_props is not None and (n.min_props > n.max_props or len(n.still_required()) > n.max_props):
+        required = n.still_required()  # (those required and those they bring: dependentRequired)
+        if n.max_props is not None and (n.min_props > n.max_props or len(required) > n.max_props):
             return False
-        if not all(self._member_possible(n, name) for name in n.required if isinstance(name, str)):
+        if not all(self._member_possible(n, name) for name in required if isinstance(name, str)):
             return False
         if n.additional is None and not n.pattern_props:  # (closed: the declared names its keys may spell)
             names = n.key_node.enum if n.key_node is not None and n.key_node.enum is not None else n.props
@@ -711,6 +714,15 @@ class SchemaCompiler:
         return n.min_items <= len(n.prefix) or n.items is not None
 
 
+def _numbers_meeting(n: Node) -> tuple:
+    """The members of rule `n`'s numeric enum that meet its bounds and multipleOf (integers,
+    where only integers are): every spelling of one is then valid, whatever its mantissa
+    (Node.number_prefix_ok)."""
+    with localcontext(_EXACT):
+        return tuple(v for v in n.num_enum
+                     if n.number_ok(str(v)) and (not n.integer_only() or v == v.to_integral_value()))
+
+
 def _numbers_possible(n: Node) -> bool:
     """Some number meets rule `n`'s bounds (an integer, where only integers are), its
     multipleOf among them where that can be told exactly, and is a member of its numeric
@@ -719,8 +731,7 @@ def _numbers_possible(n: Node) -> bool:
     try:
         with localcontext(_EXACT):
             if n.num_enum is not None:
-                return any(n.number_ok(str(v)) and (not n.integer_only() or v == v.to_integral_value())
-                           for v in n.num_enum)
+                return bool(n.num_enum)  # (narrowed: _numbers_meeting)
             if lo is None or hi is None:
                 return True
             if lo > hi or (lo == hi and (n.lo_excl or n.hi_excl)):
@@ -857,14 +868,14 @@ _LOWER = frozenset(("minimum", "exclusiveMinimum"))
 _TYPE_ORDER = ("null", "boolean", "object", "array", "number", "integer", "string")
 
 
-def _not_decided_early(s: dict):
+def _not_decided_early(s: dict, bounds: bool = True):
     """`s` with a `not` of one keyword whose complement the structure states exactly
     rewritten as that complement (False where that leaves no kind of value: `{"type":
     "string", "not": {"required": ["a"]}}`, as a string passes `required`), else `s`: `not {type: T}` is the other types (but for
     `integer` alone: no type says "a number that is not an integer"), `not {minimum: x}`
     is a number below x (`type`
-    narrowed to numbers, `exclusiveMaximum: x`; the other three bounds alike; draft-06 on,
-    whose exclusive bounds are numbers), `not {required: [k]}` an object without member k
+    narrowed to numbers, `exclusiveMaximum: x`; the other three bounds alike; only where
+    `bounds`: draft-06 on, whose exclusive bounds are numbers), `not {required: [k]}` an object without member k
     (`type` narrowed to objects, `properties {k: false}`: the key refused at its closing
     quote), `not {required: [k1, k2 ...]}` (NOT_REQUIRED_NAMES at most, no anyOf beside it)
     an object without one of them at least (anyOf branches, each `properties {ki: false}`,
@@ -881,7 +892,7 @@ def _not_decided_early(s: dict):
         return s
     (word,) = words
     v = sub[word]
-    if word in _NOT_BOUND and isinstance(v, (int, float)) and not isinstance(v, bool):
+    if word in _NOT_BOUND and bounds and isinstance(v, (int, float)) and not isinstance(v, bool):
         out = _narrowed(s, ("number", "integer"))
         if out is None:
             return s
