@@ -339,6 +339,8 @@ _IMPOSSIBLE = [
     # two branches of a oneOf every value meets
     {"oneOf": [True, {}, {"type": "string"}]},
     {"oneOf": [True, True], "anyOf": [{"maxLength": 2}, {"type": "number"}]},
+    {"oneOf": [{"maxLength": 3}, {"minimum": 3}, {"required": ["a"]}]},  # (each kind: two branches take all of it)
+    {"type": "string", "anyOf": [{"type": "number"}, {"type": "null"}]},  # (no branch of the string's type)
 ]
 
 
@@ -487,3 +489,25 @@ def test_an_enum_under_bounds_is_its_members_within_them(cfg, tokenizer, schema,
     for text in texts:
         assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
     _assert_offered(cfg, tokenizer, {"const": 2, "minimum": 0.5}, "0.", ["5", "9"], ["2"])
+
+
+_TWO_REQUIRED = {"properties": {"foo": {"type": "string"}},
+                 "oneOf": [{"properties": {"bar": {"const": "bar"}}, "required": ["bar"]},
+                           {"properties": {"baz": {"const": "baz"}}, "required": ["baz"]}]}
+
+
+@pytest.mark.parametrize("schema,refused,allowed,texts", [
+    (_TWO_REQUIRED, ['"', "1", "["], ["{"], ['"a"', "1", '{"bar":"bar"}', '{"bar":"bar","baz":"baz"}', "{}"]),
+    ({"oneOf": [{"type": "string"}, {"minimum": 3}]}, ['"'], ["4", "["], ['"a"', "4", "2", "[]", "null"]),
+    ({"type": ["string", "integer"], "oneOf": [{"type": "boolean"}, {"minimum": 1}]}, ["t"], ['"', "1"],
+     ['"a"', "1", "0", "true"]),
+])
+def test_kinds_two_one_of_branches_take_whole_are_no_value(cfg, tokenizer, schema, refused, allowed, texts):
+    """A value of a kind that two oneOf branches take every value of meets both, so not
+    exactly one: that kind is no value of the rule (`"` was begun under two branches that
+    each require a member, which a string passes, and refused at the string's end); a
+    branch none of whose types the rest allows is no branch."""
+    _assert_offered(cfg, tokenizer, schema, "", refused, allowed)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in texts:
+        assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text

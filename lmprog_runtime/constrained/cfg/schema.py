@@ -174,6 +174,13 @@ class SchemaCompiler:
         if _takes_every_value(sub):
             n.never = True  # (`not {}`: no value, as `false`; a check at the value's end was a dead end)
             return
+        if isinstance(s.get("oneOf"), list):
+            t = _one_of_kinds(s, [self.deref(alt) for alt in s["oneOf"]])
+            if t is False:  # (two branches take every value of each kind the rest allows: none)
+                n.never = True
+                return
+            if t is not s:
+                s = self._made(t, s)
         if "not" in s:
             t = _not_decided_early(s, bounds=not self._boolean_exclusive)
             if t is s:
@@ -427,6 +434,8 @@ class SchemaCompiler:
             n.residual = s
         alts = []
         for alt in s[combo]:
+            if _types_disjoint(base, self.deref(alt)):
+                continue  # (no value of the types the rest allows meets it)
             try:
                 if not _mergeable([base, self.deref(alt)]):
                     raise UnsupportedSchemaError("not mergeable")
@@ -934,6 +943,41 @@ def _not_decided_early(s: dict, bounds: bool = True):
         out["anyOf"] = [{**members, "properties": {**props, k: False}} for k in names]
         return out
     return s
+
+
+def _types_disjoint(a, b) -> bool:
+    """Schemas `a` and `b` both name types, and none in common (integer is a number)."""
+    if not (isinstance(a, dict) and isinstance(b, dict) and "type" in a and "type" in b):
+        return False
+    ta, tb = _type_names(a), _type_names(b)
+    if ta is None or tb is None:
+        return False
+    return not any(x == y or {x, y} == {"number", "integer"} for x in ta for y in tb)
+
+
+def _one_of_kinds(s: dict, alts: list):
+    """`s` with its `type` narrowed to the kinds (integer counted as number) that fewer than
+    two of its oneOf branches `alts` (bare references followed) take every value of, False
+    where that leaves none, `s` where no kind goes (or its `type` is not names): a value of
+    such a kind meets two branches, so not exactly one (`{"oneOf": [{"required": ["a"]},
+    {"required": ["b"]}]}` is an object: a string passes both; before, `"` was begun and
+    refused at the string's end)."""
+    counts: dict = {}
+    for alt in alts:
+        for kind in _every_value_kinds(alt):
+            counts[kind] = counts.get(kind, 0) + 1
+    gone = {kind for kind, c in counts.items() if c > 1}
+    if not gone:
+        return s
+    names = _type_names(s) if "type" in s else list(_TYPE_ORDER)
+    if names is None:
+        return s
+    kept = [t for t in names if _kinds((t,)) - gone]
+    if not kept:
+        return False
+    if len(kept) == len(names) and "type" in s:
+        return s
+    return {**s, "type": kept[0] if len(kept) == 1 else kept}
 
 
 def _narrowed(s: dict, kinds: tuple):
