@@ -228,7 +228,8 @@ def test_unknown_keywords_are_annotations_no_check_kept(cfg, tokenizer):
 
 def test_draft03_lacks_the_combinators(cfg, tokenizer):
     """Draft-03 has no `not`, `allOf` / `anyOf` / `oneOf`, `multipleOf`, min/maxProperties
-    (its validator reads them as annotations): they constrain nothing there."""
+    (its validator reads them as annotations): they constrain nothing there. Its `required`
+    is a boolean in the property's own schema (the compile failed on it)."""
     d3 = "http://json-schema.org/draft-03/schema#"
     schema = {"$schema": d3, "type": ["string", "integer"], "not": {"type": "string"}, "anyOf": [{"type": "integer"}],
               "multipleOf": 2}
@@ -236,6 +237,11 @@ def test_draft03_lacks_the_combinators(cfg, tokenizer):
     assert all(validator.is_valid(v) for v in ["a", 3, 4])
     check(cfg, tokenizer, schema, ["a", 3, 4], [1.5, None])
     check(cfg, tokenizer, {"$schema": d3, "type": "object", "maxProperties": 1}, [{"a": 1, "b": 2}], [[]])
+    required = {"$schema": d3, "type": "object",
+                "properties": {"a": {"type": "string", "required": True}, "b": {"required": False}}}
+    validator = jsonschema.validators.validator_for(required)(required)
+    assert validator.is_valid({"a": "x", "b": 1}) and not any(validator.is_valid(v) for v in ({}, {"b": 1}, {"a": 1}))
+    check(cfg, tokenizer, required, [{"a": "x"}, {"a": "x", "b": 1}], [{}, {"b": 1}, {"a": 1}])
 
 
 def test_draft04_integers_take_no_fraction(cfg, tokenizer):

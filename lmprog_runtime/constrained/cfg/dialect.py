@@ -191,5 +191,20 @@ def older_keywords(root):
     residual's) ignores it too. Any other schema is returned as is."""
     if not isinstance(root, dict):
         return root
-    lacks = _LACKS.get(validator_for(root, default=Draft202012Validator))
+    cls = validator_for(root, default=Draft202012Validator)
+    lacks = _LACKS.get(cls)
+    if cls is Draft3Validator:
+        return _rewrite(root, lambda d: _draft3_required({k: v for k, v in d.items() if k not in lacks}), None, 0)
     return _strip(root, lacks, 0) if lacks else root
+
+
+def _draft3_required(d: dict) -> dict:
+    """Draft-03's `required: true` in a property's schema also as its parent's `required`
+    list (the later drafts' form, which the structure reads; the boolean stays for the
+    residual's Draft3Validator, which reads only it, and the structure ignores it)."""
+    props = d.get("properties")
+    if isinstance(props, dict) and not isinstance(d.get("required"), list):
+        names = [k for k, v in props.items() if isinstance(v, dict) and v.get("required") is True]
+        if names:
+            return {**d, "required": names}
+    return d

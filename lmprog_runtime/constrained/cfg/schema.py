@@ -600,7 +600,8 @@ class SchemaCompiler:
         n.additional = None if extra is False else self.node(extra)
         if n.additional is not None and n.additional.never:
             n.additional = None
-        n.required = frozenset(s.get("required") or ())
+        required = s.get("required")  # (a list; draft-03's boolean is read off its parent: dialect.py)
+        n.required = frozenset(required) if isinstance(required, list) else frozenset()
         n.min_props = int(s.get("minProperties", 0))
         n.max_props = int(s["maxProperties"]) if "maxProperties" in s else None
         deps = dict(s.get("dependentRequired") or {})
