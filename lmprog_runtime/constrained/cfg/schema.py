@@ -951,9 +951,7 @@ def _types_disjoint(a, b) -> bool:
     if not (isinstance(a, dict) and isinstance(b, dict) and "type" in a and "type" in b):
         return False
     ta, tb = _type_names(a), _type_names(b)
-    if ta is None or tb is None:
-        return False
-    return not any(x == y or {x, y} == {"number", "integer"} for x in ta for y in tb)
+    return ta is not None and tb is not None and not _kinds(ta) & _kinds(tb)
 
 
 def _one_of_kinds(s: dict, alts: list):
