@@ -511,3 +511,37 @@ def test_kinds_two_one_of_branches_take_whole_are_no_value(cfg, tokenizer, schem
     validator = jsonschema.validators.validator_for(schema)(schema)
     for text in texts:
         assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
+
+
+_D4 = "http://json-schema.org/draft-04/schema#"
+
+
+@pytest.mark.parametrize("schema,prefix,refused,allowed", [
+    ({"$schema": _D4, "enum": [{"a": 1}]}, '{"a":0', [" ", "}"], ["."]),
+    ({"$schema": _D4, "type": "object", "properties": {"m": {"type": "string"}}, "enum": [1, None, [1], {"a": 1}]},
+     '{"a":', ["2"], ["1"]),
+    ({"$schema": _D4, "enum": [[1, "x"]]}, "[1,", ["1", "t"], ['"']),
+])
+def test_constant_structures_hold_in_draft_04(cfg, tokenizer, schema, prefix, refused, allowed):
+    """An enum's objects and arrays are their literal structure in every dialect: the
+    structure's scalars were `const`, which draft-04 does not have (its validator, the
+    residual's, ignores it), so `{"a":0 ` was taken under `enum: [{"a": 1}]` and refused only
+    at its end."""
+    _assert_offered(cfg, tokenizer, schema, prefix, refused, allowed)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in ('{"a":1}', '{"a":0}', "[1,\"x\"]", "[1,1]"):
+        assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
+
+
+def test_enum_members_beside_references_are_validated(cfg, tokenizer):
+    """An enum beside keywords holding a `$ref` keeps only the members valid under them (the
+    residual's validator resolves the reference where the schema is the document's own):
+    `bars`' one array member has an item its `$ref`'d rule refuses, so `bars` has no value
+    and its key is refused, where before `"bars":[` was taken and nothing after it."""
+    schema = {"$schema": _D4, "definitions": {"t": {"type": "string"}}, "type": "object",
+              "properties": {"bars": {"type": "array", "items": {"allOf": [{"$ref": "#/definitions/t"}]},
+                                      "enum": [1, "a", None, [1], [2, "b"]]}}}
+    _assert_offered(cfg, tokenizer, schema, '{"bars', ['":'], [])
+    schema["properties"]["bars"]["enum"].append(["x"])
+    assert _accepts(cfg, tokenizer, schema, '{"bars":["x"]}')
+    assert not _accepts(cfg, tokenizer, schema, '{"bars":[1]}')

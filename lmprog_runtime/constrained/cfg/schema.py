@@ -235,15 +235,17 @@ class SchemaCompiler:
         where none is. The structure of an enum's members and the keywords beside it were
         followed apart, each a superset, so a member the keywords refuse was begun and then
         refused at its end (`{"const": {"a": false}, "patternProperties": {"^a": {"type":
-        "integer"}}}` took `{"a":false` and nothing after it). Only where no reference is in
-        `s` (so its validation needs no scope), no dynamic reference in the document, no
-        unevaluated* keyword where `s` was made here (a merge may hold them other than as
-        written; a subschema as written is validated as the residual would: what its
-        unevaluated* read is inside it), and at most ENUM_MEMBERS_CHECKED members; a check
-        that cannot be carried out keeps them."""
+        "integer"}}}` took `{"a":false` and nothing after it). Only where no dynamic
+        reference is in the document, `s` holds neither a reference nor an unevaluated*
+        keyword unless it is a subschema of the document as written (a merge may hold them
+        other than as written; a subschema as written is validated as the residual would:
+        its references resolved from the `$id`s around it, what its unevaluated* read
+        inside it), and at most ENUM_MEMBERS_CHECKED members. A member whose check cannot
+        be carried out (an unresolvable reference) goes, as the residual check at the
+        value's end would refuse it."""
         values = [s["const"]] if "const" in s else s["enum"]
         if (not isinstance(values, list) or not values or len(values) > ENUM_MEMBERS_CHECKED or self.refs.dynamic
-                or (_UNEVALUATED & set(s) and not self._as_written(s)) or _refers(s)):
+                or ((_UNEVALUATED & set(s) or _refers(s)) and not self._as_written(s))):
             return s
         checker = self.checker()
         try:
@@ -1183,7 +1185,7 @@ def _literal_schema(v, depth: int) -> dict:
     if isinstance(v, list):
         return {"type": "array", "prefixItems": [_literal_schema(x, depth + 1) for x in v], "items": False,
                 "minItems": len(v)}
-    return {"const": v}
+    return {"enum": [v]}  # (not `const`: draft-04 and older have none, and would leave v unchecked)
 
 
 def _same(a, b) -> bool:
