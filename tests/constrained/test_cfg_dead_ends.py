@@ -322,6 +322,9 @@ _IMPOSSIBLE = [
     {"type": "string", "minLength": 3, "maxLength": 2},
     {"type": "string", "enum": ["a", "bb"], "minLength": 3},
     {"type": "string", "enum": ["abc", "x1"], "pattern": "^[0-9]+$"},
+    {"type": "string", "pattern": "^\\d{3}-\\d{4}$", "maxLength": 7},  # (patterns' shortest match past maxLength)
+    {"type": "object", "required": ["a"], "properties": {"a": {"type": "string", "pattern": "(foo|barbaz)$",
+                                                              "maxLength": 2}}},
     {"type": "integer", "minimum": 1.2, "maximum": 1.8},
     {"type": "number", "exclusiveMinimum": 5, "maximum": 5},
     {"type": "number", "multipleOf": 5, "minimum": 1, "maximum": 4},
@@ -516,6 +519,26 @@ def test_kinds_two_one_of_branches_take_whole_are_no_value(cfg, tokenizer, schem
 _D4 = "http://json-schema.org/draft-04/schema#"
 
 
+@pytest.mark.parametrize("schema,prefix,refused,allowed,texts", [
+    ({"type": "string", "maxLength": 4, "pattern": "b"}, '"xyz', ["a", "é", '"'], ["b"],
+     ['"xyzb"', '"xyza"', '"bbbb"', '"abcde"']),
+    ({"type": "string", "maxLength": 4, "pattern": "b"}, '"xy', ['"'], ["a", "ab", "ba", "b"], ['"xyab"']),
+    ({"type": "string", "maxLength": 6, "pattern": "^[a-z]+@[a-z]+$"}, '"abc', ["de"], ["@", "d"],
+     ['"abc@d"', '"abcd@e"', '"abcde@f"']),
+    ({"type": "object", "propertyNames": {"maxLength": 3, "pattern": "k"}}, '{"ab', ["c"], ["k"],
+     ['{"abk":1}', '{"abc":1}']),
+])
+def test_patterns_keep_their_room_under_max_length(cfg, tokenizer, schema, prefix, refused, allowed, texts):
+    """Under maxLength a string's patterns must still be able to match within the characters
+    left: a character (a token) after which one needs more than are left is refused there,
+    not at the closing quote that could then never come (`{"maxLength": 4, "pattern": "b"}`
+    took `"xyza`, and a sampled decode met an empty mask)."""
+    _assert_offered(cfg, tokenizer, schema, prefix, refused, allowed)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in texts:
+        assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
+
+
 @pytest.mark.parametrize("schema,prefix,refused,allowed", [
     ({"$schema": _D4, "enum": [{"a": 1}]}, '{"a":0', [" ", "}"], ["."]),
     ({"$schema": _D4, "type": "object", "properties": {"m": {"type": "string"}}, "enum": [1, None, [1], {"a": 1}]},
@@ -545,3 +568,21 @@ def test_enum_members_beside_references_are_validated(cfg, tokenizer):
     schema["properties"]["bars"]["enum"].append(["x"])
     assert _accepts(cfg, tokenizer, schema, '{"bars":["x"]}')
     assert not _accepts(cfg, tokenizer, schema, '{"bars":[1]}')
+
+
+@pytest.mark.parametrize("text,ok", [
+    ('"xyz\xcf'.encode("latin-1"), False), ('"xyzé'.encode(), False), (b'"xyz\\', True), (b'"xyz\\u006', True),
+    (b'"xyz\\u0061', False), (b'"xyz\\u0062"', True), ('"xyπb"'.encode(), True), ('"xyzπ'.encode(), False),
+])
+def test_a_characters_first_bytes_leave_its_patterns_room(text, ok):
+    """A character is refused at its first byte (a UTF-8 lead byte, `\\`, a `\\u` digit)
+    where none it may be leaves the patterns room under maxLength (RegexPool.first_within):
+    a token ending inside a character is no dead end either."""
+    from lmprog_runtime.constrained.cfg.backend import compile_machine
+    m = compile_machine("json", json.dumps({"type": "string", "maxLength": 4, "pattern": "b"}))
+    state = m.initial()
+    for i, b in enumerate(text):
+        state = m.advance(state, b, i, lambda s, e: text[s:e])
+        if not state:
+            break
+    assert bool(state) == ok, text

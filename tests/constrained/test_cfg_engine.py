@@ -158,6 +158,33 @@ def test_a_complement_pattern_is_dead_from_the_match_on():
     assert state == pool.NONE and pool.complement(pool.NONE) == pool.any_star()
 
 
+def test_min_chars_is_the_shortest_match_and_most_needed_bounds_every_later_state():
+    """RegexPool.min_chars: the fewest characters a state's texts have (brute force over
+    short texts agrees); most_needed: no state reached from a term needs more, so a string
+    body's count past it (and the longest token) tells no mask apart (mask.py `_cap`)."""
+    import itertools
+    from lmprog_runtime.constrained.cfg.regex import NEVER, RegexPool
+    from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
+    pool = RegexPool()
+    alphabet = "ab@1"
+    for pattern in ("b", "^ab$", "^[a-b]+@[a-b]+$", "a|b{5}", "^(ab){2,3}$", "^a*b?$", "^1{3}a", "(a|bb)(ab|b)"):
+        term = compile_pattern(pool, pattern, True)
+        states = {term}
+        for n in range(1, 5):
+            for chars in itertools.product(alphabet, repeat=n):
+                state = term
+                for ch in chars:
+                    state = pool.step(state, ord(ch))
+                if state != pool.NONE:
+                    states.add(state)
+        for state in states:
+            shortest = next((n for n in range(0, 9) for chars in itertools.product(alphabet, repeat=n)
+                             if pool.accepts(state, "".join(chars))), NEVER)
+            assert pool.min_chars(state) == shortest, (pattern, state)
+            assert pool.min_chars(state) <= pool.most_needed(term), (pattern, state)
+    assert pool.min_chars(pool.NONE) == NEVER and pool.most_needed(compile_pattern(pool, "a|b{5}", True)) == 5
+
+
 def test_uri_format_is_rfc3986(cfg, tokenizer):
     """`format: uri` is RFC 3986's grammar: ASCII only (an IRI's `é` is written %C3%A9), a
     `%` followed by two hex digits, an IP literal in brackets, a port of digits; the

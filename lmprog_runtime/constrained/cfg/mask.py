@@ -26,7 +26,7 @@ from lmprog_runtime.constrained.cfg.classtable import ClassTable
 from lmprog_runtime.constrained.cfg.machine import (NUM_COMPLETE, NUMBER_BYTES, NUMBER_STEPS, Machine, crowded,
                                                      key_leaves_room, key_rule, utf8_start)
 from lmprog_runtime.constrained.cfg.nodes import Node
-from lmprog_runtime.constrained.cfg.regex import RegexError
+from lmprog_runtime.constrained.cfg.regex import NEVER, RegexError
 from lmprog_runtime.constrained.cfg.table import TableWalker, c_table_walker
 from lmprog_runtime.constrained.cfg.unique import UniqueTokens, unique_mask
 from lmprog_runtime.constrained.trie_walk import TokenTrie
@@ -438,6 +438,7 @@ class MaskEngine:
         self._memo: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
         self._alive: dict[int, np.ndarray] = {}
+        self._needs: dict[int, np.ndarray] = {}  # pattern state -> what it needs after each plain token (_regex_need)
         self._parts: dict = {}
         self._unions: dict = {}  # (id(walked), id(plain part)) -> (walked, part, their union); _bounded's and _value_mask's too
         self._bodies: dict = {}  # a string body's fast-key parts and id(stack below) -> (that stack, its mask)
@@ -1096,9 +1097,21 @@ class MaskEngine:
         return self._packed_part((top[6], self._plain_left(top)))
 
     def _plain_left(self, top) -> Optional[int]:
-        """The characters an S frame's plain tokens may still add (None: no maxLength)."""
+        """The characters an S frame's plain tokens may still add (None: no maxLength),
+        clamped where no count past it tells tokens apart: the longest token, and with
+        patterns what they may still need after one (`_cap`)."""
         node = top[1]
-        return None if node.max_len is None else min(node.max_len - top[2], self.vocab.max_chars)
+        return None if node.max_len is None else min(node.max_len - top[2], self._cap(top[6], self.vocab.max_chars))
+
+    def _cap(self, pats, longest: int) -> int:
+        """The characters left from which a string body's tokens (at most `longest`
+        characters) are the same: past `longest`, and past what its patterns may need after
+        any token (RegexPool.most_needed: a token after which a pattern needs more
+        characters than are left is refused, strings.py `_fits`)."""
+        if not pats:
+            return longest
+        most = self.machine.pool.most_needed
+        return longest + max(most(p) for p in pats)
 
     def _packed_part(self, key) -> np.ndarray:
         """Packed string-body part `key`: (patterns, characters left or None), or ("R",
@@ -1110,7 +1123,9 @@ class MaskEngine:
                 got = self._alive_all((key[1],))
             else:
                 got = v.plain if not key[0] else self._alive_all(key[0])
-                if key[1] is not None:
+                if key[1] is not None and key[0] and key[1] < self._cap(key[0], v.max_chars):
+                    got = got & (v.chars + self._plain_need(key[0]) <= key[1])  # (the patterns keep their room)
+                elif key[1] is not None:
                     got = got & (v.chars <= key[1])
             got = np.packbits(got, bitorder="little")
             with self._lock:
@@ -1124,6 +1139,16 @@ class MaskEngine:
         for p in pats:
             alive = alive & self._regex_alive(p)
         return alive
+
+    def _plain_need(self, pats) -> np.ndarray:
+        """int32 [n_slots]: per plain token, the characters the patterns `pats` need at least
+        after it (RegexPool.min_chars of the state it ends in, the most of them; a token
+        after which one is dead: NEVER)."""
+        out = None
+        for p in pats:
+            got = self._regex_need(p)
+            out = got if out is None else np.maximum(out, got)
+        return out
 
     def _compute(self, key, state: tuple, hist: bytes) -> np.ndarray:
         """The walked part of a mask (all of it off the fast path), packed."""
@@ -1158,7 +1183,7 @@ class MaskEngine:
         """A string body's part of its fast key: its counters clamped to the longest walked
         token (to the longest token, with patterns: the plain tokens go through them)."""
         node, count = top[1], top[2]
-        cap = self.vocab.max_special if not top[6] else self.vocab.max_chars
+        cap = self.vocab.max_special if not top[6] else self._cap(top[6], self.vocab.max_chars)
         left = cap if node.max_len is None else min(node.max_len - count, cap)
         deficit = min(max(node.min_len - count, 0), cap)
         return (node, left, deficit, top[6], top[7], rest)
@@ -1264,19 +1289,47 @@ class MaskEngine:
             got = self._alive.get(p)
         if got is not None:
             return got
+        got = self._regex_walk(p)[0]
+        with self._lock:
+            if len(self._alive) >= MEMO_PARTS:
+                self._alive.clear()
+            self._alive[p] = got
+        return got
+
+    def _regex_need(self, p: int) -> np.ndarray:
+        """int32 [n_slots]: the characters pattern state `p` needs at least after each plain
+        token (RegexPool.min_chars of the state the token ends in; NEVER where it dies):
+        read off the same walk as `_regex_alive` (made for patterns under maxLength only)."""
+        with self._lock:
+            got = self._needs.get(p)
+        if got is not None:
+            return got
+        _, end, tab = self._regex_walk(p)
+        mins = np.fromiter((self.machine.pool.min_chars(t) for t in tab.terms), dtype=np.int64, count=len(tab.terms))
+        got = np.full(self.vocab.n_slots, NEVER, dtype=np.int32)
+        got[self.vocab.whole_ids] = mins[end]
+        with self._lock:
+            if len(self._needs) >= MEMO_PARTS:
+                self._needs.clear()
+            self._needs[p] = got
+        return got
+
+    def _regex_walk(self, p: int) -> tuple:
+        """(`_regex_alive`'s row, the class-table state each whole token ends in (`dead` where
+        it dies), that class table)."""
         tab = self._tables()
         v = self.vocab
         lib = c_table_walker() if self.use_c else None
         if lib is not None:
             with self._walk_lock:  # (the C run marks the class table's listed steps until filled)
-                got = self._regex_alive_c(lib, tab, p)
-            return self._keep_alive(p, got)
+                return self._regex_alive_c(lib, tab, p) + (tab,)
         active = np.arange(len(v.whole_ids))
         st = np.full(len(active), tab.local(p), dtype=np.int64)
-        alive_rows = []
+        alive_rows, ends = [], []
         for k in range(MAX_TABLE_CHARS):
             longer = v.whole_len[active] > k
             alive_rows.append(active[~longer])  # ended alive
+            ends.append(st[~longer])
             active, st = active[longer], st[longer]
             if not len(active):
                 break
@@ -1284,29 +1337,26 @@ class MaskEngine:
             live = st != tab.dead
             active, st = active[live], st[live]
         alive_rows.append(active)
+        ends.append(st)
+        end = np.full(len(v.whole_ids), tab.dead, dtype=np.int64)
+        end[np.concatenate(alive_rows)] = np.concatenate(ends)
         out = np.zeros(v.n_slots, dtype=np.bool_)
         out[v.whole_ids[np.concatenate(alive_rows)]] = True
-        return self._keep_alive(p, out)
+        return out, end, tab
 
-    def _keep_alive(self, p: int, out: np.ndarray) -> np.ndarray:
-        with self._lock:
-            if len(self._alive) >= MEMO_PARTS:
-                self._alive.clear()
-            self._alive[p] = out
-        return out
-
-    def _regex_alive_c(self, lib, tab: "ClassTable", p: int) -> np.ndarray:
-        """_regex_alive's tokens walked in C (table_walk.c cfg_class_walk): the walk lists
+    def _regex_alive_c(self, lib, tab: "ClassTable", p: int) -> tuple:
+        """_regex_walk's tokens walked in C (table_walk.c cfg_class_walk): the walk lists
         the class steps it lacks, Python derives them, the walk runs again until none."""
         v = self.vocab
         n = len(v.whole_ids)
         alive = np.zeros(n, dtype=np.uint8)
+        end = np.zeros(n, dtype=np.int64)
         missing = np.zeros((4096, 2), dtype=np.int64)
         start, cmap = tab.local(p), tab.class_map(v)
         while True:
             m = lib.cfg_class_walk(v.cp_idx.ctypes.data, v.cp_off.ctypes.data, v.whole_lcp.ctypes.data, n,
                                    MAX_TABLE_CHARS, cmap.ctypes.data, tab.trans.ctypes.data, tab.n_classes, start,
-                                   tab.dead, alive.ctypes.data, missing.ctypes.data, len(missing))
+                                   tab.dead, alive.ctypes.data, end.ctypes.data, missing.ctypes.data, len(missing))
             if m == 0:
                 break
             try:
@@ -1315,7 +1365,7 @@ class MaskEngine:
                 tab.trans[tab.trans == -2] = -1
         out = np.zeros(v.n_slots, dtype=np.bool_)
         out[v.whole_ids] = alive.view(np.bool_)
-        return out
+        return out, end
 
     def _tables(self) -> "ClassTable":
         pool = self.machine.pool

@@ -19,6 +19,7 @@ import unicodedata
 from typing import Optional
 
 MAX_CP = 0x10FFFF
+NEVER = 1 << 30  # min_chars of the dead state (no text: more than any length bound)
 MAX_DERIVATIONS = 1 << 20  # (state, code point) steps memoized per pool (emptied past it: every code point is one)
 _LINE_TERMINATORS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
 _DIGIT = ((0x30, 0x39),)
@@ -99,6 +100,9 @@ class RegexPool:
         self._deriv: dict[tuple[int, int], int] = {}
         self._first: dict[int, tuple] = {}
         self._first_ends: dict[int, tuple] = {}  # state -> its first set's range starts and ends (can_start_in)
+        self._min: dict[int, int] = {}  # state -> min_chars
+        self._most: dict[int, int] = {}  # state -> _most_after
+        self._within: dict[tuple[int, int], tuple] = {}  # (state, characters left) -> first_within
         self._lock = threading.Lock()
         self.max_terms = max_terms
         self._n_charsets = 0
@@ -215,6 +219,123 @@ class RegexPool:
                 got = term[2] == 0 or self.nullable(term[1])
             self._null[t] = got
         return got
+
+    def min_chars(self, t: int) -> int:
+        """A lower bound on the characters of the texts state `t` matches: exact but under a
+        complement (which counts 1 where the complemented term matches the empty text, else
+        0); NONE counts NEVER, more than any length bound. A string under maxLength is
+        refused at the character after which a pattern needs more characters than are
+        left (strings.py `_fits`)."""
+        got = self._min.get(t)
+        if got is None:
+            term = self._terms[t]
+            k = term[0]
+            if k == "0":
+                got = NEVER
+            elif k in ("e", "*"):
+                got = 0
+            elif k == "c":
+                got = 1
+            elif k == ".":  # (right-nested: the chain walked in a loop, not a recursion per item)
+                got, x = 0, t
+                while self._terms[x][0] == ".":
+                    got += self.min_chars(self._terms[x][1])
+                    x = self._terms[x][2]
+                got = min(got + self.min_chars(x), NEVER)
+            elif k == "|":
+                got = min(self.min_chars(x) for x in term[1])
+            elif k == "~":
+                got = 1 if self.nullable(term[1]) else 0
+            else:  # repeat
+                got = min(term[2] * self.min_chars(term[1]), NEVER)
+            self._min[t] = got
+        return got
+
+    def most_needed(self, t: int) -> int:
+        """An upper bound on `min_chars` of `t` and of every live state reachable from it,
+        so that from that many characters left a string's patterns no longer bind (mask.py
+        keys its string bodies' counts up to it past the longest token)."""
+        return max(min(self.min_chars(t), NEVER - 1), self._most_after(t))
+
+    def _most_after(self, t: int) -> int:
+        """An upper bound on `min_chars` of the states one character or more past `t`: a
+        concatenation's are one of its items' before the items after it, a repetition's
+        one of its item's before the rest of the count, a star's one of its item's before
+        the star."""
+        got = self._most.get(t)
+        if got is None:
+            term = self._terms[t]
+            k = term[0]
+            if k in ("0", "e", "c"):
+                got = 0
+            elif k == ".":
+                items, x = [], t
+                while self._terms[x][0] == ".":
+                    items.append(self._terms[x][1])
+                    x = self._terms[x][2]
+                items.append(x)
+                got, tail = 0, 0  # (from the last item back: the items' min_chars after each)
+                for item in reversed(items):
+                    got = max(got, self._most_after(item) + tail)
+                    tail = min(tail + self.min_chars(item), NEVER)
+                got = min(got, NEVER - 1)
+            elif k == "|":
+                got = max(self._most_after(x) for x in term[1])
+            elif k == "*":
+                got = self._most_after(term[1])
+            elif k == "~":
+                got = 1
+            else:  # repeat
+                got = min(self._most_after(term[1]) + max(term[2] - 1, 0) * self.min_chars(term[1]), NEVER - 1)
+            self._most[t] = got
+        return got
+
+    def first_within(self, t: int, left: int) -> tuple:
+        """Code-point ranges after which state `t` can still match within `left` more
+        characters (min_chars of the derivative at most `left`): `first` where `left` is
+        past most_needed; a superset under a complement (each of its derivatives needs at
+        most one character: every code point where `left` is 0). A string under maxLength
+        refuses the first byte of a character none of which leaves its patterns room
+        (strings.py `_pats_can`)."""
+        if left >= self.most_needed(t):
+            return self.first(t)
+        if left < 0:
+            return ()
+        key = (t, left)
+        got = self._within.get(key)
+        if got is None:
+            term = self._terms[t]
+            k = term[0]
+            if k in ("0", "e"):
+                got = ()
+            elif k == "c":
+                got = term[1]
+            elif k == ".":
+                head, tail = term[1], term[2]
+                got = self.first_within(head, left - self.min_chars(tail))
+                if self.nullable(head):
+                    got = normalize(got + self.first_within(tail, left))
+            elif k == "|":
+                got = normalize(r for x in term[1] for r in self.first_within(x, left))
+            elif k == "*":
+                got = self.first_within(term[1], left)
+            elif k == "~":
+                got = ((0, MAX_CP),)
+            else:  # repeat
+                got = self.first_within(term[1], left - max(term[2] - 1, 0) * self.min_chars(term[1]))
+            if len(self._within) >= MAX_DERIVATIONS:
+                self._within.clear()
+            self._within[key] = got
+        return got
+
+    def can_start_within(self, t: int, lo: int, hi: int, left: int) -> bool:
+        """Some code point in [lo, hi] keeps state `t` able to match within `left` more
+        characters (`first_within`; `can_start_in` where that is `first`)."""
+        if left >= self.most_needed(t):
+            return self.can_start_in(t, lo, hi)
+        ranges = normalize(self.first_within(t, left))
+        k = bisect.bisect_left([b for _, b in ranges], lo)
+        return k < len(ranges) and ranges[k][0] <= hi
 
     def step(self, t: int, cp: int) -> int:
         """The state after reading code point `cp` from state `t` (NONE: dead)."""

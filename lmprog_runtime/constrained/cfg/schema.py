@@ -17,7 +17,7 @@ from jsonschema.validators import Draft3Validator, Draft4Validator, Draft202012V
 
 from lmprog_runtime.constrained.cfg.formats import FORMATS, HOSTNAME_CHARS, dialect_formats, format_asserted
 from lmprog_runtime.constrained.cfg.nodes import _EXACT, ALL_TYPES, Node
-from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
+from lmprog_runtime.constrained.cfg.regex import NEVER, RegexError, RegexPool
 from lmprog_runtime.constrained.cfg.refs import RefIndex
 from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
 from lmprog_runtime.constrained.cfg.residual import Residual
@@ -674,6 +674,8 @@ class SchemaCompiler:
     def _strings_possible(self, n: Node) -> bool:
         if n.max_len is not None and n.min_len > n.max_len:
             return False
+        if n.patterns and max(map(self.pool.min_chars, n.patterns)) > (NEVER - 1 if n.max_len is None else n.max_len):
+            return False  # (a pattern no text matches, or none within maxLength: `^\d{3}-\d{4}$` under 7)
         if n.enum is None:
             return True
         if sum(map(len, n.enum)) <= ENUM_CHARS_CHECKED:  # (a member a pattern or a length refuses: never complete)

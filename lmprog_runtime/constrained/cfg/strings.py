@@ -9,7 +9,7 @@ no pattern state or enum member can finish.
 from __future__ import annotations
 
 import bisect
-from typing import Callable
+from typing import Callable, Optional
 
 from lmprog_runtime.constrained.cfg.nodes import Node
 
@@ -85,7 +85,7 @@ class StringFrames:
                 raw = utf[4] + bytes((b,))
                 if node.enum is not None and not _enum_next_ok(node, text, lambda c: _utf8(c).startswith(raw)):
                     return []
-                if pats and not self._pats_can(pats, acc, need - 1):
+                if pats and not self._pats_can(pats, acc, need - 1, left=self._left(node, count, hs)):
                     return []
                 return [(("S", node, count, (need - 1, acc, 0x80, 0xBF, raw), 0, hs, pats, text), rest)]
             return self._feed_counted(node, count, hs, pats, text, acc, rest)
@@ -103,7 +103,7 @@ class StringFrames:
                 lo = acc << 4 * (4 - n)
                 if not hs or lo > 0xDFFF or lo + (1 << 4 * (4 - n)) - 1 < 0xDC00:
                     return []
-            if n < 4 and pats and not hs and not self._pats_can(pats, acc, 0, 4 * (4 - n)):
+            if n < 4 and pats and not hs and not self._pats_can(pats, acc, 0, 4 * (4 - n), self._left(node, count, hs)):
                 return []
             if n < 4:
                 if node.enum is not None and not _enum_next_ok(node, text, lambda c: _unit_of(c) >> 4 * (4 - n) == acc):
@@ -117,7 +117,7 @@ class StringFrames:
                 return []  # only a low surrogate (counted with its pair) may follow a full string
             if node.enum is not None and not _enum_next_ok(node, text, lambda c: True):
                 return []
-            if pats and not hs and not self._pats_can(pats, 0, 0, 21):
+            if pats and not hs and not self._pats_can(pats, 0, 0, 21, self._left(node, count, hs)):
                 return []  # an escape spells a character: refused where no pattern takes any more
             return [(("S", node, count, 0, 1, hs, pats, text), rest)]
         if b < 0x20:
@@ -129,7 +129,7 @@ class StringFrames:
             return []  # a character counts from its first byte, as the mask's counters do
         if node.enum is not None and not _enum_next_ok(node, text, lambda c: _utf8(c)[0] == b):
             return []
-        if pats and not self._pats_can(pats, u[1], u[0]):
+        if pats and not self._pats_can(pats, u[1], u[0], left=self._left(node, count, hs)):
             return []
         return [(("S", node, count, u + (bytes((b,)),), 0, hs, pats, text), rest)]
 
@@ -168,9 +168,25 @@ class StringFrames:
 
     def _feed(self, node, count, hs, pats, text, cp: int, rest) -> list:
         got = self._advance_text(node, pats, text, cp)
-        if got is None:
+        if got is None or not self._fits(node, count, got[0]):
             return []
         return [(("S", node, count, 0, 0, hs, got[0], got[1]), rest)]
+
+    def _fits(self, node, count: int, pats) -> bool:
+        """Under maxLength, every pattern can still match within the characters left after
+        `count` (RegexPool.min_chars): a character after which a pattern needs more
+        characters than are left is refused, not the string's closing quote later
+        (`{"maxLength": 4, "pattern": "b"}` took `"xyza` and then nothing); the first bytes
+        of a character, by `_pats_can`'s `left`."""
+        if node.max_len is None or not pats:
+            return True
+        return count + max(self.pool.min_chars(p) for p in pats) <= node.max_len
+
+    @staticmethod
+    def _left(node, count: int, hs) -> Optional[int]:
+        """The characters left after the one begun at `count` (None: no maxLength, or a
+        high surrogate pending, which the patterns have not read yet)."""
+        return None if node.max_len is None or hs else node.max_len - count - 1
 
     def _advance_text(self, node, pats, text, cp: int):
         if pats:
@@ -240,14 +256,18 @@ class StringFrames:
             got = self._pattern_bytes[pats] = frozenset(out)
         return got
 
-    def _pats_can(self, pats, acc: int, need: int, bits: int = -1) -> bool:
+    def _pats_can(self, pats, acc: int, need: int, bits: int = -1, left: Optional[int] = None) -> bool:
         """Every pattern can still take some character whose first bits are `acc`, with
-        `need` UTF-8 continuation bytes (6 bits each) or `bits` hex bits still to come: a
-        partial character no pattern can finish is refused at its first byte."""
+        `need` UTF-8 continuation bytes (6 bits each) or `bits` hex bits still to come (and,
+        `left` characters left after it, still match within them: RegexPool.first_within):
+        a partial character no pattern can finish is refused at its first byte."""
         shift = 6 * need if bits < 0 else bits
         lo, hi = acc << shift, (acc << shift) | ((1 << shift) - 1)
         if bits < 0:  # a UTF-8 sequence of need + 1 bytes encodes at least this code point
             lo = max(lo, _UTF8_FLOOR[need])
+        if left is not None:
+            within = self.pool.can_start_within
+            return all(within(p, lo, hi, left) for p in pats)
         can = self.pool.can_start_in
         return all(can(p, lo, hi) for p in pats)
 

@@ -63,7 +63,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.cfg_table_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.cfg_table_walk.restype = i32
     lib.cfg_class_walk.argtypes = [ptr, ptr, ptr, i32, i32, ptr, ptr, i32, ctypes.c_int64, ctypes.c_int64, ptr, ptr,
-                                    i32]
+                                    ptr, i32]
     lib.cfg_class_walk.restype = i32
 
 

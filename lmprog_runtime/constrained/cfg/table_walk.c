@@ -255,10 +255,12 @@ int32_t cfg_table_walk(int32_t *trans, const uint8_t *lives, const lm_node *node
  * predecessor stopped at stops there too (a walk over the tokens' character trie). A step
  * not derived yet (-1) is written to missing once (state, class pairs, at most max_missing;
  * marked -2 in trans, which the caller fills before the next run; the tokens meeting it are
- * left unset): returns how many were written (0: alive is complete). */
+ * left unset): returns how many were written (0: alive is complete). end[r] is the state
+ * token r ends in where it is alive (`dead` elsewhere): what the pattern still needs after it
+ * (mask.py _plain_need). */
 int32_t cfg_class_walk(const int32_t *idx, const int64_t *off, const int32_t *lcp, int32_t n, int32_t width,
                        const int32_t *cmap, int64_t *trans, int32_t n_classes, int64_t start, int64_t dead,
-                       uint8_t *alive, int64_t *missing, int32_t max_missing) {
+                       uint8_t *alive, int64_t *end, int64_t *missing, int32_t max_missing) {
     int32_t m = 0, stop = 0; /* stop: the depth token r - 1's walk ended at */
     int64_t st[width + 1]; /* st[k]: the state after the first k characters of the current token */
     st[0] = start;
@@ -266,6 +268,7 @@ int32_t cfg_class_walk(const int32_t *idx, const int64_t *off, const int32_t *lc
         int32_t k = lcp[r], l = (int32_t)(off[r + 1] - off[r]);
         if (k > stop) { /* it shares the character its predecessor stopped at */
             alive[r] = 0;
+            end[r] = dead;
             continue;
         }
         int64_t s = st[k];
@@ -289,6 +292,7 @@ int32_t cfg_class_walk(const int32_t *idx, const int64_t *off, const int32_t *lc
         }
         stop = k;
         alive[r] = k == l;
+        end[r] = k == l ? s : dead;
     }
     return m;
 }
