@@ -30,6 +30,7 @@ from lmprog_runtime.constrained.cfg.regex import RegexError, RegexPool
 from lmprog_runtime.constrained.cfg.regex_parse import compile_pattern
 from lmprog_runtime.constrained.cfg.registry import SchemaRegistry
 from lmprog_runtime.constrained.cfg.schema import SchemaCompiler
+from lmprog_runtime.constrained.cfg.untrack import untrack
 from lmprog_runtime.constrained.cfg.warmup import SampleTokenizer, warm
 from lmprog_runtime.constrained.index import grammar_token_table
 from lmprog_runtime.constrained.json_schema import DEFAULT_MAX_WHITESPACE, whitespace_regex
@@ -145,6 +146,7 @@ class CfgGrammar(Grammar):
             if not state:
                 raise GrammarError(f"token {token_id} ({data!r}) is not allowed here")
         self._hist += data
+        untrack(state)  # (its new frames: the stack below was the last state's, untracked then; untrack.py)
         self._states.append(state)
         self._ends.append(len(self._hist))
 

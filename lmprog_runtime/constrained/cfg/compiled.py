@@ -34,7 +34,7 @@ PACKAGE = "lmprog_runtime.constrained.cfg"
 SOURCE_DIR = pathlib.Path(__file__).parent
 # the modules a mask runs through (the compile's schema.py / warmup.py / refs.py stay Python)
 MODULES = ("backend", "canonical", "classtable", "keycloses", "lexrows", "machine", "mask", "nodes", "predicates",
-           "regex", "residual", "strings", "table", "unique")
+           "regex", "residual", "strings", "table", "unique", "untrack")
 # Python semantics kept: annotations are not C types, no type inference (Cython would type
 # a loop over a bytes literal as C chars), functions bound like Python's (monkeypatching,
 # introspection)

@@ -22,6 +22,7 @@ import ctypes
 import numpy as np
 
 from lmprog_runtime.constrained.cfg.machine import WS
+from lmprog_runtime.constrained.cfg.untrack import untrack
 
 _GOLDEN, _MASK = 0x9E3779B97F4A7C15, (1 << 64) - 1
 
@@ -140,6 +141,8 @@ class LexRows:
     def register(self, n: int, rep: int, below, kind: int) -> None:
         """Python interned string state n (its frame's first state `rep`, over `below`)."""
         b = self.below_ids.setdefault(below, len(self.below_ids))
+        if b == len(self.below_ids) - 1:
+            untrack(below)  # (a new context: immutable, untrack.py)
         self.rep[n], self.below[n], self.kind[n] = rep, b, kind
         if kind >= 3 and self.ctxrep[b] < 0:
             self.ctxrep[b] = n
@@ -155,6 +158,8 @@ class StrContext(tuple):
     """(a plain string body's node, the stack under its frame): string states of different
     nodes with the same maxLength share their steps (a rep), each in its own context."""
 
+    __slots__ = ()
+
     @classmethod
     def of(cls, st) -> "StrContext":
         return cls((st[0][1], st[1]))
@@ -162,6 +167,8 @@ class StrContext(tuple):
 
 class WsContext(tuple):
     """(a V / O / A frame with its whitespace state set to None, the stack under it)."""
+
+    __slots__ = ()
 
     def state(self, ws: int) -> tuple:
         frame = self[0]
@@ -225,6 +232,7 @@ class States(list):
                 got = ((src[0][0][:1] + (below[0],) + src[0][0][2:], below[1]),)
             list.__setitem__(self, i, got)
             tab.ids.setdefault(got, i)
+            untrack(got)
         return got
 
     def __iter__(self):

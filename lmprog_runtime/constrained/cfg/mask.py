@@ -29,6 +29,7 @@ from lmprog_runtime.constrained.cfg.nodes import Node
 from lmprog_runtime.constrained.cfg.regex import NEVER, RegexError
 from lmprog_runtime.constrained.cfg.table import TableWalker, c_table_walker
 from lmprog_runtime.constrained.cfg.unique import UniqueTokens, unique_mask
+from lmprog_runtime.constrained.cfg.untrack import untrack
 from lmprog_runtime.constrained.trie_walk import TokenTrie
 
 MEMO_STATES = 1024  # cached masks per compiled grammar (LRU), bit-packed: 6 KB each at 49k tokens
@@ -485,7 +486,9 @@ class MaskEngine:
             with self._lock:
                 if len(self._bodies) >= MEMO_UNIONS:
                     self._bodies.clear()
-                self._bodies[body] = (state[0][1], done)
+                self._bodies[body] = entry = (state[0][1], done)
+            untrack(body)  # (immutable, held as long as the entry: out of the collector's view, untrack.py)
+            untrack(entry)
         return done
 
     def _union(self, got: np.ndarray, part: np.ndarray) -> np.ndarray:
@@ -614,6 +617,7 @@ class MaskEngine:
                 if len(self._values) >= MEMO_UNIONS:
                     self._values.clear()
                 self._values[(node, id(rest))] = got
+            untrack(got)
         base = got[2]
         if base is None:
             return got[1]
@@ -702,6 +706,7 @@ class MaskEngine:
                     self._memo[memo_key] = out
                     while len(self._memo) > MEMO_STATES:
                         self._memo.popitem(last=False)
+                untrack(memo_key)
                 return out
         # the other keys of the state, each made only when the one before it was not met (a
         # mask met under one holds for every text: kept under the state's own key too, which
@@ -759,6 +764,9 @@ class MaskEngine:
                         self._memo[other] = out
             while len(self._memo) > MEMO_STATES:
                 self._memo.popitem(last=False)
+        for k in (memo_key, canon, cctx, near, ctx):  # (the memo's keys: immutable, untrack.py)
+            if k is not None:
+                untrack(k)
         return out
 
     def _names_left(self, key, state: tuple, start, hist: bytes) -> Optional[np.ndarray]:
@@ -954,6 +962,7 @@ class MaskEngine:
                 self._memo[key] = got
                 while len(self._memo) > MEMO_STATES:
                     self._memo.popitem(last=False)
+            untrack(key)
         return got
 
     def _recall(self, key) -> Optional[np.ndarray]:

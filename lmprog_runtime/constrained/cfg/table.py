@@ -43,6 +43,7 @@ from lmprog_runtime.constrained.cfg.lexrows import (LexRows, States, StrContext,
 from lmprog_runtime.constrained.cfg.machine import WS, Machine
 from lmprog_runtime.constrained.cfg.strings import EXTRA, FREE
 from lmprog_runtime.constrained.cfg.table_budget import BUDGET
+from lmprog_runtime.constrained.cfg.untrack import untrack
 
 UNKNOWN, DEAD, PYTHON = -1, -2, -3  # table_walk.c's transition markers
 IN_PYTHON = 3  # liveness that reads the output text (table_walk.c stops there: a Python subtree)
@@ -146,6 +147,7 @@ class StateTable:
         self.ids[state] = n
         self.states.sync(n)
         self.states.append(state)
+        untrack(state)  # (kept for the table's life: out of the collector's view, untrack.py)
         self.lexrows.n[0] = n + 1
         cands = self.machine.candidates(state)
         if cands is None:

@@ -1,0 +1,46 @@
+"""The grammar tables' states kept out of the cyclic garbage collector's view.
+
+A full (generation 2) collection visits every tracked object of the process, and the
+engine's interned matcher states are most of them once grammars have been used: ~3,200
+tracked tuples and frozensets per dev-corpus grammar, ~560k after its 252 (the process held
+214k before: torch, the tokenizer), and one full collection took 0.36-0.42 s there, a pause
+that lands wherever an allocation triggers it, a mask included (docs/constrained.md,
+"Stop 54"). CPython untracks a tuple itself only when everything in it is untracked data;
+a state's frames hold `Node`s and key-set frozensets, so its tuples stay tracked for good.
+
+A state is immutable: its tuples and frozensets hold nodes, strings, numbers and one
+another, never a container that could hold them back, so no reference cycle runs through
+them and reference counting alone frees them (their nodes stay alive while they do: an
+untracked object's references count as outside ones, never as garbage). `untrack` takes a
+state's tuples and frozensets, the ones still tracked, off the collector's lists
+(`PyObject_GC_UnTrack`, CPython's C API) where a table interns the state; elsewhere (no
+CPython API) it does nothing, and only collections are slower.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+
+try:
+    _UNTRACK = ctypes.pythonapi.PyObject_GC_UnTrack
+    _UNTRACK.argtypes = [ctypes.py_object]
+    _UNTRACK.restype = None
+except (AttributeError, OSError):  # (not CPython)
+    _UNTRACK = None
+
+
+def untrack(state) -> None:
+    """Untrack the tuples and frozensets of `state` that are still tracked (stopping at those
+    that are not: a shared stack below was untracked with the state that interned it)."""
+    if _UNTRACK is None:
+        return
+    stack = [state]
+    tracked, off = gc.is_tracked, _UNTRACK
+    while stack:
+        x = stack.pop()
+        if tracked(x):
+            off(x)
+            for y in x:
+                t = type(y)
+                if t is tuple or t is frozenset:
+                    stack.append(y)
