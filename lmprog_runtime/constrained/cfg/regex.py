@@ -299,34 +299,7 @@ class RegexPool:
         (strings.py `_pats_can`)."""
         if left >= self.most_needed(t):
             return self.first(t)
-        if left < 0:
-            return ()
-        key = (t, left)
-        got = self._within.get(key)
-        if got is None:
-            term = self._terms[t]
-            k = term[0]
-            if k in ("0", "e"):
-                got = ()
-            elif k == "c":
-                got = term[1]
-            elif k == ".":
-                head, tail = term[1], term[2]
-                got = self.first_within(head, left - self.min_chars(tail))
-                if self.nullable(head):
-                    got = normalize(got + self.first_within(tail, left))
-            elif k == "|":
-                got = normalize(r for x in term[1] for r in self.first_within(x, left))
-            elif k == "*":
-                got = self.first_within(term[1], left)
-            elif k == "~":
-                got = ((0, MAX_CP),)
-            else:  # repeat
-                got = self.first_within(term[1], left - max(term[2] - 1, 0) * self.min_chars(term[1]))
-            if len(self._within) >= MAX_DERIVATIONS:
-                self._within.clear()
-            self._within[key] = got
-        return got
+        return () if left < 0 else self._first_of(t, left)
 
     def can_start_within(self, t: int, lo: int, hi: int, left: int) -> bool:
         """Some code point in [lo, hi] keeps state `t` able to match within `left` more
@@ -372,7 +345,14 @@ class RegexPool:
         """Code-point ranges that can start a match from state `t` (d(t, cp) != NONE); for a
         complement, every code point (a superset: its derivative is dead only where the
         pattern's is Σ*, which a range of code points does not tell)."""
-        got = self._first.get(t)
+        return self._first_of(t, None)
+
+    def _first_of(self, t: int, left: Optional[int]) -> tuple:
+        """`first` (left None) or `first_within(t, left)`, by the term's structure: a
+        concatenation's head within what its tail leaves (and the tail where the head may
+        be empty), a repetition's item within what the rest of its count leaves."""
+        memo, key = (self._first, t) if left is None else (self._within, (t, left))
+        got = memo.get(key)
         if got is None:
             term = self._terms[t]
             k = term[0]
@@ -381,17 +361,25 @@ class RegexPool:
             elif k == "c":
                 got = term[1]
             elif k == ".":
-                got = self.first(term[1])
+                got = self._first_part(term[1], left, self.min_chars(term[2]))
                 if self.nullable(term[1]):
-                    got = normalize(got + self.first(term[2]))
+                    got = normalize(got + self._first_part(term[2], left, 0))
             elif k == "|":
-                got = normalize(r for x in term[1] for r in self.first(x))
+                got = normalize(r for x in term[1] for r in self._first_part(x, left, 0))
             elif k == "~":
                 got = ((0, MAX_CP),)
-            else:
-                got = self.first(term[1])
-            self._first[t] = got
+            elif k == "*":
+                got = self._first_part(term[1], left, 0)
+            else:  # repeat
+                got = self._first_part(term[1], left, max(term[2] - 1, 0) * self.min_chars(term[1]))
+            if left is not None and len(memo) >= MAX_DERIVATIONS:
+                memo.clear()
+            memo[key] = got
         return got
+
+    def _first_part(self, t: int, left: Optional[int], after: int) -> tuple:
+        """`_first_of` of part `t` of a term, `after` more characters needed past it."""
+        return self.first(t) if left is None else self.first_within(t, left - after)
 
     def can_start_in(self, t: int, lo: int, hi: int) -> bool:
         """Some code point in [lo, hi] keeps state `t` alive (by bisection: a Unicode
