@@ -586,3 +586,35 @@ def test_a_characters_first_bytes_leave_its_patterns_room(text, ok):
         if not state:
             break
     assert bool(state) == ok, text
+
+
+@pytest.mark.parametrize("pattern", ["b", "^[a-z]+@[a-z]+$", "(foo|barbaz)$", "^\\p{L}+é$"])
+def test_sampled_strings_under_a_pattern_and_max_length_end_and_agree(cfg, tokenizer, pattern):
+    """Sampled decodes (short tokens first, to meet maxLength) of strings under a pattern and
+    maxLength: the mask is never empty before the value ends, the matcher takes each sampled
+    token, and the C walk's masks equal the Python walk's (the oracle)."""
+    import random
+    import numpy as np
+    rng = random.Random(5)
+    oracle = create_grammar_backend("cfg", tokenizer, vocab_size=49152 + 64, eos_token_ids=[tokenizer.eos_token_id])
+    short = np.array([0 < len(tokenizer.convert_ids_to_tokens(t) or "") <= 2 for t in range(49152 + 64)])
+    try:
+        for max_len in (3, 7):
+            schema = {"type": "array", "items": {"type": "string", "pattern": pattern, "maxLength": max_len}}
+            a, b = _grammar(cfg, schema).copy(), _grammar(oracle, schema).copy()
+            b._shared.engine.use_c = False
+            wa, wb = np.zeros(1538, dtype=np.int32), np.zeros(1538, dtype=np.int32)
+            for _ in range(30):
+                a.write_bitmask(wa)
+                b.write_bitmask(wb)
+                assert np.array_equal(wa, wb), (pattern, max_len, bytes(a._hist))
+                bits = np.unpackbits(wa.view(np.uint8), bitorder="little").astype(bool)
+                assert bits.any(), ("dead end", pattern, max_len, bytes(a._hist))
+                pool = np.nonzero(bits & short)[0] if (bits & short).any() else np.nonzero(bits)[0]
+                t = int(rng.choice(list(pool)))
+                if t == tokenizer.eos_token_id:
+                    break
+                a.accept_token(t)
+                b.accept_token(t)
+    finally:
+        oracle.shutdown()
