@@ -99,7 +99,7 @@ class RegexPool:
         self._null: dict[int, bool] = {0: False, 1: True}
         self._deriv: dict[tuple[int, int], int] = {}
         self._first: dict[int, tuple] = {}
-        self._first_ends: dict[int, tuple] = {}  # state -> its first set's range starts and ends (can_start_in)
+        self._first_ends: dict = {}  # state (or state, characters left) -> its first set's range starts and ends (can_start_in)
         self._min: dict[int, int] = {}  # state -> min_chars
         self._most: dict[int, int] = {}  # state -> _most_after
         self._within: dict[tuple[int, int], tuple] = {}  # (state, characters left) -> first_within
@@ -301,15 +301,6 @@ class RegexPool:
             return self.first(t)
         return () if left < 0 else self._first_of(t, left)
 
-    def can_start_within(self, t: int, lo: int, hi: int, left: int) -> bool:
-        """Some code point in [lo, hi] keeps state `t` able to match within `left` more
-        characters (`first_within`; `can_start_in` where that is `first`)."""
-        if left >= self.most_needed(t):
-            return self.can_start_in(t, lo, hi)
-        ranges = normalize(self.first_within(t, left))
-        k = bisect.bisect_left([b for _, b in ranges], lo)
-        return k < len(ranges) and ranges[k][0] <= hi
-
     def step(self, t: int, cp: int) -> int:
         """The state after reading code point `cp` from state `t` (NONE: dead)."""
         key = (t, cp)
@@ -381,13 +372,19 @@ class RegexPool:
         """`_first_of` of part `t` of a term, `after` more characters needed past it."""
         return self.first(t) if left is None else self.first_within(t, left - after)
 
-    def can_start_in(self, t: int, lo: int, hi: int) -> bool:
-        """Some code point in [lo, hi] keeps state `t` alive (by bisection: a Unicode
-        property's first set has hundreds of ranges)."""
-        got = self._first_ends.get(t)
+    def can_start_in(self, t: int, lo: int, hi: int, left: Optional[int] = None) -> bool:
+        """Some code point in [lo, hi] keeps state `t` alive (and, `left` characters left
+        after it, able to match within them: `first_within`), by bisection: a Unicode
+        property's first set has hundreds of ranges."""
+        if left is not None and left >= self.most_needed(t):
+            left = None  # (no pattern state past t needs more: every live character)
+        key = t if left is None else (t, left)
+        got = self._first_ends.get(key)
         if got is None:
-            ranges = normalize(self.first(t))
-            got = self._first_ends[t] = ([a for a, _ in ranges], [b for _, b in ranges])
+            ranges = normalize(self.first(t) if left is None else self.first_within(t, left))
+            if len(self._first_ends) >= MAX_DERIVATIONS:
+                self._first_ends.clear()
+            got = self._first_ends[key] = ([a for a, _ in ranges], [b for _, b in ranges])
         k = bisect.bisect_left(got[1], lo)  # (the first range ending at lo or past it)
         return k < len(got[0]) and got[0][k] <= hi
 

@@ -259,17 +259,14 @@ class StringFrames:
     def _pats_can(self, pats, acc: int, need: int, bits: int = -1, left: Optional[int] = None) -> bool:
         """Every pattern can still take some character whose first bits are `acc`, with
         `need` UTF-8 continuation bytes (6 bits each) or `bits` hex bits still to come (and,
-        `left` characters left after it, still match within them: RegexPool.first_within):
+        `left` characters left after it, still match within them: RegexPool.can_start_in):
         a partial character no pattern can finish is refused at its first byte."""
         shift = 6 * need if bits < 0 else bits
         lo, hi = acc << shift, (acc << shift) | ((1 << shift) - 1)
         if bits < 0:  # a UTF-8 sequence of need + 1 bytes encodes at least this code point
             lo = max(lo, _UTF8_FLOOR[need])
-        if left is not None:
-            within = self.pool.can_start_within
-            return all(within(p, lo, hi, left) for p in pats)
         can = self.pool.can_start_in
-        return all(can(p, lo, hi) for p in pats)
+        return all(can(p, lo, hi, left) for p in pats)
 
     def _regex(self, top, rest, b: int) -> list:
         _, term, utf = top
