@@ -1308,7 +1308,9 @@ class MaskEngine:
     def _regex_need(self, p: int) -> np.ndarray:
         """int32 [n_slots]: the characters pattern state `p` needs at least after each plain
         token (RegexPool.min_chars of the state the token ends in; NEVER where it dies):
-        read off the same walk as `_regex_alive` (made for patterns under maxLength only)."""
+        `_regex_alive`'s walk again, its class steps derived by then, and run for patterns
+        under maxLength only (keeping each walk's end states for every pattern would hold
+        ~360 KB per pattern state, and computing them cost the other patterns' masks)."""
         with self._lock:
             got = self._needs.get(p)
         if got is not None:
