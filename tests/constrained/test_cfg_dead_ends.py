@@ -516,6 +516,43 @@ def test_kinds_two_one_of_branches_take_whole_are_no_value(cfg, tokenizer, schem
         assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
 
 
+_NOT_B = {"pattern": "b"}
+
+
+@pytest.mark.parametrize("schema,refused,allowed,texts", [
+    ({"$defs": {"A": {"unevaluatedProperties": False}}, "$ref": "#/$defs/A",
+      "properties": {"p": {"type": "string"}}, "not": _NOT_B}, ["{", "[", "1", "null"], ['"'],
+     ['"a"', '"ab"', "{}", "1"]),
+    ({"allOf": [{"properties": {"foo": True}, "unevaluatedProperties": False}],
+      "anyOf": [{"properties": {"bar": True}, "const": "abc"}]}, ["{", "[", "1"], ['"'], ['"abc"', '"ab"', "{}"]),
+    ({"properties": {"a": {"type": "integer"}}, "anyOf": [{"type": "array"}, {"maxItems": 2, "not": {}}]},
+     ["{", '"', "1"], ["["], ["[]", '{"a":1}', "[1,2,3]"]),
+])
+def test_kinds_a_not_or_a_choice_leaves_no_value_of_are_not_begun(cfg, tokenizer, schema, refused, allowed, texts):
+    """A value of a kind that the `not` takes every value of (`{pattern: P}` passes every
+    non-string), or that no anyOf branch has a value of, is never valid: its first byte is
+    refused, beside a reference or keywords of other kinds too (`{` was begun under
+    `not {pattern: b}` and then nothing could close the object)."""
+    _assert_offered(cfg, tokenizer, schema, "", refused, allowed)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in texts:
+        assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
+
+
+@pytest.mark.parametrize("prefix,refused,allowed", [('{"bar":', ["1", "-", "{"], ['"']),
+                                                    ('{"bar":"bar","', ["baz"], ["foo"])])
+def test_a_one_of_branch_bounds_the_members_it_leaves_unevaluated(cfg, tokenizer, prefix, refused, allowed):
+    """Under oneOf and unevaluatedProperties, a member that only one branch declares is
+    evaluated only where that branch passes, so it holds to that branch: `bar` here is
+    `"bar"` or nothing (`{"bar":1` was taken, and then no object could end)."""
+    schema = {**_TWO_REQUIRED, "unevaluatedProperties": False}
+    _assert_offered(cfg, tokenizer, schema, prefix, refused, allowed)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in ['{"bar":"bar"}', '{"baz":"baz","foo":"x"}', '{"bar":"bar","baz":"baz"}', '{"bar":1,"baz":"baz"}',
+                 '{"foo":"x"}', '{"bar":"bar","foo":"x"}']:
+        assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
+
+
 _D4 = "http://json-schema.org/draft-04/schema#"
 
 

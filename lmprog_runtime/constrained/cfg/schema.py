@@ -174,6 +174,13 @@ class SchemaCompiler:
         if _takes_every_value(sub):
             n.never = True  # (`not {}`: no value, as `false`; a check at the value's end was a dead end)
             return
+        t = _kinds_narrowed(s)
+        if t is False:  # (its `not` / allOf / anyOf / oneOf leave no kind of value)
+            n.never = True
+            return
+        if t is not s:
+            self._origin[id(t)] = self._origin.get(id(s), s)  # (checks run on the schema as written)
+            s = self._made(t, s)
         if isinstance(s.get("oneOf"), list):
             t = _one_of_kinds(s, [self.deref(alt) for alt in s["oneOf"]])
             if t is False:  # (two branches take every value of each kind the rest allows: none)
@@ -206,7 +213,11 @@ class SchemaCompiler:
                     n.residual = s  # the conjunction as written: merging may move keywords' scope
                 return
             n.residual = s  # structure from the first part, the whole conjunction checked at the end
-            self._take(n, self.node(parts[0]))
+            first = _with_types(parts[0], s)  # (held to the conjunction's types: a value of another is never valid)
+            if first is not parts[0] and isinstance(first, dict):
+                self._origin[id(first)] = self._origin.get(id(parts[0]), parts[0])
+                first = self._made(first, parts[0])
+            self._take(n, self.node(first))
             n.residual = s
             return
         for combo in ("anyOf", "oneOf"):
@@ -441,7 +452,8 @@ class SchemaCompiler:
             try:
                 if not _mergeable([base, self.deref(alt)]):
                     raise UnsupportedSchemaError("not mergeable")
-                part = self._made(_bounded(merge_all([base, self.deref(alt)]), bound), alt)
+                own = self._branch_bound(base, alt, bound) if combo == "oneOf" else bound
+                part = self._made(_bounded(merge_all([base, self.deref(alt)]), own), alt)
             except UnsupportedSchemaError:
                 part, n.residual = alt, s
             node = self.node(part)
@@ -455,6 +467,22 @@ class SchemaCompiler:
             if n.residual is None:  # (exactly one is the only check: needed for the kinds two branches take)
                 n.checked_kinds = _shared_kinds(n.alts)
             n.residual = s  # exactly one: decided on the complete value
+
+    def _branch_bound(self, base: dict, alt, bound: Optional[tuple]) -> Optional[tuple]:
+        """A oneOf branch's own bound on the unevaluated members (`_unevaluated_bound`'s,
+        narrowed): where exactly one branch passes, only the rest of the schema and that
+        branch evaluate members, so a member neither declares must satisfy the keyword's
+        schema (`{"oneOf": [{"properties": {"a": {"const": 1}}, "required": ["a"]}, {"required":
+        ["b"]}], "unevaluatedProperties": false}` with `{"a": 2, "b": ...`: `a` is evaluated
+        only where its branch passes, so `2` is no value there; it was taken, and the object
+        could never end). `bound` where the declarations cannot be told."""
+        if bound is None:
+            return None
+        names: set = set()
+        patterns: set = set()
+        if not (self._declared(base, names, patterns, set(), 0) and self._declared(alt, names, patterns, set(), 0)):
+            return bound
+        return frozenset(names), frozenset(patterns), bound[2]
 
     def _takes_any(self, s) -> bool:
         """Schema `s` (its bare `$ref` followed) is one every value meets."""
@@ -873,6 +901,7 @@ def _checked_kinds(checked: set, s: dict) -> Optional[frozenset]:
 
 
 _ALL_KINDS = frozenset(("string", "number", "object", "array", "boolean", "null"))
+_COMBINED = frozenset(("not", "allOf", "anyOf", "oneOf"))
 
 
 # not {word: x} for a bound: a number (the bound passes any other kind) past the other side
@@ -981,6 +1010,48 @@ def _one_of_kinds(s: dict, alts: list):
     if len(kept) == len(names) and "type" in s:
         return s
     return {**s, "type": kept[0] if len(kept) == 1 else kept}
+
+
+def _kinds_narrowed(s: dict):
+    """`s` with its `type` (every type where it has none) narrowed to the kinds its `not`,
+    allOf, anyOf and oneOf leave some value of (`_possible_kinds`, a superset: exact), False
+    where none is left, `s` where nothing goes (or its `type` is not names). The checks on
+    the complete value decide the same, but only at its end: `{"$ref": ..., "not": {"pattern":
+    "b"}}` (every non-string passes the pattern, so fails the `not`) took `{`, and nothing could
+    close it; `{"anyOf": [{"const": "abc"}], "properties": ...}` too."""
+    if not _COMBINED & set(s):
+        return s
+    names = _type_names(s) if "type" in s else list(_TYPE_ORDER)
+    if names is None:
+        return s
+    kinds = _possible_kinds(s)
+    kept = [t for t in names if _kinds((t,)) & kinds]
+    if not kept:
+        return False
+    if len(kept) == len(names):
+        return s
+    if "number" in kept and "integer" in kept:
+        kept.remove("integer")
+    return {**s, "type": kept[0] if len(kept) == 1 else kept}
+
+
+def _with_types(part, s: dict):
+    """Schema `part` with its `type` narrowed to the types `s` names too (integer within
+    number), `part` where `s` names none or nothing goes; False where no type is left."""
+    names = _type_names(s) if "type" in s else None
+    if names is None or not (part is True or isinstance(part, dict)):
+        return part
+    own = _type_names(part) if part is not True and "type" in part else list(_TYPE_ORDER)
+    if own is None:
+        return part
+    kept = [t for t in own if t in names or (t == "integer" and "number" in names)]
+    kept += ["integer" for t in own if t == "number" and "integer" in names and "number" not in names]
+    kept = list(dict.fromkeys(kept))
+    if not kept:
+        return False
+    if len(kept) == len(own):
+        return part
+    return {**(part if part is not True else {}), "type": kept[0] if len(kept) == 1 else kept}
 
 
 def _narrowed(s: dict, kinds: tuple):
