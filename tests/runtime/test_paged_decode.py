@@ -489,10 +489,13 @@ def test_attention_and_matmuls_share_one_worker_pool_from_many_threads():
     assert not any(t.is_alive() for t in threads) and not bad, bad
 
 
-@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2", "-mno-avx", "-mno-fma")])
+@pytest.mark.parametrize("flags", [pytest.param(("-mno-avx512f",), marks=pytest.mark.slow),
+                                   ("-mno-avx512f", "-mno-avx2", "-mno-avx", "-mno-fma")])
 def test_narrower_vector_builds_match_sdpa(flags, monkeypatch):
     """The kernel built for narrower vectors than this machine's (8-float vectors: a ymm with
-    AVX2, two xmm without AVX) against SDPA: every head size's loop, cascade and merges."""
+    AVX2, two xmm without AVX) against SDPA: every head size's loop, cascade and merges. (The
+    AVX2 build is `slow`: an AVX2-only machine's own build is it, and each build is ~10 s of
+    a fresh clone's suite; the build without AVX stays.)"""
     from lmprog_runtime import native
 
     kernel = native.Kernel(pd._SOURCE, native.NATIVE_FLAGS + flags, True, pd._declare)
