@@ -53,7 +53,10 @@ def local_headers(source: pathlib.Path) -> bytes:
     return out
 
 
-def build(source: pathlib.Path, flags: Sequence[str], cpu_specific: bool) -> Optional[ctypes.CDLL]:
+def build(source: pathlib.Path, flags: Sequence[str], cpu_specific: bool,
+          loader: Callable[[str], ctypes.CDLL] = ctypes.CDLL) -> Optional[ctypes.CDLL]:
+    """`loader`: how the library is opened (ctypes.PyDLL for one that calls the C API: its
+    calls hold the GIL)."""
     from lmprog_runtime.config import C_COMPILER, CACHE_DIR, NO_C_KERNELS
 
     if NO_C_KERNELS:
@@ -78,7 +81,7 @@ def build(source: pathlib.Path, flags: Sequence[str], cpu_specific: bool) -> Opt
             logger.warning("building %s failed (%s %s): a slower path is used", source.name, exc, detail)
             pathlib.Path(tmp).unlink(missing_ok=True)
             return None
-    return ctypes.CDLL(str(out))
+    return loader(str(out))
 
 
 class Kernel:
@@ -86,8 +89,9 @@ class Kernel:
     it cannot be built. `declare(lib)` sets the functions' ctypes signatures once."""
 
     def __init__(self, source: pathlib.Path, flags: Sequence[str], cpu_specific: bool,
-                 declare: Callable[[ctypes.CDLL], None]):
+                 declare: Callable[[ctypes.CDLL], None], loader: Callable[[str], ctypes.CDLL] = ctypes.CDLL):
         self.source, self.flags, self.cpu_specific, self.declare = source, tuple(flags), cpu_specific, declare
+        self.loader = loader
         self._lib: Optional[ctypes.CDLL] | bool = None
         self._lock = threading.Lock()
 
@@ -96,7 +100,7 @@ class Kernel:
             return self._lib or None
         with self._lock:
             if self._lib is None:
-                lib = build(self.source, self.flags, self.cpu_specific)
+                lib = build(self.source, self.flags, self.cpu_specific, self.loader)
                 if lib is not None:
                     self.declare(lib)
                 self._lib = lib or False
