@@ -553,6 +553,37 @@ def test_a_one_of_branch_bounds_the_members_it_leaves_unevaluated(cfg, tokenizer
         assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
 
 
+@pytest.mark.parametrize("schema", [
+    {"properties": {"foo": {"type": "integer"}}, "additionalProperties": False,
+     "anyOf": [{"properties": {"bar": True}, "required": ["bar"]}, {"required": ["foo"]}]},
+    {"allOf": [{"properties": {"foo": {"type": "integer"}}, "unevaluatedProperties": False}],
+     "anyOf": [{"properties": {"bar": True}, "required": ["bar"]}, {"required": ["foo"]}]},
+])
+def test_a_branch_is_held_to_the_closed_object_beside_it(cfg, tokenizer, schema):
+    """A choice's branch that does not merge exactly with the closed object beside it
+    (additionalProperties there, properties in the branch) is still held to it: `bar`, which
+    only the branch declares, is no member, so that branch is no value (`{"bar"` was taken
+    under the branch's own structure, then the object refused at its end); an allOf part's
+    unevaluatedProperties with nothing in place beside it is that part's
+    additionalProperties."""
+    _assert_offered(cfg, tokenizer, schema, '{"', ["bar"], ["foo"])
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in ['{"foo":1}', '{"bar":1}', '{"foo":1,"bar":2}', "{}", '"x"']:
+        assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
+
+
+def test_an_all_of_part_closed_by_unevaluated_properties_merges_with_the_rest(cfg, tokenizer):
+    """An allOf part whose unevaluatedProperties has nothing applied in place beside it is that
+    part's additionalProperties, so the parts merge: here the oneOf requires `a` or `b`, which
+    the closed part refuses, and a value of any other kind meets both branches: no value at
+    all, and no first byte (`{"foo":` was begun, and nothing could end the object)."""
+    schema = {"allOf": [{"properties": {"foo": True}, "unevaluatedProperties": False}],
+              "anyOf": [{"properties": {"bar": True}}], "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}
+    _assert_offered(cfg, tokenizer, schema, "", ["{", '"', "1", "[", "null"], [])
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    assert not any(validator.is_valid(v) for v in ({}, {"foo": 1}, {"a": 1}, {"foo": 1, "a": 1}, "x", 1, None))
+
+
 _D4 = "http://json-schema.org/draft-04/schema#"
 
 

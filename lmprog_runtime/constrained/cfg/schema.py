@@ -200,11 +200,14 @@ class SchemaCompiler:
         if "allOf" in s:
             parts = [self.deref(x) for x in s["allOf"]] + [{k: v for k, v in s.items() if k != "allOf"}]
             merged = None
+            # (a part's unevaluated* sees only that part: where nothing in it applies in place,
+            # it is that part's additionalProperties / items; not the schema's own keywords')
+            local = [_unevaluated_locally(p) if isinstance(p, dict) else p for p in parts[:-1]] + parts[-1:]
             if _UNEVALUATED & set(parts[-1]):
                 merged = self._merge_evaluated(parts, s) if self.unevaluated_structure else None
-            elif _mergeable(parts):
+            elif _mergeable(local):
                 try:
-                    merged = self._made(merge_all(parts), s)
+                    merged = self._made(merge_all(local), s)
                 except UnsupportedSchemaError:
                     merged = None
             if merged is not None and not _has_ref_cycle(merged, s):
@@ -212,11 +215,13 @@ class SchemaCompiler:
                 if n.residual is not None:
                     n.residual = s  # the conjunction as written: merging may move keywords' scope
                 return
-            n.residual = s  # structure from the first part, the whole conjunction checked at the end
-            first = _with_types(parts[0], s)  # (held to the conjunction's types: a value of another is never valid)
-            if first is not parts[0] and isinstance(first, dict):
-                self._origin[id(first)] = self._origin.get(id(parts[0]), parts[0])
-                first = self._made(first, parts[0])
+            n.residual = s  # structure from the parts merged past their scopes, the whole conjunction checked at the end
+            first = self._superset(local, parts[0])
+            if first is parts[0]:
+                first = _with_types(parts[0], s)  # (held to the conjunction's types: a value of another is never valid)
+                if first is not parts[0] and isinstance(first, dict):
+                    self._origin[id(first)] = self._origin.get(id(parts[0]), parts[0])
+                    first = self._made(first, parts[0])
             self._take(n, self.node(first))
             n.residual = s
             return
@@ -455,7 +460,7 @@ class SchemaCompiler:
                 own = self._branch_bound(base, alt, bound) if combo == "oneOf" else bound
                 part = self._made(_bounded(merge_all([base, self.deref(alt)]), own), alt)
             except UnsupportedSchemaError:
-                part, n.residual = alt, s
+                part, n.residual = self._superset([base, self.deref(alt)], alt), s
             node = self.node(part)
             if node.residual is not None and part is not alt:
                 n.residual = s  # a merged branch's check is decided on the schema as written
@@ -467,6 +472,34 @@ class SchemaCompiler:
             if n.residual is None:  # (exactly one is the only check: needed for the kinds two branches take)
                 n.checked_kinds = _shared_kinds(n.alts)
             n.residual = s  # exactly one: decided on the complete value
+
+    def _superset(self, parts: list, fallback):
+        """The structure of the conjunction of `parts` that `_mergeable` does not merge, where
+        the merge still states it: members and additionalProperties in several parts with no
+        patternProperties among them (a member one part declares is held to the others'
+        additionalProperties: schema_merge._restrict_extra), else `fallback` (one of the
+        parts). The whole conjunction stays a check on the complete value. (`{"properties":
+        {"foo": true}, "additionalProperties": false}` beside an anyOf branch declaring `bar`
+        took `bar` while the branch alone was the structure, and then the object was refused
+        at its end.) Not where the merge would be narrower than the conjunction (keywords
+        that act only beside each other split between parts: a lone `else`) or wider than a
+        part alone (unevaluated* seeing the others' members, `items` past another part's
+        `prefixItems`, a part's members no longer held to another's additionalProperties
+        where patterns match them)."""
+        dicts = [p for p in parts if isinstance(p, dict)]
+        if (any(sum(1 for p in dicts if any(k in p for k in group)) > 1 for group in _ADJACENT)
+                or any(_UNEVALUATED & set(p) for p in dicts)
+                or sum(1 for p in dicts if any(k in p for k in _ARRAY_SCOPED)) > 1
+                or any("patternProperties" in p for p in dicts)
+                or any(sum(1 for p in dicts if combo in p) > 1 for combo in ("anyOf", "oneOf"))):
+            return fallback  # (nor where two parts' choices would multiply: a structure past what it saves)
+        try:
+            merged = merge_all(parts)
+        except UnsupportedSchemaError:
+            return fallback
+        if not isinstance(merged, dict) or _has_ref_cycle(merged, fallback):
+            return fallback
+        return self._made(merged, fallback)
 
     def _branch_bound(self, base: dict, alt, bound: Optional[tuple]) -> Optional[tuple]:
         """A oneOf branch's own bound on the unevaluated members (`_unevaluated_bound`'s,
