@@ -7,6 +7,7 @@ naming the conflict it cannot express.
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from urllib.parse import unquote
 
 from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
@@ -63,8 +64,22 @@ def _intersect_types(a: set[str], b: set[str]) -> set[str]:
     return out
 
 
-def _jkey(v) -> str:
-    return json.dumps(v, sort_keys=True)
+def _jkey(v):
+    """`v` as a hashable form under JSON Schema equality: 1 and 1.0 are one number, `true` is
+    not 1 (Python's == says both the other way round: an enum's intersection and a keyword
+    met twice are compared this way)."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return (type(v).__name__, v)
+    if isinstance(v, (int, float)):
+        d = Decimal(repr(v)) if isinstance(v, float) else Decimal(v)
+        if not d.is_finite():
+            return ("number", str(d))
+        return ("number", d.normalize() if d else Decimal(0))
+    if isinstance(v, list):
+        return ("array", tuple(_jkey(x) for x in v))
+    if isinstance(v, dict):
+        return ("object", frozenset((k, _jkey(x)) for k, x in v.items()))
+    return ("other", json.dumps(v, sort_keys=True, default=repr))
 
 
 def merge(a, b):
@@ -81,7 +96,7 @@ def merge(a, b):
             out.setdefault(key, bv)
             continue
         av = out[key]
-        if av == bv:
+        if _jkey(av) == _jkey(bv):
             continue
         out[key] = _merge_key(key, av, bv, a, b)
     if "additionalProperties" in a or "additionalProperties" in b:

@@ -584,6 +584,20 @@ def test_an_all_of_part_closed_by_unevaluated_properties_merges_with_the_rest(cf
     assert not any(validator.is_valid(v) for v in ({}, {"foo": 1}, {"a": 1}, {"foo": 1, "a": 1}, "x", 1, None))
 
 
+@pytest.mark.parametrize("schema,texts", [
+    ({"allOf": [{"enum": [1, 2, "a"]}, {"enum": [1.0, "a", True]}]}, ["1", "1.0", "2", '"a"', "true"]),
+    ({"allOf": [{"const": True}, {"const": 1}]}, ["true", "1"]),
+    ({"allOf": [{"enum": [[1], {"a": 2}]}, {"enum": [[1.0], {"a": 2.0}, [True]]}]}, ["[1]", '{"a":2}', "[true]"]),
+])
+def test_all_of_members_compare_as_json_schema_does(cfg, tokenizer, schema, texts):
+    """Merged enums and constants compare as JSON Schema does: 1 and 1.0 are one number, and
+    `true` is not 1 (Python's == said both the other way round: the enum's intersection
+    dropped 1.0, and `const: true` beside `const: 1` took `true`, which neither keeps)."""
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in texts:
+        assert _accepts(cfg, tokenizer, schema, text) == validator.is_valid(json.loads(text)), text
+
+
 _D4 = "http://json-schema.org/draft-04/schema#"
 
 
