@@ -6,7 +6,6 @@ naming the conflict it cannot express.
 """
 from __future__ import annotations
 
-import json
 from decimal import Decimal
 from urllib.parse import unquote
 
@@ -57,29 +56,31 @@ def type_set(schema: dict) -> set[str] | None:
     return types
 
 
-def _intersect_types(a: set[str], b: set[str]) -> set[str]:
+def intersect_types(a: set[str], b: set[str]) -> set[str]:
+    """Type names both sets allow (an integer is a number)."""
     out = a & b
     if "integer" in a and "number" in b or "number" in a and "integer" in b:
         out.add("integer")
     return out
 
 
-def _jkey(v):
-    """`v` as a hashable form under JSON Schema equality: 1 and 1.0 are one number, `true` is
-    not 1 (Python's == says both the other way round: an enum's intersection and a keyword
-    met twice are compared this way)."""
-    if isinstance(v, bool) or v is None or isinstance(v, str):
-        return (type(v).__name__, v)
-    if isinstance(v, (int, float)):
-        d = Decimal(repr(v)) if isinstance(v, float) else Decimal(v)
-        if not d.is_finite():
-            return ("number", str(d))
-        return ("number", d.normalize() if d else Decimal(0))
+def equality_form(v):
+    """`v` (a JSON value; numbers may be Decimals) as a hashable form under JSON Schema
+    equality: 1 and 1.0 are one number, `true` is not 1 (Python's == says both the other
+    way round). Merged enums and a keyword met in two parts are compared this way, and the
+    cfg engine's checks compare values so (residual.canonical, uniqueItems)."""
+    if isinstance(v, bool):
+        return ("b", v)
+    if v is None:
+        return ("z",)
+    if isinstance(v, (int, float, Decimal)):
+        d = Decimal(v) if not isinstance(v, float) else Decimal(repr(v))
+        return ("n", d.normalize() if d else Decimal(0))
+    if isinstance(v, str):
+        return ("s", v)
     if isinstance(v, list):
-        return ("array", tuple(_jkey(x) for x in v))
-    if isinstance(v, dict):
-        return ("object", frozenset((k, _jkey(x)) for k, x in v.items()))
-    return ("other", json.dumps(v, sort_keys=True, default=repr))
+        return ("a", tuple(equality_form(x) for x in v))
+    return ("o", frozenset((k, equality_form(x)) for k, x in v.items()))
 
 
 def merge(a, b):
@@ -96,7 +97,7 @@ def merge(a, b):
             out.setdefault(key, bv)
             continue
         av = out[key]
-        if _jkey(av) == _jkey(bv):
+        if equality_form(av) == equality_form(bv):
             continue
         out[key] = _merge_key(key, av, bv, a, b)
     if "additionalProperties" in a or "additionalProperties" in b:
@@ -106,7 +107,7 @@ def merge(a, b):
 
 def _merge_key(key, av, bv, a, b):
     if key == "type":
-        ts = _intersect_types(type_set(a), type_set(b))
+        ts = intersect_types(type_set(a), type_set(b))
         if not ts:
             raise UnsupportedSchemaError("allOf: the branches' types do not intersect")
         return sorted(ts)
@@ -122,8 +123,8 @@ def _merge_key(key, av, bv, a, b):
     if key in _MIN_KEYS and not isinstance(av, bool):
         return max(av, bv)
     if key == "enum":
-        keys = {_jkey(v) for v in bv}
-        return [v for v in av if _jkey(v) in keys]
+        keys = {equality_form(v) for v in bv}
+        return [v for v in av if equality_form(v) in keys]
     if key in ("items", "additionalProperties", "additionalItems", "not_used"):
         if isinstance(av, list) or isinstance(bv, list):
             raise UnsupportedSchemaError(f"allOf: conflicting tuple {key}")

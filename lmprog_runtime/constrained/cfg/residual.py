@@ -24,6 +24,7 @@ from referencing.jsonschema import DRAFT202012, specification_with
 from lmprog_runtime.constrained.cfg.formats import format_checks
 from lmprog_runtime.constrained.cfg.predicates import Compiler, Cycle
 from lmprog_runtime.constrained.cfg.registry import SchemaRegistry
+from lmprog_runtime.constrained.schema_merge import equality_form
 
 
 MEMO_TEXTS = 2048      # memoized value checks per grammar (at most 2048 x 256 bytes of text)
@@ -147,21 +148,6 @@ def _lexical_scopes(root) -> dict:
     return out
 
 
-def _canon(v):
-    if isinstance(v, bool):
-        return ("b", v)
-    if v is None:
-        return ("z",)
-    if isinstance(v, (int, float, Decimal)):
-        d = Decimal(v) if not isinstance(v, float) else Decimal(repr(v))
-        return ("n", d.normalize() if d else Decimal(0))
-    if isinstance(v, str):
-        return ("s", v)
-    if isinstance(v, list):
-        return ("a", tuple(_canon(x) for x in v))
-    return ("o", frozenset((k, _canon(x)) for k, x in v.items()))
-
-
 def canonical(text: bytes):
     """A hashable value of JSON text under JSON Schema equality (1 == 1.0, true != 1)."""
-    return _canon(json.loads(text.decode("utf-8"), parse_float=Decimal, parse_int=Decimal))
+    return equality_form(json.loads(text.decode("utf-8"), parse_float=Decimal, parse_int=Decimal))

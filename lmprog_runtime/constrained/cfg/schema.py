@@ -24,7 +24,7 @@ from lmprog_runtime.constrained.cfg.residual import Residual
 from lmprog_runtime.constrained.cfg.registry import SchemaRegistry
 from lmprog_runtime.constrained.json_schema import _json_type
 from lmprog_runtime.constrained.regex_fragments import UnsupportedSchemaError
-from lmprog_runtime.constrained.schema_merge import ANNOTATIONS, merge_all
+from lmprog_runtime.constrained.schema_merge import ANNOTATIONS, intersect_types, merge_all
 
 # keywords the structure expresses exactly; any other keyword makes the node residual
 EXACT = {"type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
@@ -1032,17 +1032,7 @@ def _one_of_kinds(s: dict, alts: list):
         for kind in _every_value_kinds(alt):
             counts[kind] = counts.get(kind, 0) + 1
     gone = {kind for kind, c in counts.items() if c > 1}
-    if not gone:
-        return s
-    names = _type_names(s) if "type" in s else list(_TYPE_ORDER)
-    if names is None:
-        return s
-    kept = [t for t in names if _kinds((t,)) - gone]
-    if not kept:
-        return False
-    if len(kept) == len(names) and "type" in s:
-        return s
-    return {**s, "type": kept[0] if len(kept) == 1 else kept}
+    return _typed_within(s, _ALL_KINDS - gone) if gone else s
 
 
 def _kinds_narrowed(s: dict):
@@ -1052,19 +1042,21 @@ def _kinds_narrowed(s: dict):
     the complete value decide the same, but only at its end: `{"$ref": ..., "not": {"pattern":
     "b"}}` (every non-string passes the pattern, so fails the `not`) took `{`, and nothing could
     close it; `{"anyOf": [{"const": "abc"}], "properties": ...}` too."""
-    if not _COMBINED & set(s):
-        return s
+    return _typed_within(s, _possible_kinds(s)) if _COMBINED & set(s) else s
+
+
+def _typed_within(s: dict, kinds: frozenset):
+    """`s` with its `type` (every type where it has none) narrowed to the value kinds
+    `kinds` (integer counted as number), False where that leaves none, `s` where none goes
+    (or its `type` is not names)."""
     names = _type_names(s) if "type" in s else list(_TYPE_ORDER)
     if names is None:
         return s
-    kinds = _possible_kinds(s)
     kept = [t for t in names if _kinds((t,)) & kinds]
     if not kept:
         return False
     if len(kept) == len(names):
         return s
-    if "number" in kept and "integer" in kept:
-        kept.remove("integer")
     return {**s, "type": kept[0] if len(kept) == 1 else kept}
 
 
@@ -1077,9 +1069,8 @@ def _with_types(part, s: dict):
     own = _type_names(part) if part is not True and "type" in part else list(_TYPE_ORDER)
     if own is None:
         return part
-    kept = [t for t in own if t in names or (t == "integer" and "number" in names)]
-    kept += ["integer" for t in own if t == "number" and "integer" in names and "number" not in names]
-    kept = list(dict.fromkeys(kept))
+    both = intersect_types(set(own), set(names))
+    kept = [t for t in _TYPE_ORDER if t in both]
     if not kept:
         return False
     if len(kept) == len(own):

@@ -37,14 +37,14 @@ from typing import Optional
 
 import numpy as np
 
-from lmprog_runtime.constrained.cfg.residual import _canon
 from lmprog_runtime.constrained.cfg.table import _ctx, _replay
+from lmprog_runtime.constrained.schema_merge import equality_form
 
 _WS = b" \t\n\r"
 # a second value completed after a comma inside one token (its first byte for a literal,
 # which a literal item is checked at)
 _SECOND = re.compile(rb',[ \t\n\r]*(?:"(?:[^"\\]|\\.)*"|[tfn]|-?[0-9][0-9.eE+-]*[^0-9.eE+-]|[\[{].*[\]}])', re.S)
-_LITERALS = {ord("t"): ("b", True), ord("f"): ("b", False), ord("n"): ("z",)}  # (residual._canon's forms)
+_LITERALS = {ord("t"): ("b", True), ord("f"): ("b", False), ord("n"): ("z",)}  # (schema_merge.equality_form's forms)
 _VALUE_START = frozenset(b'"{[-0123456789')
 _NUMBER_START = frozenset(b"-0123456789")
 _NUMBER_BYTES = frozenset(b"0123456789.eE+-")
@@ -75,7 +75,7 @@ def _whole_item(head: bytes):
     if head[0] in _NUMBER_START:
         if head[:2] == b"-I" or end >= len(head) or head[end] in _NUMBER_BYTES:
             return None  # (-Infinity is no JSON; a number at the token's end may go on)
-    return _canon(value)
+    return equality_form(value)
 
 
 def _dip(data: bytes, inside: bool) -> int:
